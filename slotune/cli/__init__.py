@@ -1,0 +1,1 @@
+"""The ``slotune`` command line: thin typer commands over the packages."""

@@ -1,0 +1,46 @@
+"""The typer application. Each command lives in its own module and is registered here.
+
+Command modules import heavy packages (torch, optuna, pandas) inside their functions, so
+that ``slotune --help`` and simulated runs start fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from slotune import __version__
+
+app = typer.Typer(
+    name="slotune",
+    help="Find the LLM serving configuration that best meets your latency SLOs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"slotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Show the version."
+    ),
+) -> None:
+    """slotune: tune batch budget, chunked prefill, block size and more against TTFT/TPOT SLOs."""
+
+
+def _register() -> None:
+    """Register every command module (each adds its commands to ``app``)."""
+    # Command modules: one import per module, in the order they appear in --help.
+
+
+_register()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,115 @@
+"""Engine configuration: one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+PreemptionMode = Literal["recompute", "swap"]
+PrefixCaching = Literal["none", "hash", "radix"]
+Policy = Literal["chunked", "prefill_first"]
+
+_PREEMPTION_MODES = ("recompute", "swap")
+_PREFIX_CACHING = ("none", "hash", "radix")
+_POLICIES = ("chunked", "prefill_first")
+
+
+def _fail(field: str, rule: str, value: Any) -> None:
+    raise ValueError(f"EngineConfig.{field}: {rule} (got {value!r})")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The scheduling and KV-cache knobs of the engine, named as in vLLM.
+
+    ``long_prefill_token_threshold`` 0 means off. ``num_gpu_blocks`` overrides the pool
+    size the executor would derive from ``gpu_memory_utilization``.
+    """
+
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+    preemption_mode: PreemptionMode = "recompute"
+    swap_space_gb: float = 4.0
+    prefix_caching: PrefixCaching = "hash"
+    policy: Policy = "chunked"
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+                if not (f.name == "num_gpu_blocks" and value is None):
+                    _fail(f.name, "must be an integer", value)
+        if self.max_num_batched_tokens < 1:
+            _fail("max_num_batched_tokens", "must be at least 1", self.max_num_batched_tokens)
+        if self.long_prefill_token_threshold < 0:
+            _fail(
+                "long_prefill_token_threshold",
+                "must be 0 (off) or a positive token count",
+                self.long_prefill_token_threshold,
+            )
+        bs = self.block_size
+        if bs < 1 or bs & (bs - 1):
+            _fail("block_size", "must be a power of two", bs)
+        if self.max_num_seqs < 1:
+            _fail("max_num_seqs", "must be at least 1", self.max_num_seqs)
+        if self.max_model_len < 1:
+            _fail("max_model_len", "must be at least 1", self.max_model_len)
+        if self.preemption_mode not in _PREEMPTION_MODES:
+            _fail("preemption_mode", f"must be one of {_PREEMPTION_MODES}", self.preemption_mode)
+        if self.prefix_caching not in _PREFIX_CACHING:
+            _fail("prefix_caching", f"must be one of {_PREFIX_CACHING}", self.prefix_caching)
+        if self.policy not in _POLICIES:
+            _fail("policy", f"must be one of {_POLICIES}", self.policy)
+        if not isinstance(self.swap_space_gb, (int, float)) or self.swap_space_gb < 0:
+            _fail("swap_space_gb", "must be a non-negative number of GB", self.swap_space_gb)
+        if self.preemption_mode == "swap" and self.swap_space_gb <= 0:
+            _fail("swap_space_gb", "must be positive when preemption_mode='swap'", self.swap_space_gb)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            _fail("gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            _fail("num_gpu_blocks", "must be at least 1 when set", self.num_gpu_blocks)
+        if self.policy == "prefill_first" and self.long_prefill_token_threshold:
+            _fail(
+                "long_prefill_token_threshold",
+                "must be 0 with policy='prefill_first', which never splits prompts",
+                self.long_prefill_token_threshold,
+            )
+        if self.policy == "prefill_first" and self.max_num_batched_tokens < self.max_model_len:
+            _fail(
+                "max_num_batched_tokens",
+                "must be at least max_model_len with policy='prefill_first', "
+                f"or a prompt of max_model_len={self.max_model_len} tokens could never run",
+                self.max_num_batched_tokens,
+            )
+
+    @property
+    def prefix_caching_enabled(self) -> bool:
+        return self.prefix_caching != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"EngineConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+_INT_FIELDS = frozenset(
+    {
+        "max_num_batched_tokens",
+        "long_prefill_token_threshold",
+        "block_size",
+        "max_num_seqs",
+        "max_model_len",
+        "num_gpu_blocks",
+    }
+)

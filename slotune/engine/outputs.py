@@ -1,0 +1,34 @@
+"""What the engine returns to its caller each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """New tokens of one completion. ``index`` is the completion within an ``n > 1`` request."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step, as the runner records it."""
+
+    duration_s: float
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # share of GPU blocks referenced by requests
+    num_preempted: int

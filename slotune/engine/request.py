@@ -1,0 +1,78 @@
+"""A request inside the engine: its tokens and how far their KV has been computed.
+
+As in vLLM V1 there is no prefill or decode phase: a request simply has
+``num_computed_tokens`` catching up with ``num_tokens`` (prompt plus output so far).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from slotune.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # recompute: waits again, KV freed
+    SWAPPED = "swapped"  # swap: waits again, KV held in the CPU pool
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+)
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. A request with ``n > 1`` is forked into ``n`` of these after its prompt.
+
+    ``request_id`` is the engine-internal id (``"{parent}#{index}"`` for forked children);
+    ``parent_id`` and ``index`` name the user's request and the completion within it.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    eos_token_id: int | None = None
+    parent_id: str = ""
+    index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first schedule
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+
+    def __post_init__(self) -> None:
+        if not self.parent_id:
+            self.parent_id = self.request_id
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
