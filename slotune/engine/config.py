@@ -41,9 +41,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "num_gpu_blocks" and value is None:
+                continue
             if f.name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
-                if not (f.name == "num_gpu_blocks" and value is None):
-                    _fail(f.name, "must be an integer", value)
+                _fail(f.name, "must be an integer", value)
         if self.max_num_batched_tokens < 1:
             _fail("max_num_batched_tokens", "must be at least 1", self.max_num_batched_tokens)
         if self.long_prefill_token_threshold < 0:
@@ -68,7 +69,9 @@ class EngineConfig:
         if not isinstance(self.swap_space_gb, (int, float)) or self.swap_space_gb < 0:
             _fail("swap_space_gb", "must be a non-negative number of GB", self.swap_space_gb)
         if self.preemption_mode == "swap" and self.swap_space_gb <= 0:
-            _fail("swap_space_gb", "must be positive when preemption_mode='swap'", self.swap_space_gb)
+            _fail(
+                "swap_space_gb", "must be positive when preemption_mode='swap'", self.swap_space_gb
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:

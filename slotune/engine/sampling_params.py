@@ -17,23 +17,40 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"SamplingParams.max_tokens: must be an integer (got {self.max_tokens!r})")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens: must be at least 1 (got {self.max_tokens})")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"SamplingParams.n: must be an integer of at least 1 (got {self.n!r})")
-        if not self.temperature >= 0:
-            raise ValueError(f"SamplingParams.temperature: must be >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p: must be in (0, 1] (got {self.top_p})")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k: must be 0 (off) or a positive integer (got {self.top_k!r})")
         stops = tuple(self.stop_token_ids)
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stops):
-            raise ValueError(f"SamplingParams.stop_token_ids: must be non-negative integers (got {stops!r})")
         object.__setattr__(self, "stop_token_ids", stops)
+        _check(
+            "max_tokens",
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            "must be an integer of at least 1",
+            self.max_tokens,
+        )
+        _check("n", _is_int(self.n) and self.n >= 1, "must be an integer of at least 1", self.n)
+        _check("temperature", self.temperature >= 0, "must be >= 0", self.temperature)
+        _check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]", self.top_p)
+        _check(
+            "top_k",
+            _is_int(self.top_k) and self.top_k >= 0,
+            "must be 0 (off) or a positive integer",
+            self.top_k,
+        )
+        _check(
+            "stop_token_ids",
+            all(_is_int(t) and t >= 0 for t in stops),
+            "must be non-negative integers",
+            stops,
+        )
+        _check("seed", self.seed is None or _is_int(self.seed), "must be an integer", self.seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, ok: bool, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{name}: {rule} (got {value!r})")
