@@ -37,6 +37,13 @@ def _root(
 def _register() -> None:
     """Register every command module (each adds its commands to ``app``)."""
     # Command modules: one import per module, in the order they appear in --help.
+    import slotune.cli.tune  # noqa: F401
+    import slotune.cli.bench  # noqa: F401
+    import slotune.cli.traces  # noqa: F401
+    import slotune.cli.export  # noqa: F401
+    import slotune.cli.model  # noqa: F401
+    import slotune.cli.catalog  # noqa: F401
+    import slotune.cli.report  # noqa: F401
 
 
 _register()

@@ -1,23 +1,29 @@
-"""The engine: scheduler + KV-cache manager + an executor, with vLLM's familiar surface.
-
-SKELETON (to be completed by the engine-core work): the public signatures below are the
-contract the other packages build on.
-"""
+"""The engine: scheduler + KV-cache manager + an executor, with vLLM's familiar surface."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.engine.executor import Executor
+from slotune.engine.executor import Executor, ExecutorOutput, KVCacheCapacity
+from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput, StepStats
+from slotune.engine.request import Request
 from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.scheduler import Scheduler
 
-if TYPE_CHECKING:
-    pass
+_NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
 
 class Engine:
+    """Runs requests to completion one ``step()`` at a time.
+
+    >>> engine = Engine.simulated(EngineConfig(), gpu="h100", model="llama-3-8b")
+    >>> engine.add_request("r0", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    >>> while engine.has_unfinished_requests():
+    ...     outputs = engine.step()
+    """
+
     def __init__(
         self, config: EngineConfig, executor: Executor, *, eos_token_id: int | None = None
     ) -> None:
@@ -25,6 +31,51 @@ class Engine:
         self.executor = executor
         self.eos_token_id = eos_token_id
         self.last_step: StepStats | None = None
+        capacity = executor.determine_capacity(config)
+        num_gpu_blocks = config.num_gpu_blocks or capacity.num_gpu_blocks
+        if num_gpu_blocks < 1:
+            raise ValueError(
+                f"Engine: the executor found room for {num_gpu_blocks} KV blocks; raise "
+                "gpu_memory_utilization, shrink the model, or set num_gpu_blocks"
+            )
+        num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode == "swap" else 0
+        self.capacity = KVCacheCapacity(num_gpu_blocks, max(num_cpu_blocks, 0))
+        executor.initialize_cache(config, self.capacity)
+        self.kv_cache = KVCacheManager(
+            self.capacity.num_gpu_blocks,
+            self.capacity.num_cpu_blocks,
+            config.block_size,
+            config.prefix_caching,
+        )
+        self.scheduler = Scheduler(config, self.kv_cache)
+        self._used_ids: set[str] = set()
+        self._num_completions: dict[str, int] = {}
+
+    @classmethod
+    def simulated(
+        cls,
+        config: EngineConfig,
+        *,
+        gpu: str = "h100",
+        model: str = "llama-3-8b",
+        tp: int = 1,
+    ) -> Engine:
+        """An engine on a simulated GPU: virtual step durations from the cost model."""
+        from slotune.engine.sim import SimExecutor
+
+        return cls(config, SimExecutor(gpu=gpu, model=model, tp=tp))
+
+    @classmethod
+    def local(
+        cls, config: EngineConfig, *, model: str, device: str = "auto", attention: str = "auto"
+    ) -> Engine:
+        """An engine running a real model with torch on this machine."""
+        from slotune.engine.model import TorchExecutor
+
+        executor = TorchExecutor(model, device=device, attention=attention)
+        return cls(config, executor, eos_token_id=executor.eos_token_id)
+
+    # -- requests ------------------------------------------------------------------------
 
     def add_request(
         self,
@@ -33,16 +84,103 @@ class Engine:
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
     ) -> None:
-        raise NotImplementedError
+        params = params if params is not None else SamplingParams()
+        self._validate(request_id, prompt_token_ids, params)
+        request = Request(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            arrival_time=arrival_time,
+            eos_token_id=self.eos_token_id,
+        )
+        self._used_ids.add(request_id)
+        if params.n > 1:
+            self._num_completions[request_id] = params.n
+            self._used_ids.update(f"{request_id}#{i}" for i in range(1, params.n))
+        self.scheduler.add_request(request)
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        where = f"add_request({request_id!r})"
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"{where}: request_id must be a non-empty string")
+        if request_id in self._used_ids:
+            raise ValueError(f"{where}: request id already used; every request needs a new id")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"{where}: params must be SamplingParams (got {type(params)})")
+        if not prompt:
+            raise ValueError(f"{where}: empty prompt; a prompt needs at least one token")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
+            raise ValueError(f"{where}: prompt_token_ids must be non-negative integers")
+        if len(prompt) > self.config.max_model_len:
+            raise ValueError(
+                f"{where}: prompt of {len(prompt)} tokens exceeds max_model_len="
+                f"{self.config.max_model_len}"
+            )
+        if not self.kv_cache.can_ever_fit(len(prompt)):
+            raise ValueError(
+                f"{where}: prompt of {len(prompt)} tokens needs "
+                f"{self.kv_cache.blocks_needed(len(prompt))} KV blocks but the pool has only "
+                f"{self.kv_cache.num_gpu_blocks}; raise num_gpu_blocks or shorten the prompt"
+            )
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(
+                f"{where}: SamplingParams.n={params.n} exceeds max_num_seqs="
+                f"{self.config.max_num_seqs}; its completions could never run together"
+            )
+        for i in range(1, params.n):
+            if f"{request_id}#{i}" in self._used_ids:
+                raise ValueError(f"{where}: the id of completion {i} is already in use")
 
     def abort_request(self, request_id: str) -> None:
-        raise NotImplementedError
-
-    def step(self) -> list[RequestOutput]:
-        raise NotImplementedError
+        """Stop a request and all its completions; unknown or finished ids are ignored."""
+        self.scheduler.abort_request(request_id)
+        for i in range(1, self._num_completions.get(request_id, 1)):
+            self.scheduler.abort_request(f"{request_id}#{i}")
 
     def has_unfinished_requests(self) -> bool:
-        raise NotImplementedError
+        return bool(self.scheduler.requests)
+
+    # -- stepping ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduler = self.scheduler
+        out = scheduler.schedule()
+        usage = self.kv_cache.usage
+        if out.total_num_scheduled_tokens:
+            result = self.executor.execute(out)
+        else:
+            result = _NO_OUTPUT
+            scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
+        outputs = scheduler.update_from_output(out, result)
+        total = out.total_num_scheduled_tokens
+        self.last_step = StepStats(
+            duration_s=result.duration_s,
+            num_scheduled_tokens=total,
+            num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_tokens=total - out.num_prefill_tokens,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_cache_usage=usage,
+            num_preempted=len(out.preempted_request_ids),
+        )
+        return outputs
 
     def stats(self) -> dict[str, Any]:
-        raise NotImplementedError
+        kv = self.kv_cache
+        s = self.scheduler
+        return {
+            "num_total_blocks": kv.num_gpu_blocks,
+            "num_free_blocks": kv.num_free_blocks,
+            "num_cpu_blocks": kv.num_cpu_blocks,
+            "num_free_cpu_blocks": kv.num_free_cpu_blocks,
+            "num_running": len(s.running),
+            "num_waiting": len(s.waiting),
+            "num_preemptions": s.num_preemptions,
+            "num_swap_outs": s.num_swap_outs,
+            "num_swap_ins": s.num_swap_ins,
+            "num_copy_on_write": kv.num_copy_on_write,
+            "prefix_cache_queries_tokens": kv.prefix_cache_queries_tokens,
+            "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
+            "steps": s.steps,
+            "max_step_tokens": s.max_step_tokens,
+        }

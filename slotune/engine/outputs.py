@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """New tokens of one completion. ``index`` is the completion within an ``n > 1`` request."""
 

@@ -22,11 +22,18 @@ class SchedulerOutput:
     Block copies must be performed in this order, before the step's compute:
     ``swap_out`` (gpu block -> cpu block), ``swap_in`` (cpu block -> gpu block),
     ``copy_on_write`` (src gpu block -> dst gpu block).
+
+    ``requests`` and ``block_tables`` are live views owned by the scheduler and the KV-cache
+    manager: index them with the ids of ``num_scheduled_tokens`` during ``execute`` (they
+    may hold other requests too, and change after the step); copy what you keep. ``resumed_request_ids`` names requests that
+    were preempted before (recompute: they restart from a prefix-cache hit or token 0;
+    swap: their blocks come back through ``swap_in``).
     """
 
     requests: dict[str, Request] = field(default_factory=dict)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
+    num_prefill_tokens: int = 0  # of the total: tokens of requests still in a (re)prefill
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     num_samples: dict[str, int] = field(default_factory=dict)
     new_request_ids: list[str] = field(default_factory=list)

@@ -1,0 +1,5 @@
+"""HTML reports built from stored results only (``best.json``, the study, stored runs)."""
+
+from slotune.reports.build import build_bench_report, build_report
+
+__all__ = ["build_bench_report", "build_report"]

@@ -1,0 +1,51 @@
+"""Workloads: traces in many formats, generators, arrival processes, the runner, metrics.
+
+trace = load_trace("sharegpt-like", num_requests=200)
+result = run_simulated(EngineConfig(), trace, gpu="h100", arrivals=ArrivalSpec(rate=8))
+summary = summarize(result, parse_slo("ttft=300ms,tpot=50ms"))
+"""
+
+from slotune.workloads.arrivals import ArrivalSpec, arrival_times
+from slotune.workloads.generators import (
+    AgentParams,
+    LengthDist,
+    agent_sessions,
+    long_context,
+    shared_prefix,
+    sharegpt_like,
+)
+from slotune.workloads.load import BUNDLED, load_trace
+from slotune.workloads.metrics import summarize
+from slotune.workloads.readers import FORMATS, TraceFormatError
+from slotune.workloads.result import RunResult
+from slotune.workloads.runner import run_engine, run_http, run_simulated
+from slotune.workloads.slo import SLO, SLOTarget, parse_slo
+from slotune.workloads.tokenizer import ByteTokenizer, get_tokenizer
+from slotune.workloads.trace import Trace, TraceRequest
+
+__all__ = [
+    "BUNDLED",
+    "FORMATS",
+    "SLO",
+    "AgentParams",
+    "ArrivalSpec",
+    "ByteTokenizer",
+    "LengthDist",
+    "RunResult",
+    "SLOTarget",
+    "Trace",
+    "TraceFormatError",
+    "TraceRequest",
+    "agent_sessions",
+    "arrival_times",
+    "get_tokenizer",
+    "load_trace",
+    "long_context",
+    "parse_slo",
+    "run_engine",
+    "run_http",
+    "run_simulated",
+    "shared_prefix",
+    "sharegpt_like",
+    "summarize",
+]

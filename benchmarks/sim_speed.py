@@ -1,0 +1,88 @@
+"""Simulator speed: wall seconds to replay a conversation-like trace on a simulated GPU.
+
+    .venv/bin/python benchmarks/sim_speed.py            # 1,000 and 10,000 requests
+    .venv/bin/python benchmarks/sim_speed.py --requests 1000 --rate 4
+
+The trace has log-normal lengths with means of about 1,150 prompt and 220 output tokens
+(conversation turns with their history), Poisson arrivals at 4 req/s; llama-2-7b on
+a100-80g with a 512-token budget. The timed part is the whole replay through
+``run_simulated`` (engine, scheduler, KV manager, cost model, runner bookkeeping); building
+the trace is not timed.
+Each size runs in a fresh process, so start-up (imports) is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+GPU, MODEL, BUDGET = "a100-80g", "llama-2-7b", 512
+
+
+def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from slotune.workloads import LengthDist, Trace, TraceRequest
+
+    rng = np.random.default_rng(seed)
+    prompts = LengthDist(mean=1350, sigma=0.8, low=16, high=3800).sample(rng, num_requests)
+    outputs = LengthDist(mean=240, sigma=0.8, low=4, high=1024).sample(rng, num_requests)
+    outputs = np.minimum(outputs, 4096 - prompts)
+    reqs = tuple(
+        TraceRequest(request_id=f"c{i}", prompt_len=int(p), output_len=int(o))
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    )
+    return Trace(name="conversation-like", requests=reqs, seed=seed)
+
+
+def run_one(num_requests: int, rate: float) -> dict[str, float]:
+    t_import = time.perf_counter()
+    from slotune.engine.config import EngineConfig
+    from slotune.workloads import ArrivalSpec, run_simulated
+
+    imports_s = time.perf_counter() - t_import
+    trace = conversation_trace(num_requests)
+    config = EngineConfig(max_num_batched_tokens=BUDGET, max_model_len=4096)
+    t0 = time.perf_counter()
+    result = run_simulated(config, trace, gpu=GPU, model=MODEL, arrivals=ArrivalSpec(rate=rate))
+    wall = time.perf_counter() - t0
+    steps = int(result.engine_stats.get("steps", len(result.steps)))
+    done = int(result.requests["error"].isna().sum())
+    return {
+        "requests": num_requests,
+        "completed": done,
+        "mean_prompt": float(result.requests["prompt_tokens"].mean()),
+        "mean_output": float(result.requests["output_tokens"].mean())
+        if "output_tokens" in result.requests
+        else float("nan"),
+        "wall_s": round(wall, 3),
+        "imports_s": round(imports_s, 3),
+        "steps": steps,
+        "steps_per_s": round(steps / wall),
+        "simulated_s": round(result.duration_s, 1),
+        "preemptions": int(result.engine_stats.get("num_preemptions", 0)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, nargs="*", default=[1000, 10000])
+    parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals, req/s")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_one(args.requests[0], args.rate)))
+        return
+    print(f"{MODEL} on {GPU}, budget {BUDGET}, Poisson {args.rate:g} req/s")
+    for n in args.requests:
+        cmd = [sys.executable, __file__, "--child", "--requests", str(n), "--rate", str(args.rate)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""``slotune bench``: one benchmark run of a trace against the simulator, the embedded
+engine or an OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from slotune.cli.app import app
+
+BACKENDS = ("sim", "engine", "http")
+
+
+def _opt(flag: str, help_text: str) -> Any:
+    return typer.Option(flag, help=help_text, show_default=True)
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def bench(
+    gpu: Annotated[
+        str, _opt("--gpu", "Simulated GPU (`slotune gpus`) or a profile JSON.")
+    ] = "h100",
+    model: Annotated[
+        str,
+        _opt(
+            "--model",
+            "Model name (sim), checkpoint folder (engine), or the served model name (http).",
+        ),
+    ] = "llama-3-8b",
+    tp: Annotated[int, _opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
+    backend: Annotated[str, _opt("--backend", "sim | engine | http.")] = "sim",
+    url: Annotated[str | None, _opt("--url", "Server URL for --backend http.")] = None,
+    endpoint: Annotated[str, _opt("--endpoint", "completions | chat (http).")] = "completions",
+    trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
+    format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
+    num_requests: Annotated[int | None, _opt("--num-requests", "Use the first N requests.")] = None,
+    multi_turn: Annotated[
+        bool, _opt("--multi-turn", "ShareGPT: conversations as sessions.")
+    ] = False,
+    tokenizer: Annotated[str | None, _opt("--tokenizer", "tokenizer.json for text traces.")] = None,
+    rate: Annotated[float | None, _opt("--rate", "Open-loop request rate (req/s).")] = None,
+    burstiness: Annotated[
+        float, _opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
+    ] = 1.0,
+    constant: Annotated[bool, _opt("--constant", "Constant gaps of 1/rate.")] = False,
+    concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,
+    timestamps: Annotated[bool, _opt("--timestamps", "Replay the trace's own timestamps.")] = False,
+    time_scale: Annotated[float, _opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
+    slo: Annotated[str | None, _opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, _opt("--max-num-batched-tokens", "Token budget per step.")
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, _opt("--long-prefill-token-threshold", "Chunk cap (0 = off).")
+    ] = None,
+    block_size: Annotated[int | None, _opt("--block-size", "KV block size.")] = None,
+    max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "Max running requests.")] = None,
+    max_model_len: Annotated[
+        int | None, _opt("--max-model-len", "Default: the trace's longest request.")
+    ] = None,
+    preemption_mode: Annotated[str | None, _opt("--preemption-mode", "recompute | swap.")] = None,
+    prefix_caching: Annotated[str | None, _opt("--prefix-caching", "none | hash | radix.")] = None,
+    policy: Annotated[str | None, _opt("--policy", "chunked | prefill_first.")] = None,
+    num_gpu_blocks: Annotated[
+        int | None, _opt("--num-gpu-blocks", "Override the KV pool size.")
+    ] = None,
+    config: Annotated[
+        str | None,
+        _opt(
+            "--config",
+            "EngineConfig as a JSON file (best.json works) or inline JSON; flags override it.",
+        ),
+    ] = None,
+    seed: Annotated[int, _opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
+    out: Annotated[
+        Path | None, _opt("--out", "Write summary.json, requests.csv, steps.csv here.")
+    ] = None,
+    as_json: Annotated[bool, _opt("--json", "Print the summary as JSON.")] = False,
+) -> None:
+    """Run one benchmark and print its latency, throughput and SLO summary."""
+    from slotune.workloads import ArrivalSpec, load_trace, parse_slo, summarize
+
+    if backend not in BACKENDS:
+        _fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "http" and not url:
+        _fail("--backend http needs --url (e.g. http://localhost:8000)")
+    if endpoint not in ("completions", "chat"):
+        _fail(f"--endpoint: {endpoint!r} is not completions or chat")
+    console = Console(stderr=as_json)
+    try:
+        slo_obj = parse_slo(slo) if slo else None
+    except ValueError as exc:
+        _fail(f"--slo: {exc}")
+    try:
+        arrivals = ArrivalSpec(
+            rate=rate,
+            burstiness=burstiness,
+            concurrency=concurrency,
+            timestamps=timestamps,
+            time_scale=time_scale,
+            constant=constant,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    try:
+        tr = load_trace(
+            trace,
+            format=format,
+            num_requests=num_requests,
+            tokenizer=tokenizer,
+            seed=seed,
+            multi_turn=multi_turn,
+        )
+    except (ValueError, OSError) as exc:
+        _fail(f"--trace: {exc}")
+    if timestamps and not tr.has_timestamps:
+        _fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
+    overrides = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "long_prefill_token_threshold": long_prefill_token_threshold,
+        "block_size": block_size,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "preemption_mode": preemption_mode,
+        "prefix_caching": prefix_caching,
+        "policy": policy,
+        "num_gpu_blocks": num_gpu_blocks,
+    }
+    engine_config = None if backend == "http" else _engine_config(config, overrides, tr)
+    stats = tr.stats()
+    if stats.get("tokenizer"):
+        console.print(f"tokenizer: {stats['tokenizer']}", highlight=False)
+    if tr.dropped:
+        console.print(
+            f"trace {tr.name}: dropped {tr.num_dropped} rows ({tr.dropped})", highlight=False
+        )
+    target = {
+        "sim": f"simulated {model} on {gpu}" + (f" x{tp}" if tp > 1 else ""),
+        "engine": f"embedded engine with {model}",
+        "http": f"{url} ({endpoint})",
+    }[backend]
+    console.print(
+        f"bench: {len(tr)} requests of {tr.name}, {arrivals.describe()}, {target}", highlight=False
+    )
+    result = _run(
+        backend,
+        engine_config,
+        tr,
+        arrivals,
+        gpu=gpu,
+        model=model,
+        tp=tp,
+        url=url,
+        endpoint=endpoint,
+        seed=seed,
+        tokenizer=tokenizer,
+        console=console,
+    )
+    summary = summarize(result, slo_obj)
+    summary.update(
+        {
+            "config": None if engine_config is None else engine_config.to_dict(),
+            "backend": backend,
+            "gpu": gpu if backend == "sim" else None,
+            "model": model,
+            "tp": tp,
+            "url": url,
+            "trace": {"name": tr.name, "stats": stats},
+            "arrivals": arrivals.describe(),
+            "seed": seed,
+            "slotune_version": _version(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "engine_stats": result.engine_stats,
+        }
+    )
+    if out is not None:
+        _write(out, result, summary, console)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary(Console(), summary)
+
+
+def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
+    from slotune.engine.config import EngineConfig
+
+    data: dict[str, Any] = {}
+    if config:
+        try:
+            text = config if config.lstrip().startswith("{") else Path(config).read_text()
+            data = json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            _fail(f"--config: cannot read {config}: {exc}")
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            data = data["config"]  # best.json or summary.json
+        if not isinstance(data, dict):
+            _fail("--config: expected a JSON object of EngineConfig fields")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if "max_model_len" not in data:
+        full = trace.full_prompt_lengths()
+        longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
+        data["max_model_len"] = max(longest, 16)
+    try:
+        return EngineConfig.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        _fail(f"engine config: {exc}")
+
+
+def _run(
+    backend: str,
+    engine_config: Any,
+    trace: Any,
+    arrivals: Any,
+    *,
+    gpu: str,
+    model: str,
+    tp: int,
+    url: str | None,
+    endpoint: str,
+    seed: int,
+    tokenizer: str | None,
+    console: Console,
+) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from slotune.workloads import run_engine, run_http, run_simulated
+
+    columns = (TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("run", total=len(trace))
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done)
+
+        try:
+            if backend == "sim":
+                return run_simulated(
+                    engine_config,
+                    trace,
+                    gpu=gpu,
+                    model=model,
+                    tp=tp,
+                    arrivals=arrivals,
+                    seed=seed,
+                    progress=on_progress,
+                )
+            if backend == "engine":
+                from slotune.engine import Engine
+
+                engine = Engine.local(engine_config, model=model)
+                return run_engine(engine, trace, arrivals, seed=seed, progress=on_progress)
+            return run_http(
+                url or "",
+                trace,
+                arrivals,
+                model=model,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                seed=seed,
+                tokenizer=tokenizer,
+                progress=on_progress,
+            )
+        except (ValueError, FileNotFoundError) as exc:
+            _fail(str(exc))
+
+
+def _write(out: Path, result: Any, summary: dict[str, Any], console: Console) -> None:
+    result.save(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    console.print(f"wrote {out}/summary.json, requests.csv, steps.csv", highlight=False)
+    try:
+        from slotune.reports import build_bench_report
+
+        path = build_bench_report(out)
+        console.print(f"report: {path}", highlight=False)
+    except Exception as exc:  # the run's data is written; a report failure must not hide it
+        console.print(f"[yellow]report not written:[/yellow] {exc}", highlight=False)
+
+
+def _version() -> str:
+    from slotune import __version__
+
+    return __version__
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _print_summary(console: Console, s: dict[str, Any]) -> None:
+    table = Table(title=f"slotune bench: {s['trace']['name']} ({s['arrivals']})")
+    table.add_column("latency (ms)")
+    for col in ("mean", "p50", "p90", "p95", "p99"):
+        table.add_column(col, justify="right")
+    for label, key in (
+        ("TTFT", "ttft_ms"),
+        ("TPOT", "tpot_ms"),
+        ("ITL", "itl_ms"),
+        ("E2E", "e2el_ms"),
+    ):
+        d = s[key]
+        table.add_row(label, *(_ms(d.get(c)) for c in ("mean", "p50", "p90", "p95", "p99")))
+    console.print(table)
+    lines = [
+        f"requests: {s['completed']} completed, {s['failed']} failed of {s['num_requests']}"
+        f" in {s['duration_s']:.2f} s",
+        f"throughput: {s['request_throughput']:.2f} req/s, "
+        f"{s['output_throughput']:.0f} output tok/s",
+        f"preemptions: {s['num_preemptions']}, "
+        f"prefix-cache hit rate: {s['prefix_cache_hit_rate']:.1%}",
+    ]
+    if s.get("slo"):
+        lines.append(
+            f"SLO {s['slo']}: attainment {s['slo_attainment']:.1%}, "
+            f"goodput {s['goodput']:.2f} req/s"
+        )
+        for c in s.get("slo_checks", []):
+            mark = "met" if c["met"] else "MISSED"
+            lines.append(
+                f"  {c['metric']} p{c['percentile']:g} = {c['value_ms']:.1f} ms "
+                f"(target {c['threshold_ms']:g} ms): {mark}"
+            )
+    for reason, n in (s.get("errors") or {}).items():
+        lines.append(f"  error x{n}: {reason}")
+    for line in lines:
+        console.print(line, highlight=False)

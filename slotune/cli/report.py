@@ -1,0 +1,54 @@
+"""``slotune report DIR``: rebuild the HTML report from stored results, running nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from slotune.cli.app import app
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _kind(folder: Path) -> str | None:
+    if (folder / "best.json").is_file() or (folder / "study.db").is_file():
+        return "tune"
+    if (folder / "summary.json").is_file() or (folder / "requests.csv").is_file():
+        return "bench"
+    return None
+
+
+@app.command()
+def report(
+    folder: Annotated[
+        Path, typer.Argument(help="The --out folder of `slotune tune` or `slotune bench`.")
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Where to write it (default: FOLDER/report.html)."),
+    ] = None,
+) -> None:
+    """Rebuild report.html from a tune or bench folder's stored study and runs."""
+    if not folder.is_dir():
+        _fail(f"{folder}: no such folder; give the --out folder of `slotune tune` or `bench`")
+    kind = _kind(folder)
+    if kind is None:
+        _fail(
+            f"{folder}: found neither best.json/study.db (a tune folder) nor "
+            "summary.json/requests.csv (a bench folder)"
+        )
+    from slotune.reports import build_bench_report, build_report
+
+    build = build_report if kind == "tune" else build_bench_report
+    try:
+        path = build(folder, output)
+    except (OSError, ValueError, KeyError) as exc:
+        _fail(f"{folder}: could not build the report: {exc}")
+    size_mb = path.stat().st_size / 1e6
+    Console().print(f"wrote {kind} report [bold]{path}[/bold] ({size_mb:.1f} MB)", highlight=False)

@@ -1,0 +1,160 @@
+"""``slotune traces list|show|convert``: the bundled traces and any trace file's statistics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from slotune.cli.app import app
+
+traces_app = typer.Typer(help="List, inspect and convert workload traces.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _load(
+    name: str,
+    fmt: str | None,
+    num_requests: int | None,
+    tokenizer: str | None,
+    seed: int,
+    multi_turn: bool,
+) -> Any:
+    from slotune.workloads import load_trace
+
+    try:
+        return load_trace(
+            name,
+            format=fmt,
+            num_requests=num_requests,
+            tokenizer=tokenizer,
+            seed=seed,
+            multi_turn=multi_turn,
+        )
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+
+
+def _stats_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for col in (
+        "trace",
+        "requests",
+        "sessions",
+        "prompt mean/p50/p99",
+        "output mean/p50/p99",
+        "prefix sharing",
+        "timestamps",
+    ):
+        table.add_column(col, justify="left" if col == "trace" else "right", no_wrap=col == "trace")
+    for s in rows:
+        p, o = s["prompt_len"], s["output_len"]
+        table.add_row(
+            s["name"],
+            str(s["requests"]),
+            str(s["sessions"] or "-"),
+            f"{p['mean']:.0f} / {p['p50']:.0f} / {p['p99']:.0f}",
+            f"{o['mean']:.0f} / {o['p50']:.0f} / {o['p99']:.0f}",
+            f"{s['prefix_sharing_ratio']:.0%}",
+            "yes" if s["has_timestamps"] else "no",
+        )
+    return table
+
+
+def _print_notes(console: Console, stats: dict[str, Any]) -> None:
+    if stats.get("tokenizer"):
+        console.print(f"tokenizer: {stats['tokenizer']}", highlight=False)
+    dropped = stats.get("dropped") or {}
+    if dropped:
+        parts = ", ".join(f"{n} {reason}" for reason, n in dropped.items())
+        console.print(f"dropped {sum(dropped.values())} rows: {parts}", highlight=False)
+
+
+@traces_app.command("list")
+def list_traces(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The bundled traces with their statistics."""
+    from slotune.workloads import BUNDLED, load_trace
+
+    rows = []
+    for name, description in BUNDLED.items():
+        stats = load_trace(name).stats()
+        stats["description"] = description
+        rows.append(stats)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    console = Console()
+    console.print(
+        _stats_table(rows, "Bundled traces (token lengths; prompt includes session history)")
+    )
+    for s in rows:
+        console.print(f"  [bold]{s['name']}[/bold]: {s['description']}", highlight=False)
+
+
+@traces_app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(help="A bundled trace name or a trace file.")],
+    fmt: str | None = typer.Option(
+        None, "--format", help="sharegpt|mooncake|azure|burstgpt|slotune (default: detect)."
+    ),
+    num_requests: int | None = typer.Option(
+        None, "--num-requests", help="Keep the first N requests."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json (or its folder) for text traces."
+    ),
+    multi_turn: bool = typer.Option(
+        False, "--multi-turn", help="ShareGPT: whole conversations as sessions."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Statistics of one trace: requests, sessions, length percentiles, prefix sharing."""
+    trace = _load(name, fmt, num_requests, tokenizer, seed, multi_turn)
+    stats = trace.stats()
+    if as_json:
+        typer.echo(json.dumps(stats, indent=2))
+        return
+    console = Console()
+    console.print(_stats_table([stats], f"Trace {trace.name} ({trace.source or name})"))
+    if stats.get("timestamp_span_s") is not None:
+        console.print(
+            f"timestamps span {stats['timestamp_span_s']} s, mean rate {stats['mean_rate']} req/s"
+        )
+    _print_notes(console, stats)
+
+
+@traces_app.command("convert")
+def convert(
+    src: Annotated[str, typer.Argument(help="Input trace (bundled name or file).")],
+    dst: Annotated[Path, typer.Argument(help="Output file (slotune JSONL).")],
+    fmt: str | None = typer.Option(None, "--format", help="Input format (default: detect)."),
+    num_requests: int | None = typer.Option(
+        None, "--num-requests", help="Keep the first N requests."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json (or its folder) for text traces."
+    ),
+    multi_turn: bool = typer.Option(
+        False, "--multi-turn", help="ShareGPT: whole conversations as sessions."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
+) -> None:
+    """Convert any supported trace to slotune's own JSONL."""
+    trace = _load(src, fmt, num_requests, tokenizer, seed, multi_turn)
+    try:
+        trace.to_jsonl(dst)
+    except OSError as exc:
+        _fail(f"cannot write {dst}: {exc}")
+    console = Console()
+    console.print(f"wrote {dst}: {len(trace)} requests", highlight=False)
+    _print_notes(console, trace.stats())

@@ -1,0 +1,236 @@
+"""The KV-cache manager: block tables per request, prefix-cache hits, forks and swapping.
+
+The scheduler asks it for slots before it schedules tokens (``allocate_slots``) and tells
+it when tokens have been computed (``commit``), so full blocks can enter the prefix cache.
+Block copies a step needs (copy-on-write here, swap lists from ``swap_out``/``swap_in``)
+are handed back to the scheduler, which lists them in its output for the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slotune.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
+from slotune.engine.kv_cache.prefix_cache import PrefixCache, make_prefix_cache
+from slotune.engine.request import Request
+
+BlockCopy = tuple[int, int]
+
+
+class RequestBlocks:
+    """One request's GPU blocks. ``block_ids`` is the live table executors read."""
+
+    __slots__ = ("block_ids", "blocks", "cache_state", "check_cow", "num_slots")
+
+    def __init__(self, blocks: list[KVCacheBlock], cache_state: object, block_size: int) -> None:
+        self.blocks = blocks
+        self.block_ids = [b.block_id for b in blocks]
+        self.num_slots = len(blocks) * block_size
+        self.cache_state = cache_state
+        self.check_cow = False
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedBlocks:
+    """A prefix-cache hit found for a waiting request, adopted by ``allocate_slots``."""
+
+    blocks: list[KVCacheBlock]
+    num_tokens: int
+    num_query_tokens: int
+    cache_state: object
+
+
+class KVCacheManager:
+    def __init__(
+        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, prefix_caching: str
+    ) -> None:
+        self.block_size = block_size
+        self.cache: PrefixCache | None = make_prefix_cache(prefix_caching, block_size)
+        self.pool = BlockPool(num_gpu_blocks, self.cache)
+        self.num_cpu_blocks = num_cpu_blocks
+        self._free_cpu: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self.req_blocks: dict[str, RequestBlocks] = {}
+        self.block_tables: dict[str, list[int]] = {}  # live: rid -> req_blocks[rid].block_ids
+        self.swapped: dict[str, list[int]] = {}
+        self.pending_copy_on_write: list[BlockCopy] = []
+        self.prefix_cache_queries_tokens = 0
+        self.prefix_cache_hit_tokens = 0
+        self.num_copy_on_write = 0
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._free_cpu)
+
+    @property
+    def usage(self) -> float:
+        return self.pool.num_used_blocks / self.pool.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return self.req_blocks[request_id].block_ids
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks | None:
+        """The longest cached prefix of full blocks, leaving at least the last token to compute."""
+        cache = self.cache
+        if cache is None:
+            return None
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks, state = cache.match(request.all_token_ids, max_blocks)
+        return ComputedBlocks(blocks, len(blocks) * self.block_size, request.num_tokens, state)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: ComputedBlocks | None = None
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``request``; False if the pool can't.
+
+        A request without blocks yet adopts ``computed`` (its prefix-cache hit) first. The
+        first write into a block shared with a fork is redirected to a copy (copy-on-write).
+        On False nothing has changed.
+        """
+        rb = self.req_blocks.get(request.request_id)
+        needed = request.num_computed_tokens + num_new_tokens
+        if rb is not None:
+            if needed <= rb.num_slots and not rb.check_cow:
+                return True
+            held = len(rb.blocks)
+            hit: list[KVCacheBlock] = []
+        else:
+            held = 0
+            hit = computed.blocks if computed is not None else []
+            if computed is not None:
+                needed += computed.num_tokens
+        num_new = self.blocks_needed(needed) - held - len(hit)
+        cow = self._needs_cow(rb, request.num_computed_tokens)
+        pool = self.pool
+        reusable = sum(1 for b in hit if b.ref_cnt == 0)
+        if num_new + cow > pool.num_free_blocks - reusable:
+            return False
+        if rb is None:
+            pool.touch(hit)
+            state = computed.cache_state if computed is not None else self._new_cache_state()
+            rb = RequestBlocks(list(hit), state, self.block_size)
+            self.req_blocks[request.request_id] = rb
+            self.block_tables[request.request_id] = rb.block_ids
+            if computed is not None:
+                self.prefix_cache_queries_tokens += computed.num_query_tokens
+                self.prefix_cache_hit_tokens += computed.num_tokens
+        if cow:
+            self._copy_on_write(rb, request.num_computed_tokens // self.block_size)
+        rb.check_cow = False
+        if num_new > 0:
+            new = pool.get_new_blocks(num_new)
+            rb.blocks.extend(new)
+            rb.block_ids.extend(b.block_id for b in new)
+            rb.num_slots = len(rb.blocks) * self.block_size
+        return True
+
+    def _new_cache_state(self) -> object:
+        return self.cache.new_state() if self.cache is not None else None
+
+    def _needs_cow(self, rb: RequestBlocks | None, num_computed: int) -> int:
+        if rb is None or not rb.check_cow or num_computed % self.block_size == 0:
+            return 0
+        index = num_computed // self.block_size
+        return int(index < len(rb.blocks) and rb.blocks[index].ref_cnt > 1)
+
+    def _copy_on_write(self, rb: RequestBlocks, index: int) -> None:
+        src = rb.blocks[index]
+        (dst,) = self.pool.get_new_blocks(1)
+        self.pool.free_blocks([src])
+        rb.blocks[index] = dst
+        rb.block_ids[index] = dst.block_id
+        self.pending_copy_on_write.append((src.block_id, dst.block_id))
+        self.num_copy_on_write += 1
+
+    def take_copy_on_write(self) -> list[BlockCopy]:
+        copies = self.pending_copy_on_write
+        self.pending_copy_on_write = []
+        return copies
+
+    def commit(self, request: Request) -> None:
+        """Register the request's full, computed blocks in the prefix cache."""
+        cache = self.cache
+        if cache is None:
+            return
+        rb = self.req_blocks[request.request_id]
+        num_full = min(request.num_computed_tokens // self.block_size, len(rb.blocks))
+        rb.cache_state, replaced = cache.commit(
+            rb.cache_state, request.all_token_ids, rb.blocks, num_full
+        )
+        if replaced:
+            pool = self.pool
+            for index, cached in replaced:
+                pool.touch([cached])
+                pool.free_blocks([rb.blocks[index]])
+                rb.blocks[index] = cached
+                rb.block_ids[index] = cached.block_id
+
+    # -- release, fork, swap -------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Release the request's GPU blocks (tail first, so tails are evicted first) or CPU copy."""
+        rid = request.request_id
+        rb = self.req_blocks.pop(rid, None)
+        if rb is not None:
+            del self.block_tables[rid]
+            self.pool.free_blocks(rb.blocks[::-1])
+        cpu = self.swapped.pop(rid, None)
+        if cpu is not None:
+            self._free_cpu.extend(cpu)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """``child`` shares all of ``parent``'s blocks; a shared partial block is copied on
+        first write."""
+        rb = self.req_blocks[parent.request_id]
+        self.pool.touch(rb.blocks)
+        cache_state = self.cache.copy_state(rb.cache_state) if self.cache is not None else None
+        child_rb = RequestBlocks(list(rb.blocks), cache_state, self.block_size)
+        partial = parent.num_computed_tokens % self.block_size != 0
+        child_rb.check_cow = rb.check_cow = rb.check_cow or partial
+        self.req_blocks[child.request_id] = child_rb
+        self.block_tables[child.request_id] = child_rb.block_ids
+
+    def swap_out(self, request: Request) -> list[BlockCopy] | None:
+        """Copy the request's blocks to the CPU pool and free them; None if the pool is full."""
+        rid = request.request_id
+        rb = self.req_blocks[rid]
+        if len(rb.blocks) > len(self._free_cpu):
+            return None
+        copies = [(block.block_id, self._free_cpu.pop()) for block in rb.blocks]
+        self.swapped[rid] = [cpu for _, cpu in copies]
+        del self.req_blocks[rid]
+        del self.block_tables[rid]
+        self.pool.free_blocks(rb.blocks[::-1])
+        return copies
+
+    def swap_in(self, request: Request, num_new_tokens: int) -> list[BlockCopy] | None:
+        """Bring a swapped request back with room for ``num_new_tokens``; None if it can't fit."""
+        rid = request.request_id
+        cpu = self.swapped[rid]
+        total = max(self.blocks_needed(request.num_computed_tokens + num_new_tokens), len(cpu))
+        if total > self.pool.num_free_blocks:
+            return None
+        blocks = self.pool.get_new_blocks(total)
+        del self.swapped[rid]
+        self._free_cpu.extend(cpu)
+        rb = RequestBlocks(blocks, self._new_cache_state(), self.block_size)
+        self.req_blocks[rid] = rb
+        self.block_tables[rid] = rb.block_ids
+        return [(c, b.block_id) for c, b in zip(cpu, blocks, strict=False)]
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) <= self.pool.num_blocks

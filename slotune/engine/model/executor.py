@@ -1,0 +1,221 @@
+"""TorchExecutor: the real model behind the engine's Executor protocol."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
+from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, select_backend
+from slotune.engine.model.llama import ForwardBatch
+from slotune.engine.model.loader import load_model
+from slotune.engine.model.sampler import Sampler, SampleRow
+from slotune.engine.scheduler_output import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+CPU_KV_SHARE = 0.1  # of physical memory, times gpu_memory_utilization, when running on the CPU
+CPU_KV_CAP_BYTES = 1 * GIB
+ACTIVATION_RESERVE_BYTES = 256 << 20
+
+
+class TorchExecutor:
+    """Runs a local Hugging Face Llama-family checkpoint over a paged KV cache.
+
+    The device cache is two tensors [layers, blocks, block_size, kv_heads, head_dim]
+    (keys, values); swapped-out blocks live in a CPU pool of the same layout, pinned when
+    the device is CUDA. ``attention`` is chosen when the cache is allocated, since the
+    flash and triton backends depend on the block size.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "auto",
+        attention: str = "auto",
+        dtype: str = "auto",
+    ) -> None:
+        loaded = load_model(model_path, device=device, dtype=dtype)
+        self.model = loaded.model
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
+        self.eos_token_id: int | None = loaded.eos_token_ids[0] if loaded.eos_token_ids else None
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self.attention_name = attention
+        self.backend: AttentionBackend | None = None
+        self.block_size = 0
+        self.sampler = Sampler()
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cpu_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def block_bytes(self, block_size: int) -> int:
+        c = self.model_config
+        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
+        return per_token * block_size * self.dtype.itemsize
+
+    def determine_capacity(self, config: EngineConfig) -> KVCacheCapacity:
+        block_bytes = self.block_bytes(config.block_size)
+        useful = config.max_num_seqs * -(-config.max_model_len // config.block_size)
+        gpu_blocks = min(self._device_kv_bytes(config) // block_bytes, useful)
+        cpu_blocks = min(int(config.swap_space_gb * GIB) // block_bytes, useful)
+        if gpu_blocks < 1:
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization={config.gpu_memory_utilization} leaves no "
+                f"room for the KV cache on {self.device}; raise it or set num_gpu_blocks"
+            )
+        return KVCacheCapacity(num_gpu_blocks=int(gpu_blocks), num_cpu_blocks=int(cpu_blocks))
+
+    def _device_kv_bytes(self, config: EngineConfig) -> int:
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = total * config.gpu_memory_utilization - (total - free)
+            return int(budget - self._activation_bytes(config))
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(min(total * CPU_KV_SHARE, CPU_KV_CAP_BYTES) * config.gpu_memory_utilization)
+
+    def _activation_bytes(self, config: EngineConfig) -> int:
+        """A generous bound on one step's activations: the widest tensors of a full batch."""
+        c = self.model_config
+        width = 4 * c.hidden_size + 2 * c.intermediate_size
+        width += (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+        per_step = config.max_num_batched_tokens * width * self.dtype.itemsize
+        logits = config.max_num_seqs * c.vocab_size * 4 * 3
+        return per_step + logits + ACTIVATION_RESERVE_BYTES
+
+    def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
+        c = self.model_config
+        self.block_size = config.block_size
+        shape = (c.num_hidden_layers, 0, config.block_size, c.num_key_value_heads, c.head_dim)
+        gpu_shape = (*shape[:1], capacity.num_gpu_blocks, *shape[2:])
+        cpu_shape = (*shape[:1], capacity.num_cpu_blocks, *shape[2:])
+        self._kv = (self._alloc(gpu_shape, self.device), self._alloc(gpu_shape, self.device))
+        pin = self.device.type == "cuda"
+        self._cpu_kv = (
+            torch.empty(cpu_shape, dtype=self.dtype, pin_memory=pin),
+            torch.empty(cpu_shape, dtype=self.dtype, pin_memory=pin),
+        )
+        self.backend = select_backend(
+            self.attention_name, self.device, config.block_size, self.dtype
+        )
+        logger.info(
+            "KV cache: %d device blocks, %d CPU blocks of %d tokens; attention: %s",
+            capacity.num_gpu_blocks,
+            capacity.num_cpu_blocks,
+            config.block_size,
+            self.backend.name,
+        )
+
+    def _alloc(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        # Zeroing a large CPU cache would touch every page up front; unwritten slots are
+        # never read (every backend masks keys past the context), so empty is safe.
+        if device.type == "cpu":
+            return torch.empty(shape, dtype=self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=device)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        if self._kv is None or self.backend is None:
+            raise RuntimeError("TorchExecutor.execute: call initialize_cache first")
+        start = time.perf_counter()
+        for rid in scheduler_output.finished_request_ids:
+            self.sampler.forget(rid)
+        self._copy_blocks(scheduler_output)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, list[float]] = {}
+        if not scheduler_output.is_empty:
+            batch, rows = self._prepare(scheduler_output)
+            logits = self.model(batch, self._kv[0], self._kv[1], self.backend)
+            for row, result in zip(rows, self.sampler.sample(logits, rows), strict=True):
+                sampled[row.request_id] = result.token_ids
+                logprobs[row.request_id] = result.logprobs
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return ExecutorOutput(
+            sampled_token_ids=sampled, duration_s=time.perf_counter() - start, logprobs=logprobs
+        )
+
+    def _copy_blocks(self, so: SchedulerOutput) -> None:
+        assert self._kv is not None and self._cpu_kv is not None
+        for gpu, cpu in zip(self._kv, self._cpu_kv, strict=True):
+            if so.swap_out:
+                src, dst = _pairs(so.swap_out, self.device, torch.device("cpu"))
+                cpu[:, dst] = gpu[:, src].to("cpu")
+            if so.swap_in:
+                src, dst = _pairs(so.swap_in, torch.device("cpu"), self.device)
+                gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
+            if so.copy_on_write:
+                src, dst = _pairs(so.copy_on_write, self.device, self.device)
+                gpu[:, dst] = gpu[:, src]
+
+    def _prepare(self, so: SchedulerOutput) -> tuple[ForwardBatch, list[SampleRow]]:
+        """Flatten this step's tokens and build the varlen paged-attention metadata."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_indices: list[int] = []
+        rows: list[SampleRow] = []
+        for rid, n in so.num_scheduled_tokens.items():
+            if n <= 0:
+                continue
+            req = so.requests[rid]
+            c = req.num_computed_tokens
+            table = so.block_tables[rid]
+            input_ids += req.all_token_ids[c : c + n]
+            positions += range(c, c + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(c, c + n)]
+            query_lens.append(n)
+            context_lens.append(c + n)
+            tables.append(table)
+            num_samples = so.num_samples.get(rid, 1 if c + n >= req.num_tokens else 0)
+            if num_samples > 0:
+                logits_indices.append(len(input_ids) - 1)
+                rows.append(SampleRow(rid, req.sampling_params, num_samples, req.index))
+        dev = self.device
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        cu_q = _cumsum(query_lens)
+        cu_k = _cumsum(context_lens)
+        meta = AttentionMetadata(
+            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=dev),
+            cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=dev),
+            seq_lens_k=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_seqlen_q=max(query_lens),
+            max_seqlen_k=max(context_lens),
+            query_lens=tuple(query_lens),
+            context_lens=tuple(context_lens),
+        )
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            attention=meta,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+        )
+        return batch, rows
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _pairs(
+    pairs: list[tuple[int, int]], src_device: torch.device, dst_device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=src_device)
+    dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=dst_device)
+    return src, dst

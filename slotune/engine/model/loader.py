@@ -1,0 +1,159 @@
+"""Load a local Hugging Face checkpoint folder. Nothing is ever downloaded.
+
+The folder holds ``config.json``, weights in ``*.safetensors`` (one file, or shards named
+by ``model.safetensors.index.json``), and optionally ``tokenizer.json`` and
+``generation_config.json`` (whose ``eos_token_id`` wins over config.json's).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+from slotune.engine.model.config import ModelConfig
+from slotune.engine.model.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    eos_token_ids: tuple[int, ...]
+    path: Path
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine; use 'cpu'")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls are slow)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; choose auto or one of {list(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ValueError(
+            f"model {str(folder)!r}: no config.json there; pass a local Hugging Face checkpoint "
+            "folder (make one with `slotune init-model DIR`)"
+        )
+    config = ModelConfig.from_file(config_file)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(_read_weights(folder, config), assign=True, strict=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model = model.to(device=dev, dtype=torch_dtype).eval()
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=_load_tokenizer(folder),
+        eos_token_ids=_eos_token_ids(folder, config),
+        path=folder,
+    )
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / _INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index}: names shard(s) that are not there: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model {str(folder)!r}: no *.safetensors weight files found")
+    return files
+
+
+def _read_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors renamed to our modules, with q/k/v and gate/up fused."""
+    raw: dict[str, torch.Tensor] = {}
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                raw[name.removeprefix("model.")] = f.get_tensor(name)
+    out: dict[str, torch.Tensor] = {}
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        out[attn + "qkv_proj.weight"] = _cat(raw, [attn + f"{x}_proj.weight" for x in "qkv"])
+        if config.attention_bias:
+            out[attn + "qkv_proj.bias"] = _cat(raw, [attn + f"{x}_proj.bias" for x in "qkv"])
+        out[attn + "o_proj.weight"] = _take(raw, attn + "o_proj.weight")
+        out[mlp + "gate_up_proj.weight"] = _cat(
+            raw, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+        )
+        out[mlp + "down_proj.weight"] = _take(raw, mlp + "down_proj.weight")
+        if config.mlp_bias:
+            out[mlp + "gate_up_proj.bias"] = _cat(
+                raw, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]
+            )
+            out[mlp + "down_proj.bias"] = _take(raw, mlp + "down_proj.bias")
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[p + norm + ".weight"] = _take(raw, p + norm + ".weight")
+    out["embed_tokens.weight"] = _take(raw, "embed_tokens.weight")
+    out["norm.weight"] = _take(raw, "norm.weight")
+    if config.tie_word_embeddings:
+        raw.pop("lm_head.weight", None)
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    else:
+        out["lm_head.weight"] = _take(raw, "lm_head.weight")
+    raw = {k: v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")}
+    if raw:
+        raise ValueError(f"model {str(folder)!r}: unexpected weights {sorted(raw)[:5]}")
+    return out
+
+
+def _take(raw: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in raw:
+        raise ValueError(f"checkpoint: weight {'model.' + name!r} is missing")
+    return raw.pop(name)
+
+
+def _cat(raw: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([_take(raw, n) for n in names], dim=0)
+
+
+def _load_tokenizer(folder: Path) -> Tokenizer | None:
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(file))
+
+
+def _eos_token_ids(folder: Path, config: ModelConfig) -> tuple[int, ...]:
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+        if value is not None:
+            return (value,) if isinstance(value, int) else tuple(int(v) for v in value)
+    return config.eos_token_ids

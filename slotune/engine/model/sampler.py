@@ -1,0 +1,84 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+Each row of logits belongs to one request and yields ``n`` tokens (``n > 1`` only at the
+end of the prompt of a request that the engine then forks). A seeded request draws from
+its own generator, kept across steps, so that its whole output is reproducible whatever
+else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slotune.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    request_id: str
+    params: SamplingParams
+    num_samples: int
+    index: int = 0  # the completion index of a forked child, for its seed
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
+        """One result per row of ``logits`` [rows, vocab] (float32)."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        greedy = logits.argmax(dim=-1).tolist()
+        results = []
+        for i, row in enumerate(rows):
+            if row.params.greedy:
+                tokens = [greedy[i]] * row.num_samples
+            else:
+                tokens = self._draw(logits[i], row)
+            lp = logprobs[i, tokens].tolist()
+            results.append(Sampled(token_ids=tokens, logprobs=lp))
+        return results
+
+    def _draw(self, logits: torch.Tensor, row: SampleRow) -> list[int]:
+        probs = torch.softmax(restrict(logits / row.params.temperature, row.params), dim=-1)
+        generator = self._generator(row, logits.device)
+        drawn = torch.multinomial(probs, row.num_samples, replacement=True, generator=generator)
+        return drawn.tolist()
+
+    def _generator(self, row: SampleRow, device: torch.device) -> torch.Generator | None:
+        seed = row.params.seed
+        if seed is None:
+            return None
+        gen = self._generators.get(row.request_id)
+        if gen is None:
+            gen = torch.Generator(device=device).manual_seed(seed + row.index)
+            self._generators[row.request_id] = gen
+        return gen
+
+
+def restrict(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k and outside the top-p nucleus."""
+    if params.top_k <= 0 and params.top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    keep = torch.ones_like(sorted_logits, dtype=torch.bool)
+    if 0 < params.top_k < logits.shape[-1]:
+        keep[params.top_k :] = False
+    if params.top_p < 1.0:
+        probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs
+        keep &= before < params.top_p
+    out = torch.full_like(logits, float("-inf"))
+    out[order[keep]] = logits[order[keep]]
+    return out

@@ -1,0 +1,409 @@
+"""The scheduler: vLLM V1's phase-less token-budget loop, plus vLLM V0's prefill-first policy.
+
+There is no prefill phase and no decode phase: each request has ``num_computed_tokens``
+catching up with ``num_tokens`` (prompt plus output so far), and every step hands out at
+most ``max_num_batched_tokens`` tokens, running requests first, then waiting ones.
+
+Invariants kept here: a step's scheduled tokens never exceed the budget; running requests
+(plus the seats reserved for the forks of ``n > 1`` requests) never exceed
+``max_num_seqs``; a preempted request is always one not yet scheduled in this step, so no
+scheduled request ever loses its blocks.
+
+``schedule()`` only decides; ``update_from_output()`` applies what the executor computed.
+Between the two, every scheduled request's ``num_computed_tokens`` is its pre-step value.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.executor import ExecutorOutput
+from slotune.engine.kv_cache.manager import KVCacheManager
+from slotune.engine.outputs import RequestOutput
+from slotune.engine.request import Request, RequestStatus
+from slotune.engine.scheduler_output import SchedulerOutput
+
+RUNNING = RequestStatus.RUNNING
+SWAPPED = RequestStatus.SWAPPED
+WAITING = RequestStatus.WAITING
+
+_ANY, _PROMPTS, _SWAPPED = 0, 1, 2  # which waiting requests a pass may admit
+
+
+def _needs_fork(request: Request) -> bool:
+    return request.sampling_params.n > 1 and not request.output_token_ids
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_model_len = config.max_model_len
+        self.prefill_first = config.policy == "prefill_first"
+        self.swap = config.preemption_mode == "swap"
+        self.threshold = config.long_prefill_token_threshold or config.max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_request_ids: set[str] = set()
+        self.pending_outputs: list[RequestOutput] = []
+        self.fork_seats = 0  # future children of running, not yet forked n > 1 requests
+        self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self.steps = 0
+        self.max_step_tokens = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        if request.status is RUNNING:
+            self.running.remove(request)
+            self._leave_running(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    # -- schedule ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(
+            requests=self.requests,
+            block_tables=self.kv_cache.block_tables,
+            finished_request_ids=self.finished_request_ids,
+        )
+        self.finished_request_ids = set()
+        budget = self.config.max_num_batched_tokens
+        if not self.prefill_first:
+            budget = self._schedule_running(out, budget)
+            if not out.preempted_request_ids:
+                budget = self._schedule_waiting(out, budget, _ANY)
+        else:
+            if self.waiting and self.waiting[0].status is not SWAPPED:
+                budget = self._schedule_waiting(out, budget, _PROMPTS)
+            if not out.num_scheduled_tokens:
+                budget = self._schedule_running(out, budget)
+                if not out.preempted_request_ids:
+                    budget = self._schedule_waiting(out, budget, _SWAPPED)
+        if self.kv_cache.pending_copy_on_write:
+            out.copy_on_write = self.kv_cache.take_copy_on_write()
+        total = self.config.max_num_batched_tokens - budget
+        out.total_num_scheduled_tokens = total
+        self.steps += 1
+        if total > self.max_step_tokens:
+            self.max_step_tokens = total
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        running = self.running
+        kv = self.kv_cache
+        req_blocks = kv.req_blocks
+        scheduled = out.num_scheduled_tokens
+        samples = out.num_samples
+        prefill = 0
+        for req in running:  # preemption only pops entries after ``req`` (or ``req`` itself)
+            if budget <= 0:
+                break
+            computed = req.num_computed_tokens
+            total = len(req.all_token_ids)
+            n = total - computed
+            if n > 1:
+                n = min(n, self.threshold, budget, self.max_model_len - computed)
+            rid = req.request_id
+            rb = req_blocks[rid]
+            if (
+                (computed + n > rb.num_slots or rb.check_cow)
+                and not kv.allocate_slots(req, n)
+                and not self._make_room(req, n, out)
+            ):
+                break  # ``req`` itself left the running list
+            scheduled[rid] = n
+            if computed + n == total:
+                if req.output_token_ids:
+                    samples[rid] = 1
+                else:
+                    samples[rid] = req.sampling_params.n
+            if n > 1 or not req.output_token_ids:
+                prefill += n
+            budget -= n
+        out.num_prefill_tokens += prefill
+        return budget
+
+    def _make_room(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Preempt the most recently admitted running requests until ``req`` fits.
+
+        False when ``req`` itself had to go. Alone, it can never fit: it finishes with
+        reason "length" rather than waiting forever.
+        """
+        while True:
+            victim = self.running.pop()
+            self._leave_running(victim)
+            if victim is req and not self.running:
+                self._finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
+                return False
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+            if self.kv_cache.allocate_slots(req, num_new_tokens):
+                return True
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted_request_ids.append(victim.request_id)
+        if self.swap:
+            copies = self.kv_cache.swap_out(victim)
+            if copies is not None:
+                out.swap_out.extend(copies)
+                self.num_swap_outs += 1
+                victim.status = SWAPPED
+                self.waiting.appendleft(victim)
+                return
+        self.kv_cache.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(victim)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, kinds: int) -> int:
+        waiting = self.waiting
+        while waiting and budget > 0:
+            req = waiting[0]
+            swapped = req.status is SWAPPED
+            if (kinds == _PROMPTS and swapped) or (kinds == _SWAPPED and not swapped):
+                break
+            seats = req.sampling_params.n if _needs_fork(req) else 1
+            if len(self.running) + self.fork_seats + seats > self.max_num_seqs:
+                break
+            n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
+            if n is None:
+                break
+            if n == 0:
+                continue  # it could never fit and was finished
+            waiting.popleft()
+            req.status = RUNNING
+            self.running.append(req)
+            self.fork_seats += seats - 1
+            rid = req.request_id
+            out.num_scheduled_tokens[rid] = n
+            computed = req.num_computed_tokens
+            if computed + n == len(req.all_token_ids):
+                out.num_samples[rid] = seats
+            if n > 1 or computed < len(req.prompt_token_ids):
+                out.num_prefill_tokens += n
+            budget -= n
+        return budget
+
+    def _chunk(self, req: Request, computed: int, budget: int) -> int | None:
+        n = min(len(req.all_token_ids) - computed, self.threshold)
+        if n > budget:
+            if self.prefill_first:
+                return None
+            n = budget
+        return n
+
+    def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
+        """Allocate a waiting (new or recompute-preempted) request's first chunk."""
+        kv = self.kv_cache
+        hit = kv.get_computed_blocks(req)
+        num_hit = hit.num_tokens if hit is not None else 0
+        n = self._chunk(req, num_hit, budget)
+        if n is None:
+            return None
+        if not kv.allocate_slots(req, n, hit):
+            return self._never_fits(req)
+        req.num_computed_tokens = num_hit
+        if req.status is WAITING:
+            req.num_cached_tokens = num_hit
+            out.new_request_ids.append(req.request_id)
+        else:
+            out.resumed_request_ids.append(req.request_id)
+        return n
+
+    def _admit_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
+        n = self._chunk(req, req.num_computed_tokens, budget)
+        if n is None:
+            return None
+        copies = self.kv_cache.swap_in(req, n)
+        if copies is None:
+            return self._never_fits(req)
+        out.swap_in.extend(copies)
+        out.resumed_request_ids.append(req.request_id)
+        self.num_swap_ins += 1
+        return n
+
+    def _never_fits(self, req: Request) -> int | None:
+        """With nothing running every block is free: a request that still can't fit never will."""
+        if self.running:
+            return None
+        self.waiting.popleft()
+        self._finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
+        return 0
+
+    # -- update --------------------------------------------------------------------------
+
+    def update_from_output(
+        self, out: SchedulerOutput, result: ExecutorOutput
+    ) -> list[RequestOutput]:
+        """Advance computed tokens, append sampled ones, fork ``n > 1`` requests, finish."""
+        outputs = self.pending_outputs
+        self.pending_outputs = []
+        requests = out.requests
+        kv = self.kv_cache
+        bs = self.block_size
+        caching = kv.cache is not None
+        sampled = result.sampled_token_ids
+        logprobs = result.logprobs
+        max_model_len = self.max_model_len
+        finished: list[tuple[Request, RequestStatus]] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            if caching and computed % bs < n:
+                kv.commit(req)
+            all_ids = req.all_token_ids
+            if computed != len(all_ids):
+                continue
+            tokens = sampled.get(rid)
+            out_ids = req.output_token_ids
+            if tokens is None or (not out_ids and req.sampling_params.n > 1) or logprobs:
+                self._sample_slow(req, tokens, out.num_samples[rid], result, outputs, finished)
+                continue
+            tok = tokens[0]
+            out_ids.append(tok)
+            all_ids.append(tok)
+            sp = req.sampling_params
+            if (tok == req.eos_token_id and not sp.ignore_eos) or tok in sp.stop_token_ids:
+                finished.append((req, RequestStatus.FINISHED_STOPPED))
+                reason: str | None = "stop"
+            elif len(out_ids) >= sp.max_tokens or len(all_ids) >= max_model_len:
+                finished.append((req, RequestStatus.FINISHED_LENGTH))
+                reason = "length"
+            else:
+                reason = None
+            outputs.append(
+                RequestOutput(
+                    req.parent_id,
+                    req.index,
+                    [tok],
+                    reason is not None,
+                    reason,
+                    len(req.prompt_token_ids),
+                    req.num_cached_tokens,
+                    req.num_preemptions,
+                )
+            )
+        if finished:
+            for req, status in finished:
+                self._finish(req, status)
+            self.running = [r for r in self.running if r.status is RUNNING]
+        return outputs
+
+    def _sample_slow(
+        self,
+        req: Request,
+        tokens: list[int] | None,
+        k: int,
+        result: ExecutorOutput,
+        outputs: list[RequestOutput],
+        finished: list[tuple[Request, RequestStatus]],
+    ) -> None:
+        """Sampling with a fork (``k > 1``), logprobs, or a missing token (an executor bug)."""
+        rid = req.request_id
+        if tokens is None or len(tokens) < k:
+            raise RuntimeError(
+                f"executor returned {tokens!r} for request {rid!r}; expected {k} token(s)"
+            )
+        logprobs = result.logprobs.get(rid) or []
+        family = self._fork(req, k) if k > 1 else [req]
+        for index, member in enumerate(family):
+            tok = tokens[index]
+            member.output_token_ids.append(tok)
+            member.all_token_ids.append(tok)
+            sp = member.sampling_params
+            if (tok == member.eos_token_id and not sp.ignore_eos) or tok in sp.stop_token_ids:
+                status: RequestStatus | None = RequestStatus.FINISHED_STOPPED
+            elif (
+                len(member.output_token_ids) >= sp.max_tokens
+                or len(member.all_token_ids) >= self.max_model_len
+            ):
+                status = RequestStatus.FINISHED_LENGTH
+            else:
+                status = None
+            output = RequestOutput(
+                member.parent_id,
+                member.index,
+                [tok],
+                status is not None,
+                status.value if status is not None else None,
+                len(member.prompt_token_ids),
+                member.num_cached_tokens,
+                member.num_preemptions,
+            )
+            if index < len(logprobs):
+                output.logprobs = [logprobs[index]]
+            outputs.append(output)
+            if status is not None:
+                finished.append((member, status))
+
+    def _fork(self, parent: Request, k: int) -> list[Request]:
+        """Children ``"{id}#{i}"`` that share the parent's blocks (its prompt)."""
+        self.fork_seats -= k - 1
+        family = [parent]
+        for i in range(1, k):
+            child = Request(
+                f"{parent.request_id}#{i}",
+                parent.prompt_token_ids,
+                parent.sampling_params,
+                arrival_time=parent.arrival_time,
+                eos_token_id=parent.eos_token_id,
+                parent_id=parent.request_id,
+                index=i,
+                num_computed_tokens=parent.num_computed_tokens,
+                num_cached_tokens=parent.num_cached_tokens,
+                num_preemptions=parent.num_preemptions,
+                status=RUNNING,
+            )
+            self.kv_cache.fork(parent, child)
+            self.requests[child.request_id] = child
+            self.running.append(child)
+            family.append(child)
+        return family
+
+    # -- leaving -------------------------------------------------------------------------
+
+    def _leave_running(self, request: Request) -> None:
+        if _needs_fork(request):
+            self.fork_seats -= request.sampling_params.n - 1
+
+    def _finish(self, request: Request, status: RequestStatus, emit: bool = False) -> None:
+        """Free everything the request holds; its id reaches executors with the next step."""
+        if emit:
+            self.pending_outputs.append(
+                RequestOutput(
+                    request.parent_id,
+                    request.index,
+                    [],
+                    True,
+                    status.value,
+                    len(request.prompt_token_ids),
+                    request.num_cached_tokens,
+                    request.num_preemptions,
+                )
+            )
+        request.status = status
+        self.kv_cache.free(request)
+        del self.requests[request.request_id]
+        self.finished_request_ids.add(request.request_id)

@@ -1,0 +1,71 @@
+"""How many KV blocks fit: the GPU's share of memory less weights and activation workspace.
+
+As in vLLM's memory profiling, the pool is what is left of ``gpu_memory_utilization`` of
+the card after the weights, a fixed runtime reserve (CUDA context, cuBLAS and NCCL
+workspaces) and the activations of the largest forward pass, which grow with
+``max_num_batched_tokens``. A bigger token budget therefore costs KV space.
+"""
+
+from __future__ import annotations
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.executor import KVCacheCapacity
+from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.profile import GpuProfile
+
+GIB = 1 << 30
+LOGIT_BYTES = 4  # logits are kept in fp32 for sampling
+
+
+def activation_bytes_per_token(model: ModelSpec, tp: int) -> int:
+    """Live activations per batched token at the peak of a layer (per GPU, bf16):
+    residual, normed input and attention output (3 × hidden), the QKV output, and the
+    gate/up output with the activated half (3 × FFN shard)."""
+    q_heads = model.num_heads // tp
+    qkv = (q_heads + 2 * model.kv_heads_per_gpu(tp)) * model.head_dim
+    return model.dtype_bytes * (3 * model.hidden_size + qkv + 3 * model.intermediate_size // tp)
+
+
+def activation_workspace_bytes(
+    model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> int:
+    """Activations of a full-budget step plus the fp32 logits of the rows that sample."""
+    sampled = min(max_num_seqs, max_num_batched_tokens)
+    vocab = -(-model.vocab_size // tp)
+    return (
+        max_num_batched_tokens * activation_bytes_per_token(model, tp)
+        + sampled * vocab * LOGIT_BYTES
+    )
+
+
+def kv_block_bytes(model: ModelSpec, tp: int, block_size: int) -> int:
+    """Bytes of one KV block on one GPU (its shard of the KV heads)."""
+    return 2 * model.num_layers * model.kv_heads_per_gpu(tp) * model.head_dim * (
+        model.dtype_bytes * block_size
+    )
+
+
+def determine_capacity(
+    profile: GpuProfile, model: ModelSpec, tp: int, config: EngineConfig
+) -> KVCacheCapacity:
+    """Blocks on the GPU and in ``swap_space_gb`` of host memory. A model that leaves no room
+    is an error unless ``config.num_gpu_blocks`` overrides the pool size."""
+    usable = config.gpu_memory_utilization * profile.gpu.memory_bytes
+    weights = model.weight_bytes_per_gpu(tp)
+    reserved = profile.system.reserved_gib * GIB
+    workspace = activation_workspace_bytes(
+        model, tp, config.max_num_batched_tokens, config.max_num_seqs
+    )
+    block = kv_block_bytes(model, tp, config.block_size)
+    free = usable - weights - reserved - workspace
+    num_gpu_blocks = int(free // block)
+    if num_gpu_blocks < 1 and config.num_gpu_blocks is None:
+        raise ValueError(
+            f"{model.name} does not fit on {tp} × {profile.gpu.name}: "
+            f"{usable / GIB:.1f} GiB usable (gpu_memory_utilization="
+            f"{config.gpu_memory_utilization}) < {weights / GIB:.1f} GiB weights + "
+            f"{(reserved + workspace) / GIB:.1f} GiB runtime and activations; "
+            "raise tensor parallelism or gpu_memory_utilization, or lower max_num_batched_tokens"
+        )
+    num_cpu_blocks = int(config.swap_space_gb * GIB // block)
+    return KVCacheCapacity(num_gpu_blocks=max(num_gpu_blocks, 0), num_cpu_blocks=num_cpu_blocks)

@@ -1,0 +1,327 @@
+"""The step-time model of a named GPU and model.
+
+Each op is a roofline: its time is an overhead plus the larger of its bytes over the
+effective bandwidth and its FLOPs over the effective compute rate, with the efficiencies of
+a fitted ``GpuProfile``. The op functions below take plain shapes, so calibration can
+evaluate them on the reference rows; ``CostModel`` precomputes what one model on one GPU
+needs, so that costing a step is a handful of arithmetic operations over aggregates of the
+batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.profile import (
+    AttentionProfile,
+    ElementwiseProfile,
+    GpuProfile,
+    LinearProfile,
+)
+
+_US = 1e-6
+DTYPE_BYTES = 2
+
+
+def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: int) -> float:
+    """``[m, k] @ [k, n]`` in bf16: weight + activation bytes against tile-padded FLOPs."""
+    if m <= 0:
+        return 0.0
+    tile = p.tile_tokens
+    m_pad = -(-m // tile) * tile
+    t_mem = DTYPE_BYTES * (k * n + m * k + m * n) / (bw * p.mem_eff)
+    t_cmp = 2.0 * (m_pad + p.half_tokens) * k * n / (peak * p.compute_eff)
+    return p.overhead_us * _US + (t_mem if t_mem > t_cmp else t_cmp)
+
+
+def elementwise_bytes(op: str, m: int, hidden: int, qk_dim: int, ffn: int) -> int:
+    """Bytes one memory-bound kernel moves for ``m`` tokens (per GPU shard)."""
+    if op in ("norm", "embed"):
+        return 2 * m * hidden * DTYPE_BYTES
+    if op == "add":
+        return 3 * m * hidden * DTYPE_BYTES
+    if op == "rope":
+        return 2 * m * qk_dim * DTYPE_BYTES
+    if op == "act":
+        return 3 * m * ffn * DTYPE_BYTES
+    raise ValueError(f"unknown elementwise op {op!r}")
+
+
+def elementwise_seconds(p: ElementwiseProfile, bw: float, nbytes: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return p.overhead_us * _US + nbytes / (bw * p.eff)
+
+
+def prefill_attention_seconds(
+    p: AttentionProfile, bw: float, peak: float, chunk: int, prior: int, q_heads: int,
+    head_dim: int, kv_bytes_per_token: int,
+) -> float:
+    """One chunk of ``chunk`` new tokens attending to ``prior`` cached ones and causally to
+    itself, without the per-kernel overhead (paid once per step)."""
+    q_pad = -(-chunk // p.q_tile) * p.q_tile
+    per_pair = 4.0 * q_heads * head_dim
+    t_cmp = per_pair * q_pad * prior / (peak * p.prefill_prefix_eff) + (
+        per_pair * 0.5 * q_pad * chunk / (peak * p.prefill_causal_eff)
+    )
+    t_mem = (prior + chunk) * kv_bytes_per_token / bw
+    return t_cmp if t_cmp > t_mem else t_mem
+
+
+def decode_kv_seconds_per_token(
+    p: AttentionProfile, bw: float, kv_bytes_per_token: int, block_size: int
+) -> float:
+    """Seconds per context token read by decode attention at ``block_size``."""
+    return kv_bytes_per_token * (1.0 + p.block_indirection_tokens / block_size) / (
+        bw * p.decode_eff
+    )
+
+
+def decode_attention_seconds(
+    p: AttentionProfile, bw: float, num_seqs: int, context_sum: int, kv_bytes_per_token: int,
+    block_size: int,
+) -> float:
+    if num_seqs <= 0:
+        return 0.0
+    per_token = decode_kv_seconds_per_token(p, bw, kv_bytes_per_token, block_size)
+    return (p.decode_overhead_us + p.decode_per_seq_us * num_seqs) * _US + per_token * context_sum
+
+
+def allreduce_seconds(profile: GpuProfile, tp: int, nbytes: float) -> float:
+    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    sysp = profile.system
+    per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
+    return sysp.allreduce_latency_us * _US + 2 * (tp - 1) / tp * nbytes / (
+        per_dir * sysp.allreduce_eff
+    )
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """One step's time by op: ``per_layer`` in seconds for one layer, the rest per step."""
+
+    per_layer: dict[str, float]
+    per_step: dict[str, float]
+    total: float
+
+
+class CostModel:
+    """Step durations of ``model`` on ``tp`` GPUs described by ``profile``.
+
+    Shapes are those of one GPU's shard. The public costing calls are ``step_seconds``
+    (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
+    decode steps, bit-identical to costing each step with ``step_seconds``) and
+    ``breakdown`` (per-op detail for ``slotune estimate``).
+    """
+
+    def __init__(
+        self, profile: GpuProfile, model: ModelSpec, tp: int = 1, block_size: int = 16
+    ) -> None:
+        model.check_tp(tp)
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
+        gpu = profile.gpu
+        self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
+        m = model
+        self.hidden = m.hidden_size
+        self.q_heads = m.num_heads // tp
+        self.kv_heads = m.kv_heads_per_gpu(tp)
+        self.qkv_out = (self.q_heads + 2 * self.kv_heads) * m.head_dim
+        self.attn_dim = self.q_heads * m.head_dim
+        self.ffn = m.intermediate_size // tp
+        self.vocab = -(-m.vocab_size // tp)
+        self.kv_bytes_per_token_layer = 2 * self.kv_heads * m.head_dim * DTYPE_BYTES
+        self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
+        layers = m.num_layers
+        att = profile.attention
+        self._dec_fixed = layers * att.decode_overhead_us * _US
+        self._dec_per_seq = layers * att.decode_per_seq_us * _US
+        self._dec_per_ctx = layers * decode_kv_seconds_per_token(
+            att, self.bw, self.kv_bytes_per_token_layer, block_size
+        )
+        self._pre_fixed = layers * att.prefill_overhead_us * _US
+        per_pair = 4.0 * self.q_heads * m.head_dim * layers
+        self._q_tile = att.q_tile
+        self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
+        self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
+        self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
+        sysp = profile.system
+        self._cpu_step = sysp.cpu_step_us * _US
+        self._cpu_req = sysp.cpu_per_request_us * _US
+        host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
+        copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
+        self._swap_per_block = self.block_bytes / host_bw + copy_calls
+        self._cow_per_block = 2 * self.block_bytes / self.bw + copy_calls
+        self._dense_cache: dict[int, float] = {}
+        self._lm_cache: dict[int, float] = {}
+
+    # -- per-op pieces ------------------------------------------------------------------
+    def layer_ops(self, num_tokens: int) -> dict[str, float]:
+        """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens."""
+        p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
+        ew = p.elementwise
+        qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
+
+        def elem(op: str) -> float:
+            return elementwise_seconds(
+                ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn)
+            )
+
+        return {
+            "qkv_proj": gemm_seconds(p.linear, bw, peak, m, h, self.qkv_out),
+            "rope": elem("rope"),
+            "o_proj": gemm_seconds(p.linear, bw, peak, m, self.attn_dim, h),
+            "mlp_up": gemm_seconds(p.linear, bw, peak, m, h, 2 * self.ffn),
+            "mlp_act": elem("act"),
+            "mlp_down": gemm_seconds(p.linear, bw, peak, m, self.ffn, h),
+            "norms": 2 * elem("norm") + 2 * elem("add"),
+            "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES),
+        }
+
+    def dense_seconds(self, num_tokens: int) -> float:
+        """Every token-parallel op of the whole model (all layers, embedding, final norm)."""
+        t = self._dense_cache.get(num_tokens)
+        if t is None:
+            if num_tokens <= 0:
+                t = 0.0
+            else:
+                ew, h = self.profile.elementwise, self.hidden
+                t = self.model.num_layers * sum(self.layer_ops(num_tokens).values())
+                t += elementwise_seconds(ew["embed"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
+                t += elementwise_seconds(ew["norm"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
+            self._dense_cache[num_tokens] = t
+        return t
+
+    def lm_head_seconds(self, num_samples: int) -> float:
+        t = self._lm_cache.get(num_samples)
+        if t is None:
+            t = gemm_seconds(
+                self.profile.linear, self.bw, self.peak, num_samples, self.hidden, self.vocab
+            )
+            self._lm_cache[num_samples] = t
+        return t
+
+    def prefill_chunk_seconds(self, chunk: int, prior: int) -> float:
+        """All layers' attention for one prefill chunk (without the per-step overhead)."""
+        q_pad = -(-chunk // self._q_tile) * self._q_tile
+        t_cmp = self._pre_prefix * q_pad * prior + self._pre_causal * q_pad * chunk
+        t_mem = self._pre_mem * (prior + chunk)
+        return t_cmp if t_cmp > t_mem else t_mem
+
+    def swap_seconds(self, num_blocks: int) -> float:
+        return self._swap_per_block * num_blocks
+
+    def copy_on_write_seconds(self, num_blocks: int) -> float:
+        return self._cow_per_block * num_blocks
+
+    # -- whole steps --------------------------------------------------------------------
+    def step_seconds(
+        self,
+        num_tokens: int,
+        num_samples: int,
+        num_requests: int,
+        num_decodes: int = 0,
+        decode_context_sum: int = 0,
+        prefill_chunks: Sequence[tuple[int, int]] = (),
+        num_swapped_blocks: int = 0,
+        num_cow_blocks: int = 0,
+    ) -> float:
+        """One step: ``num_tokens`` scheduled in all; ``num_decodes`` one-token requests
+        reading ``decode_context_sum`` KV tokens together (each counts its new token);
+        ``prefill_chunks`` as ``(chunk_tokens, prior_context)``; ``num_samples`` rows
+        reach the LM head; ``num_requests`` requests pay the per-request CPU cost."""
+        t = (
+            self.dense_seconds(num_tokens)
+            + self.lm_head_seconds(num_samples)
+            + self._cpu_step
+            + self._cpu_req * num_requests
+        )
+        if num_decodes:
+            t += self._dec_fixed + self._dec_per_seq * num_decodes + (
+                self._dec_per_ctx * decode_context_sum
+            )
+        if prefill_chunks:
+            t += self._pre_fixed
+            for chunk, prior in prefill_chunks:
+                t += self.prefill_chunk_seconds(chunk, prior)
+        if num_swapped_blocks:
+            t += self._swap_per_block * num_swapped_blocks
+        if num_cow_blocks:
+            t += self._cow_per_block * num_cow_blocks
+        return t
+
+    def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
+        """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
+        return self.step_seconds(num_decodes, num_decodes, num_decodes, num_decodes, context_sum)
+
+    def decode_stretch_durations(
+        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
+    ) -> list[float]:
+        """Durations of ``k`` consecutive pure-decode steps of the same requests.
+
+        ``context_lens`` are the KV tokens each request reads in the first step (its
+        computed tokens plus the one it decodes); every later step reads one more per
+        request. Pass a count as ``context_lens`` with ``context_sum`` to give the
+        aggregate directly. Each value equals ``decode_step_seconds`` of that step exactly.
+        """
+        if isinstance(context_lens, int):
+            if context_sum is None:
+                raise ValueError("decode_stretch_durations: a request count needs context_sum")
+            num, ctx = context_lens, context_sum
+        else:
+            num, ctx = len(context_lens), sum(context_lens)
+        if num == 0 or k <= 0:
+            return [self.decode_step_seconds(num, ctx)] * max(k, 0)
+        base = (
+            self.dense_seconds(num)
+            + self.lm_head_seconds(num)
+            + self._cpu_step
+            + self._cpu_req * num
+        )
+        fixed = self._dec_fixed + self._dec_per_seq * num
+        per_ctx = self._dec_per_ctx
+        return [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
+
+    def breakdown(
+        self,
+        num_prefill_tokens: int,
+        prior_context: int = 0,
+        num_decodes: int = 0,
+        decode_context: int = 0,
+    ) -> StepBreakdown:
+        """Per-op times of one step: one prefill chunk of ``num_prefill_tokens`` after
+        ``prior_context`` cached tokens, plus ``num_decodes`` decodes each reading
+        ``decode_context`` tokens."""
+        num_tokens = num_prefill_tokens + num_decodes
+        layers = self.model.num_layers
+        per_layer = self.layer_ops(num_tokens)
+        chunks = [(num_prefill_tokens, prior_context)] if num_prefill_tokens else []
+        attention = 0.0
+        if chunks:
+            attention += self._pre_fixed + self.prefill_chunk_seconds(*chunks[0])
+        if num_decodes:
+            attention += self._dec_fixed + self._dec_per_seq * num_decodes + (
+                self._dec_per_ctx * num_decodes * decode_context
+            )
+        per_layer["attention"] = attention / layers
+        num_samples = (1 if chunks else 0) + num_decodes
+        num_requests = len(chunks) + num_decodes
+        ew = self.profile.elementwise
+        nbytes = 2 * num_tokens * self.hidden * DTYPE_BYTES
+        per_step = {
+            "layers": layers * sum(per_layer.values()),
+            "embedding": elementwise_seconds(ew["embed"], self.bw, nbytes),
+            "final_norm": elementwise_seconds(ew["norm"], self.bw, nbytes),
+            "lm_head": self.lm_head_seconds(num_samples),
+            "cpu": self._cpu_step + self._cpu_req * num_requests,
+        }
+        total = self.step_seconds(
+            num_tokens, num_samples, num_requests, num_decodes, num_decodes * decode_context,
+            chunks,
+        )
+        return StepBreakdown(per_layer, per_step, total)

@@ -1,0 +1,180 @@
+"""Assemble ``report.html`` from a tune output folder, or a smaller one from a bench folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from slotune import __version__
+from slotune.reports import behaviour, search
+from slotune.reports.best import section, slo_targets_ms, slo_text
+from slotune.reports.diagnostics import diagnose
+from slotune.reports.html import definition_list, figure_block, note, page
+from slotune.reports.html import section as html_section
+from slotune.reports.runs import RunData, load_run, read_json
+from slotune.reports.sections import (
+    diagnostics_html,
+    metrics_table,
+    provenance_html,
+    provenance_items,
+    recommendation_html,
+    trials_table_html,
+)
+from slotune.reports.trials import TrialsData, empty_trials, load_csv_trials, load_study_trials
+
+REPORT_NAME = "report.html"
+RECOMMENDED = "recommended"
+BASELINE = "vLLM defaults"
+
+
+def _blocks(figures: list[tuple[str, go.Figure | None]], pair: bool = False) -> str:
+    blocks = [figure_block(key, fig) for key, fig in figures if fig is not None]
+    if pair and len(blocks) > 1:
+        return f'<div class="pair">{"".join(blocks)}</div>'
+    return "\n".join(blocks)
+
+
+def load_trials(out_dir: Path, best: dict[str, Any]) -> TrialsData:
+    objective = best.get("objective") if isinstance(best.get("objective"), str) else None
+    db = out_dir / "study.db"
+    if db.is_file():
+        return load_study_trials(db, best.get("study_name"), objective)
+    csv = out_dir / "trials.csv"
+    if csv.is_file():
+        directions = best.get("directions") or ()
+        return load_csv_trials(csv, objective, tuple(directions))
+    return empty_trials()
+
+
+def search_html(trials: TrialsData) -> str:
+    if trials.completed.empty:
+        return note("No completed trials to plot.")
+    params = search.top_params(trials)
+    parts = [_blocks([("history", search.history_figure(trials))])]
+    parts.append(_blocks([("pareto", search.pareto_figure(trials))]))
+    importances = search.importance_figure(trials)
+    parts.append(
+        _blocks([("importances", importances)])
+        if importances
+        else note(trials.importance_note or "Parameter importances not computed.")
+    )
+    parts.append(_blocks([("slices", search.slice_figure(trials, params))]))
+    parts.append(_blocks([("contour", search.contour_figure(trials, params))]))
+    return "\n".join(p for p in parts if p)
+
+
+def behaviour_html(runs: list[RunData], slo: dict[str, float]) -> str:
+    if not runs:
+        return note("No stored runs (runs/best, runs/baseline) to plot.")
+    return "\n".join(
+        [
+            _blocks(
+                [
+                    ("ttft_cdf", behaviour.latency_cdf_figure(runs, "ttft_ms", slo.get("ttft"))),
+                    ("tpot_cdf", behaviour.latency_cdf_figure(runs, "tpot_ms", slo.get("tpot"))),
+                ],
+                pair=True,
+            ),
+            _blocks(
+                [
+                    ("itl", behaviour.itl_figure(runs, slo.get("tpot"))),
+                    ("kv", behaviour.kv_figure(runs)),
+                ],
+                pair=True,
+            ),
+            _blocks([("batch", behaviour.batch_figure(runs))]),
+            _blocks([("queues", behaviour.queue_figure(runs))]),
+            _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))]),
+        ]
+    )
+
+
+def _has_data(run: RunData) -> bool:
+    return bool(run.summary) or not run.requests.empty or not run.steps.empty
+
+
+def _diagnostics_block(runs: list[RunData], trace_stats: dict[str, Any]) -> str:
+    if not runs:
+        return note("No stored run to diagnose.")
+    parts = []
+    for i, run in enumerate(runs):
+        items = diagnostics_html(diagnose(run, trace_stats))
+        if i == 0:
+            parts.append(f"<h3>{run.label}</h3>{items}")
+        else:
+            parts.append(f"<details><summary>{run.label}</summary>{items}</details>")
+    return "\n".join(parts)
+
+
+def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
+    """Write ``report.html`` for a ``slotune tune`` output folder and return its path."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise FileNotFoundError(f"{out_dir}: no such folder; expected the --out folder of tune")
+    if not (out_dir / "best.json").is_file() and not (out_dir / "study.db").is_file():
+        raise FileNotFoundError(
+            f"{out_dir}: neither best.json nor study.db found; is this a `slotune tune` folder?"
+        )
+    best = read_json(out_dir / "best.json")
+    slo = slo_targets_ms(best)
+    trials = load_trials(out_dir, best)
+    base = section(best, "baseline")
+    candidates = [
+        load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
+        load_run(out_dir / "runs" / "baseline", BASELINE, section(base, "config") or None),
+    ]
+    runs = [r for r in candidates if _has_data(r)]
+    trace_stats = section(section(best, "trace"), "stats")
+    sections = [
+        html_section("recommendation", "Recommendation", recommendation_html(best, slo)),
+        html_section("diagnostics", "Diagnostics", _diagnostics_block(runs, trace_stats)),
+        html_section(
+            "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
+        ),
+        html_section("search", "Search", search_html(trials)),
+        html_section("trials", "All trials", trials_table_html(trials)),
+        html_section(
+            "provenance",
+            "Provenance",
+            provenance_html(provenance_items(best, __version__, len(trials.frame))),
+        ),
+    ]
+    subtitle = (
+        f"{best.get('model', 'n/a')} on {best.get('gpu', 'n/a')} · SLO {slo_text(best) or 'n/a'}"
+        f" · objective {best.get('objective', 'n/a')}"
+    )
+    path = Path(output) if output is not None else out_dir / REPORT_NAME
+    path.write_text(page("slotune tuning report", subtitle, sections), encoding="utf-8")
+    return path
+
+
+def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) -> Path:
+    """Write ``report.html`` for a ``slotune bench --out`` folder: one run's behaviour."""
+    bench_dir = Path(bench_dir)
+    if not (bench_dir / "summary.json").is_file() and not (bench_dir / "requests.csv").is_file():
+        raise FileNotFoundError(
+            f"{bench_dir}: no summary.json or requests.csv; expected a `slotune bench --out` folder"
+        )
+    run = load_run(bench_dir, "run")
+    summary = run.summary
+    slo = slo_targets_ms(summary)
+    trace = section(summary, "trace")
+    items = [
+        (k, str(summary[k]))
+        for k in ("slotune_version", "gpu", "model", "tp", "date")
+        if summary.get(k) is not None
+    ]
+    items += [(k, str(v)) for k, v in run.config.items()]
+    items.append(("slotune version (report)", __version__))
+    sections = [
+        html_section("summary", "Summary", metrics_table([("run", summary)], slo)),
+        html_section("diagnostics", "Diagnostics", _diagnostics_block([run], trace.get("stats"))),
+        html_section("behaviour", "Behaviour", behaviour_html([run], slo)),
+        html_section("provenance", "Provenance", definition_list(items)),
+    ]
+    subtitle = f"{summary.get('model', 'n/a')} on {summary.get('gpu', 'n/a')}"
+    path = Path(output) if output is not None else bench_dir / REPORT_NAME
+    path.write_text(page("slotune bench report", subtitle, sections), encoding="utf-8")
+    return path

@@ -1,0 +1,46 @@
+"""Number formatting for the report: every missing value reads "n/a"."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+NA = "n/a"
+
+
+def is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def num(value: Any, digits: int = 2) -> str:
+    if not is_number(value):
+        return NA
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:,.{digits}f}"
+
+
+def ms(value: Any) -> str:
+    return f"{num(value, 1)} ms" if is_number(value) else NA
+
+
+def pct(value: Any, digits: int = 1) -> str:
+    """A share in [0, 1] as a percentage."""
+    return f"{100 * value:.{digits}f}%" if is_number(value) else NA
+
+
+def signed_pct(value: Any) -> str:
+    """A relative change (0.25 means +25%)."""
+    return f"{100 * value:+.1f}%" if is_number(value) else NA
+
+
+def text(value: Any) -> str:
+    if value is None or value == "":
+        return NA
+    if isinstance(value, float):
+        return num(value, 3)
+    return str(value)

@@ -1,0 +1,159 @@
+"""Run one configuration on the study's trace and load, and score it.
+
+The evaluator owns the trace (loaded once per process) and a cache of summaries keyed by
+configuration and rate: a simulation is deterministic, so nothing is ever run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.objectives import (
+    RateLadder,
+    RateSearch,
+    attainment,
+    percentile_key,
+    weighted_score,
+)
+from slotune.tuner.setup import TuneSetup
+
+_BASE_PERCENTILES = (50, 90, 95, 99)
+
+
+def config_key(config: EngineConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+def longest_request(trace: Any) -> int:
+    """Tokens of the longest request (prompt with its history, plus output): max_model_len."""
+    full = trace.full_prompt_lengths()
+    return max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run's summary with the study's score and attainment of it."""
+
+    rate: float | None
+    summary: dict[str, Any]
+    score: float
+    attainment: float
+    feasible: bool
+
+
+@dataclass(frozen=True)
+class GoodputResult:
+    """The highest ladder rate meeting the attainment target (None: not even the lowest),
+    the measurement there (or at the lowest rate probed), and every probe's attainment."""
+
+    rate: float | None
+    rung: int | None
+    at: Measurement
+    probes: dict[float, float]
+
+    @property
+    def goodput(self) -> float:
+        return self.rate or 0.0
+
+
+class Evaluator:
+    def __init__(self, setup: TuneSetup, trace: Any | None = None) -> None:
+        from slotune.workloads import parse_slo
+
+        self.setup = setup
+        self.slo = parse_slo(setup.slo)
+        self.targets_ms = {t.metric: t.threshold_ms for t in self.slo.targets}
+        self.trace = trace if trace is not None else load_setup_trace(setup)
+        self.ladder = RateLadder(**setup.ladder) if setup.ladder else None
+        self._cache: dict[tuple[str, float | None], Measurement] = {}
+        self.runs = 0
+
+    @property
+    def percentiles(self) -> tuple[float, ...]:
+        return tuple(sorted({*_BASE_PERCENTILES, self.setup.percentile}))
+
+    def run(self, config: EngineConfig, rate: float | None = None) -> Any:
+        """One full run (``RunResult``) at the study's load, or at ``rate``."""
+        from slotune.workloads import run_engine, run_simulated
+
+        arrivals = self.setup.load.arrivals(rate)
+        self.runs += 1
+        if self.setup.backend == "engine":
+            from slotune.engine import Engine
+
+            engine = Engine.local(config, model=self.setup.model)
+            return run_engine(engine, self.trace, arrivals, seed=self.setup.seed)
+        return run_simulated(config, self.trace, gpu=self.setup.gpu, model=self.setup.model,
+                             tp=self.setup.tp, arrivals=arrivals, seed=self.setup.seed)
+
+    def summarize(self, result: Any) -> dict[str, Any]:
+        from slotune.workloads import summarize
+
+        return _plain(summarize(result, self.slo, percentiles=self.percentiles))
+
+    def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
+        key = (config_key(config), rate)
+        if key not in self._cache:
+            summary = self.summarize(self.run(config, rate))
+            self._cache[key] = self.measurement(summary, rate)
+        return self._cache[key]
+
+    def measurement(self, summary: dict[str, Any], rate: float | None) -> Measurement:
+        att = attainment(summary)
+        score = weighted_score(summary, self.targets_ms, self.setup.weights,
+                               self.setup.percentile)
+        return Measurement(rate, summary, score, att, att >= self.setup.attainment)
+
+    def goodput(self, config: EngineConfig, start_rung: int, *, coarse: int = 8) -> GoodputResult:
+        """The rate search of the goodput objective, starting at ``start_rung``."""
+        if self.ladder is None:
+            raise ValueError("this study has no rate ladder: goodput needs an open-loop load")
+        ladder = self.ladder
+
+        def feasible(k: int) -> bool:
+            return self.measure(config, ladder.rate(k)).feasible
+
+        search = RateSearch(feasible, ladder, coarse=coarse)
+        rung = search.run(start_rung)
+        probes = {ladder.rate(k): self.measure(config, ladder.rate(k)).attainment
+                  for k in sorted(search.probes)}
+        at_rung = rung if rung is not None else min(search.probes)
+        at = self.measure(config, ladder.rate(at_rung))
+        rate = ladder.rate(rung) if rung is not None else None
+        return GoodputResult(rate, rung, at, probes)
+
+
+def load_setup_trace(setup: TuneSetup) -> Any:
+    from slotune.workloads import load_trace
+
+    return load_trace(setup.trace, format=setup.trace_format, num_requests=setup.num_requests,
+                      seed=setup.seed)
+
+
+def latency(summary: dict[str, Any], metric_key: str, percentile: float) -> float:
+    value = summary.get(metric_key, {}).get(percentile_key(percentile))
+    return float(value) if value is not None else math.nan
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy (numpy scalars to floats, NaN kept as None) for Optuna user attrs."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not math.isfinite(f):
+        return None
+    if isinstance(value, int) or (hasattr(value, "is_integer") and f.is_integer()
+                                  and "int" in type(value).__name__):
+        return int(f)
+    return f

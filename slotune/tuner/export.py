@@ -1,0 +1,200 @@
+"""Export a configuration as a vLLM or SGLang command line, or as a YAML/JSON file.
+
+``FLAGS`` is the one table from ``EngineConfig`` fields to each engine's flags. A rule
+returns the flags for a value and, where the engine cannot express the choice, a comment
+saying so and which nearest equivalent it used.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+
+FORMATS = ("vllm", "sglang", "yaml", "json")
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""Block sizes vLLM's ``--block-size`` accepts."""
+
+Rule = Callable[[Any, EngineConfig], "Flags"]
+
+
+@dataclass(frozen=True)
+class Flags:
+    args: tuple[str, ...] = ()
+    comment: str | None = None
+
+
+def _value(flag: str) -> Rule:
+    return lambda v, _c: Flags((flag, str(v)))
+
+
+def _vllm_threshold(v: int, _c: EngineConfig) -> Flags:
+    return Flags(("--long-prefill-token-threshold", str(v))) if v else Flags()
+
+
+def _sglang_chunk(v: int, c: EngineConfig) -> Flags:
+    if c.policy == "prefill_first":
+        return Flags(("--chunked-prefill-size", "-1", "--max-prefill-tokens", str(v)))
+    chunk = c.long_prefill_token_threshold or v
+    comment = None
+    if c.long_prefill_token_threshold:
+        comment = (f"SGLang has no per-request long-prefill threshold: chunks of "
+                   f"{chunk} tokens (--chunked-prefill-size) are the nearest equivalent")
+    return Flags(("--chunked-prefill-size", str(chunk), "--max-prefill-tokens", str(v)), comment)
+
+
+def _vllm_block(v: int, _c: EngineConfig) -> Flags:
+    if v in VLLM_BLOCK_SIZES:
+        return Flags(("--block-size", str(v)))
+    near = min(VLLM_BLOCK_SIZES, key=lambda b: abs(b - v))
+    return Flags(("--block-size", str(near)),
+                 f"vLLM accepts block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))}: "
+                 f"{near} is the nearest to the tuned {v}")
+
+
+def _vllm_preemption(v: str, _c: EngineConfig) -> Flags:
+    if v == "swap":
+        return Flags((), "vLLM V1 has no swap preemption: it recomputes preempted requests "
+                         "(the nearest equivalent, used here)")
+    return Flags()
+
+
+def _sglang_preemption(v: str, _c: EngineConfig) -> Flags:
+    if v == "swap":
+        return Flags((), "SGLang has no swap preemption: it retracts and recomputes "
+                         "requests (the nearest equivalent, used here)")
+    return Flags()
+
+
+def _vllm_prefix(v: str, _c: EngineConfig) -> Flags:
+    if v == "none":
+        return Flags(("--no-enable-prefix-caching",))
+    comment = None
+    if v == "radix":
+        comment = ("vLLM has no radix prefix cache: its hash-based prefix caching is the "
+                   "nearest equivalent")
+    return Flags(("--enable-prefix-caching",), comment)
+
+
+def _sglang_prefix(v: str, _c: EngineConfig) -> Flags:
+    if v == "none":
+        return Flags(("--disable-radix-cache",))
+    if v == "hash":
+        return Flags((), "SGLang has no hash prefix cache: its radix cache (on by default) is "
+                         "the nearest equivalent")
+    return Flags()
+
+
+def _vllm_policy(v: str, c: EngineConfig) -> Flags:
+    if v == "prefill_first":
+        return Flags(("--no-enable-chunked-prefill", "--max-model-len", str(c.max_model_len)),
+                     "vLLM V1 never runs prefill-only steps: without chunked prefill it keeps "
+                     "prompts whole (the nearest equivalent); --max-model-len must not exceed "
+                     "the budget")
+    return Flags()
+
+
+def _sglang_policy(v: str, _c: EngineConfig) -> Flags:
+    if v == "chunked":
+        return Flags(("--enable-mixed-chunk",))
+    return Flags()
+
+
+def _vllm_blocks(v: int | None, _c: EngineConfig) -> Flags:
+    return Flags(("--num-gpu-blocks-override", str(v))) if v else Flags()
+
+
+def _sglang_blocks(v: int | None, c: EngineConfig) -> Flags:
+    if not v:
+        return Flags()
+    return Flags(("--max-total-tokens", str(v * c.block_size)))
+
+
+def _none(_v: Any, _c: EngineConfig) -> Flags:
+    return Flags()
+
+
+FLAGS: dict[str, dict[str, Rule]] = {
+    "max_num_batched_tokens": {"vllm": _value("--max-num-batched-tokens"),
+                               "sglang": _sglang_chunk},
+    "long_prefill_token_threshold": {"vllm": _vllm_threshold, "sglang": _none},
+    "block_size": {"vllm": _vllm_block, "sglang": _value("--page-size")},
+    "max_num_seqs": {"vllm": _value("--max-num-seqs"),
+                     "sglang": _value("--max-running-requests")},
+    "preemption_mode": {"vllm": _vllm_preemption, "sglang": _sglang_preemption},
+    "prefix_caching": {"vllm": _vllm_prefix, "sglang": _sglang_prefix},
+    "policy": {"vllm": _vllm_policy, "sglang": _sglang_policy},
+    "gpu_memory_utilization": {"vllm": _value("--gpu-memory-utilization"),
+                               "sglang": _value("--mem-fraction-static")},
+    "num_gpu_blocks": {"vllm": _vllm_blocks, "sglang": _sglang_blocks},
+    "max_model_len": {"vllm": _none, "sglang": _none},
+    "swap_space_gb": {"vllm": _none, "sglang": _none},
+}
+"""EngineConfig field -> engine -> rule. ``max_model_len`` is the trace's longest request,
+not a serving limit, so it is not exported (except where prefill-first needs it)."""
+
+_LAUNCH = {
+    "vllm": lambda model, tp: ["vllm", "serve", model]
+    + (["--tensor-parallel-size", str(tp)] if tp > 1 else []),
+    "sglang": lambda model, tp: ["python", "-m", "sglang.launch_server", "--model-path", model]
+    + (["--tp-size", str(tp)] if tp > 1 else []),
+}
+
+
+def engine_args(config: EngineConfig, engine: str) -> tuple[list[str], list[str]]:
+    """The flags and the comments for ``engine`` (``vllm`` or ``sglang``)."""
+    args: list[str] = []
+    comments: list[str] = []
+    for name, rules in FLAGS.items():
+        flags = rules[engine](getattr(config, name), config)
+        args.extend(flags.args)
+        if flags.comment:
+            comments.append(flags.comment)
+    return args, comments
+
+
+def command_line(config: EngineConfig, engine: str, *, model: str, tp: int = 1) -> str:
+    """A ready shell command, comments first (``# ...``), then the launch line."""
+    args, comments = engine_args(config, engine)
+    words = _LAUNCH[engine](model, tp) + args
+    line = " ".join(shlex.quote(w) for w in words)
+    return "\n".join([*(f"# {c}" for c in comments), line])
+
+
+def export(best: dict[str, Any], fmt: str) -> str:
+    """Render a ``best.json`` (or any mapping with ``config``, ``model``, ``tp``) in ``fmt``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    config = EngineConfig.from_dict(best["config"])
+    model = hf_model_name(str(best.get("model", "MODEL")))
+    tp = int(best.get("tp", 1))
+    if fmt in ("vllm", "sglang"):
+        return command_line(config, fmt, model=model, tp=tp)
+    if fmt == "json":
+        return json.dumps(config.to_dict(), indent=2)
+    import yaml
+
+    header = "# slotune EngineConfig (slotune bench --config accepts the JSON form)\n"
+    return header + yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+HF_NAMES = {
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+}
+"""Catalogue names -> the Hugging Face repository a production engine would load."""
+
+
+def hf_model_name(model: str) -> str:
+    return HF_NAMES.get(model.lower(), model)

@@ -1,0 +1,186 @@
+"""Objective math: the weighted SLO score, the attainment constraint, and the rate search.
+
+Everything here works on a run's summary dict (as ``slotune.workloads.summarize`` returns
+it), so it is checked on hand-made summaries without running anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+OBJECTIVES = ("weighted", "goodput", "pareto")
+METRIC_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2el_ms"}
+"""SLO metric name -> the summary's latency key (values in milliseconds)."""
+DEFAULT_WEIGHTS = {"ttft": 0.5, "tpot": 0.5}
+PENALTY_SCORE = 1e6
+"""Score of a run whose percentile is undefined (no request finished): worse than any real one."""
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"ttft=0.5,tpot=0.5"`` -> ``{"ttft": 0.5, "tpot": 0.5}``; ValueError when malformed."""
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip().lower()
+        if not sep:
+            raise ValueError(f"--weights: {part!r} is not METRIC=WEIGHT (e.g. ttft=0.5,tpot=0.5)")
+        if name not in METRIC_KEYS:
+            raise ValueError(
+                f"--weights: unknown metric {name!r}; use {', '.join(METRIC_KEYS)}"
+            )
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"--weights: {name}={value!r} is not a number") from None
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"--weights: {name}={value} must be a finite number >= 0")
+        weights[name] = weight
+    if not weights:
+        raise ValueError("--weights: no weight given (e.g. ttft=0.5,tpot=0.5)")
+    return weights
+
+
+def resolve_weights(weights: dict[str, float] | None, slo_metrics: list[str]) -> dict[str, float]:
+    """Weights normalized to sum 1, over metrics that the SLO names.
+
+    Without ``--weights``: the issue's ttft=0.5,tpot=0.5 restricted to the SLO's metrics, or
+    equal weights when the SLO names neither.
+    """
+    if weights is None:
+        chosen = {m: w for m, w in DEFAULT_WEIGHTS.items() if m in slo_metrics}
+        if not chosen:
+            chosen = dict.fromkeys(slo_metrics, 1.0)
+    else:
+        missing = [m for m, w in weights.items() if w > 0 and m not in slo_metrics]
+        if missing:
+            raise ValueError(
+                f"--weights: {', '.join(missing)} has no SLO target; the SLO names "
+                f"{', '.join(slo_metrics)} (add it to --slo or drop its weight)"
+            )
+        chosen = {m: w for m, w in weights.items() if w > 0}
+    total = sum(chosen.values())
+    if not total > 0:
+        raise ValueError("--weights: the weights must sum to a positive number")
+    return {m: w / total for m, w in chosen.items()}
+
+
+def percentile_key(percentile: float) -> str:
+    return f"p{percentile:g}"
+
+
+def weighted_score(
+    summary: dict[str, Any],
+    targets_ms: dict[str, float],
+    weights: dict[str, float],
+    percentile: float,
+) -> float:
+    """Σ weight · metric_p / SLO target: 1.0 means every weighted metric sits at its target."""
+    key = percentile_key(percentile)
+    score = 0.0
+    for metric, weight in weights.items():
+        value = summary.get(METRIC_KEYS[metric], {}).get(key)
+        if value is None or not math.isfinite(value):
+            return PENALTY_SCORE
+        score += weight * float(value) / targets_ms[metric]
+    return score
+
+
+def attainment(summary: dict[str, Any]) -> float:
+    value = summary.get("slo_attainment")
+    return float(value) if value is not None and math.isfinite(value) else 0.0
+
+
+def attainment_violation(summary: dict[str, Any], target: float) -> float:
+    """Optuna constraint value: ``target - attainment``, feasible when <= 0."""
+    return target - attainment(summary)
+
+
+@dataclass(frozen=True)
+class RateLadder:
+    """The request rates the goodput search probes: ``base · ratio**k`` for integer k.
+
+    A fixed ladder makes every trial's goodput comparable (equal rungs are ties, broken by
+    the weighted score) and lets probes be cached by rung.
+    """
+
+    base: float
+    ratio: float = 1.02
+    lowest: int = -400
+    highest: int = 400
+
+    def rate(self, k: int) -> float:
+        return self.base * self.ratio**k
+
+    def rung(self, rate: float) -> int:
+        return round(math.log(rate / self.base) / math.log(self.ratio))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"base": self.base, "ratio": self.ratio, "lowest": self.lowest,
+                "highest": self.highest}
+
+
+@dataclass
+class RateSearch:
+    """The highest ladder rung where a config meets its attainment target.
+
+    Exact where it matters: from ``start`` (the best goodput so far) it gallops upward and
+    bisects to the rung, so an improvement or a tie is found exactly. A config that fails
+    at ``start`` cannot win, so below it the search is coarse (``coarse`` rungs), enough to
+    guide the sampler without spending simulations on precision nobody uses.
+    """
+
+    feasible: Callable[[int], bool]
+    ladder: RateLadder
+    coarse: int = 8
+    probes: dict[int, bool] = field(default_factory=dict)
+
+    def probe(self, k: int) -> bool:
+        if k not in self.probes:
+            self.probes[k] = self.feasible(k)
+        return self.probes[k]
+
+    def run(self, start: int) -> int | None:
+        """The best feasible rung found, or None when even the lowest rung fails."""
+        lo, hi = self.ladder.lowest, self.ladder.highest
+        start = min(max(start, lo), hi)
+        if self.probe(start):
+            return self._up(start, hi)
+        return self._down(start, lo)
+
+    def _up(self, ok: int, hi: int) -> int:
+        step = 1
+        bad: int | None = None
+        while ok < hi:
+            k = min(ok + step, hi)
+            if self.probe(k):
+                ok, step = k, step * 2
+            else:
+                bad = k
+                break
+        if bad is None:
+            return ok
+        return self._bisect(ok, bad, 1)
+
+    def _down(self, bad: int, lo: int) -> int | None:
+        step = self.coarse
+        while bad > lo:
+            k = max(bad - step, lo)
+            if self.probe(k):
+                return self._bisect(k, bad, self.coarse // 2)
+            bad, step = k, step * 2
+        return None
+
+    def _bisect(self, ok: int, bad: int, precision: int) -> int:
+        while bad - ok > max(precision, 1):
+            mid = (ok + bad) // 2
+            if self.probe(mid):
+                ok = mid
+            else:
+                bad = mid
+        return ok

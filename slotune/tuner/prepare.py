@@ -1,0 +1,290 @@
+"""Turn ``slotune tune``'s options into a checked ``TuneSetup``, before any trial runs.
+
+Every user error (a malformed SLO, an unknown GPU or model, weights that do not sum to a
+positive number, an empty search space, a trace too small for ``--num-requests``, ...)
+raises ``TuneInputError`` with one line saying what is wrong and what would be right.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from slotune.tuner.baseline import gpu_spec, vllm_defaults
+from slotune.tuner.evaluate import Evaluator, longest_request
+from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
+from slotune.tuner.setup import LoadSpec, TuneSetup
+from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
+from slotune.tuner.study import SAMPLERS, StudyError, default_storage, study_names
+
+DEFAULT_NUM_REQUESTS = 200
+"""Requests per simulated trial by default: enough for a stable p99 on a 2-core machine,
+few enough that the default 50-trial study finishes well under a minute."""
+DEFAULT_OUT_ROOT = Path("slotune-out")
+
+
+class TuneInputError(ValueError):
+    """Bad user input: one line, exit code 2, no trial has run."""
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    gpu: str | None = None
+    model: str = "llama-3-8b"
+    tp: int = 1
+    trace: str = "sharegpt-like"
+    format: str | None = None
+    num_requests: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    objective: str | None = None
+    weights: str | None = None
+    percentile: float = 99.0
+    attainment: float = 0.99
+    trials: int = 50
+    timeout: float | None = None
+    sampler: str | None = None
+    seed: int = 0
+    search: str | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    resume: bool = False
+    n_jobs: int = 1
+    backend: str = "sim"
+    out: str | None = None
+    slo: str = ""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    setup: TuneSetup
+    space: SearchSpace
+    trace: Any
+    gpu: Any | None
+    reference_from_baseline: bool
+
+
+def check_options(o: TuneOptions) -> None:
+    """Checks that need nothing loaded."""
+    if o.backend not in ("sim", "engine"):
+        raise TuneInputError(f"--backend: unknown backend {o.backend!r}; use sim or engine")
+    if o.backend == "sim" and not o.gpu:
+        raise TuneInputError("--gpu is required with the simulated backend (e.g. --gpu h100; "
+                             "`slotune gpus` lists the GPUs)")
+    if o.objective is not None and o.objective not in OBJECTIVES:
+        raise TuneInputError(f"--objective: unknown objective {o.objective!r}; use one of "
+                             f"{', '.join(OBJECTIVES)}")
+    if o.sampler is not None and o.sampler not in SAMPLERS:
+        raise TuneInputError(f"--sampler: unknown sampler {o.sampler!r}; use one of "
+                             f"{', '.join(SAMPLERS)}")
+    checks = [
+        (o.tp >= 1, f"--tp must be at least 1 (got {o.tp})"),
+        (o.trials >= 1, f"--trials must be at least 1 (got {o.trials})"),
+        (o.n_jobs >= 1, f"--n-jobs must be at least 1 (got {o.n_jobs})"),
+        (o.timeout is None or o.timeout > 0,
+         f"--timeout must be positive seconds (got {o.timeout})"),
+        (o.num_requests is None or o.num_requests >= 1,
+         f"--num-requests must be at least 1 (got {o.num_requests})"),
+        (o.rate is None or (o.rate > 0 and math.isfinite(o.rate)),
+         f"--rate must be a positive number of requests/s (got {o.rate})"),
+        (o.burstiness > 0, f"--burstiness must be positive (got {o.burstiness})"),
+        (o.concurrency is None or o.concurrency >= 1,
+         f"--concurrency must be at least 1 (got {o.concurrency})"),
+        (0 < o.percentile <= 100, f"--percentile must be in (0, 100] (got {o.percentile:g})"),
+        (0 < o.attainment <= 1, f"--attainment must be a share in (0, 1] (got {o.attainment:g})"),
+        (o.burstiness == 1.0 or o.rate is not None or o.concurrency is None,
+         "--burstiness needs --rate (the mean gap between requests is 1/rate)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise TuneInputError(message)
+
+
+def prepare(o: TuneOptions) -> Prepared:
+    """Validate everything and build the setup (the baseline and its rate come later)."""
+    from slotune.workloads import load_trace, parse_slo
+
+    check_options(o)
+    try:
+        slo = parse_slo(o.slo)
+    except ValueError as e:
+        raise TuneInputError(f"--slo: {e}") from None
+    try:
+        weights = resolve_weights(parse_weights(o.weights) if o.weights else None,
+                                  list(slo.metrics))
+    except ValueError as e:
+        raise TuneInputError(str(e)) from None
+    gpu = _check_hardware(o)
+    num_requests = o.num_requests or (DEFAULT_NUM_REQUESTS if o.backend == "sim" else None)
+    try:
+        trace = load_trace(o.trace, format=o.format, num_requests=num_requests, seed=o.seed)
+    except (ValueError, OSError) as e:
+        raise TuneInputError(f"--trace: {e}") from None
+    where = f"--search {o.search}" if o.search else "search space"
+    try:
+        overrides = load_search_file(o.search) if o.search else None
+        space = build_space(max_model_len=longest_request(trace), overrides=overrides,
+                            where=where)
+    except SearchSpaceError as e:
+        raise TuneInputError(str(e)) from None
+    objective = o.objective or _default_objective(o, trace)
+    if objective in ("goodput", "pareto") and o.concurrency is not None:
+        raise TuneInputError(f"--objective {objective} searches the request rate, which a "
+                             "closed loop (--concurrency) does not have; use --objective weighted")
+    load = _load(o, trace)
+    if objective in ("goodput", "pareto") and load.timestamps and not load.native_rate:
+        raise TuneInputError(f"--objective {objective}: the trace's timestamps span no time, "
+                             "so they cannot be scaled to other rates; give --rate instead")
+    reference_from_baseline = (load.rate is None and load.concurrency is None
+                               and not load.timestamps and objective != "goodput")
+    needs_ladder = objective in ("goodput", "pareto") or reference_from_baseline
+    ladder = RateLadder(base=o.rate or load.native_rate or 1.0) if needs_ladder else None
+    notes = []
+    if objective == "goodput" and o.rate is not None:
+        notes.append(f"--rate {o.rate:g} starts the goodput search; the searched rate varies")
+    setup = TuneSetup(
+        gpu=o.gpu or "local", model=o.model, slo=str(slo), objective=objective, weights=weights,
+        percentile=o.percentile, attainment=o.attainment, space=space.to_dict(), load=load,
+        tp=o.tp, backend=o.backend, trace=o.trace, trace_format=o.format,
+        num_requests=num_requests, seed=o.seed,
+        sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
+        ladder=ladder.to_dict() if ladder else None, notes=tuple(notes),
+    )
+    return Prepared(setup, space, trace, gpu, reference_from_baseline)
+
+
+def _check_hardware(o: TuneOptions) -> Any | None:
+    from slotune.engine.sim.models import get_model
+
+    gpu = None
+    if o.backend == "sim":
+        try:
+            gpu = gpu_spec(o.gpu or "")
+        except ValueError as e:
+            raise TuneInputError(f"--gpu: {e}") from None
+    try:
+        model = get_model(o.model)
+    except ValueError as e:
+        raise TuneInputError(f"--model: {e}") from None
+    if o.backend == "engine" and not Path(o.model).is_dir():
+        raise TuneInputError(f"--model: --backend engine needs a local checkpoint folder "
+                             f"(got {o.model!r}; `slotune init-model DIR` makes one)")
+    try:
+        model.check_tp(o.tp)
+    except ValueError as e:
+        raise TuneInputError(f"--tp: {e}") from None
+    return gpu
+
+
+def _default_objective(o: TuneOptions, trace: Any) -> str:
+    if o.rate is None and o.concurrency is None and not trace.has_timestamps:
+        return "goodput"
+    return "weighted"
+
+
+def _load(o: TuneOptions, trace: Any) -> LoadSpec:
+    if o.rate is not None:
+        return LoadSpec(rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency)
+    if trace.has_timestamps:
+        native = trace.stats().get("mean_rate")
+        return LoadSpec(timestamps=True, native_rate=native, concurrency=o.concurrency)
+    return LoadSpec(concurrency=o.concurrency)
+
+
+def baseline_config(p: Prepared) -> Any:
+    """vLLM's defaults with the space's fixed fields (max_model_len, memory, ...)."""
+    fixed = {k: v for k, v in p.space.fixed.items() if k != "max_model_len"}
+    large = p.gpu if p.gpu is not None else _SmallCard()
+    return vllm_defaults(large, max_model_len=p.space.max_model_len, **fixed)
+
+
+class _SmallCard:
+    name = "local"
+    memory_gib = 0.0
+
+
+def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict[str, Any]]:
+    """Measure vLLM's defaults: their goodput when the study searches rates, then their
+    metrics at the study's load. Without a load of its own, the weighted and pareto
+    objectives are measured at the defaults' goodput: the load vLLM's defaults just meet."""
+    setup = p.setup
+    config = baseline_config(p)
+    baseline: dict[str, Any] = {"config": config.to_dict()}
+    if evaluator.ladder is not None:
+        start = evaluator.ladder.rung(setup.load.rate) if setup.load.rate else 0
+        found = evaluator.goodput(config, start, coarse=1)
+        baseline.update(goodput_rps=found.goodput, goodput_rung=found.rung,
+                        probes=[[r, a] for r, a in sorted(found.probes.items())])
+        if p.reference_from_baseline:
+            rate = found.rate or evaluator.ladder.base
+            why = ("the highest rate vLLM's defaults sustain" if found.rate else
+                   "vLLM's defaults miss the SLO at every rate tried")
+            setup = replace(setup, load=replace(setup.load, rate=rate),
+                            notes=(*setup.notes, f"load {rate:.3g} req/s: {why} (set --rate "
+                                                 "to choose)"))
+            evaluator.setup = setup
+    m = evaluator.measure(config)
+    baseline.update(metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment,
+                    feasible=m.feasible)
+    return setup, baseline
+
+
+def default_study_name(o: TuneOptions, objective: str) -> str:
+    model = Path(o.model).name if Path(o.model).exists() else o.model
+    trace = Path(o.trace).stem if Path(o.trace).exists() else o.trace
+    gpu = Path(o.gpu).stem if o.gpu and o.gpu.endswith(".json") else (o.gpu or "local")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{gpu}-{model}-{trace}-{objective}")
+
+
+@dataclass(frozen=True)
+class StudyPlace:
+    name: str
+    storage: str
+    out_dir: Path
+    exists: bool
+
+
+def place_study(o: TuneOptions, objective: str) -> StudyPlace:
+    """Where the study lives. Without ``--study-name``, a new run takes the first free name
+    of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one."""
+    def where(name: str) -> tuple[str, Path]:
+        out = Path(o.out) if o.out else DEFAULT_OUT_ROOT / name
+        return (o.storage or default_storage(out)), out
+
+    def taken(name: str) -> bool:
+        url, _ = where(name)
+        try:
+            return name in study_names(url)
+        except StudyError as e:
+            raise TuneInputError(str(e)) from None
+
+    if o.study_name:
+        name = o.study_name
+        exists = taken(name)
+        if exists and not o.resume:
+            raise TuneInputError(f"--study-name: study {name!r} already exists in "
+                                 f"{where(name)[0]}; add --resume to continue it, or pick "
+                                 "another name")
+        if o.resume and not exists:
+            raise TuneInputError(f"--resume: no study named {name!r} in {where(name)[0]}")
+    else:
+        base = default_study_name(o, objective)
+        candidates = [base, *(f"{base}-{i}" for i in range(2, 1000))]
+        used = []
+        for cand in candidates:
+            if not taken(cand):
+                break
+            used.append(cand)
+        if o.resume:
+            if not used:
+                raise TuneInputError(f"--resume: no study {base!r} to resume in "
+                                     f"{where(base)[0]}; give --study-name (and --storage)")
+            name, exists = used[-1], True
+        else:
+            name, exists = cand, False
+    url, out = where(name)
+    return StudyPlace(name, url, out, exists)

@@ -1,0 +1,243 @@
+"""Pick the recommendation and write ``best.json``, ``trials.csv`` and ``runs/``.
+
+Selection rules: ``weighted`` takes the lowest score among trials meeting the attainment
+target (the least violating one when none does); ``goodput`` the highest rate, ties broken
+by the lower weighted score; ``pareto`` reports the non-dominated front (goodput up, score
+down) and recommends its highest-goodput member that meets the target at the reference
+load (else its highest goodput).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from slotune.tuner.objectives import PENALTY_SCORE
+
+
+@dataclass(frozen=True)
+class Outputs:
+    best_json: Path
+    trials_csv: Path
+    best_run: Path
+    baseline_run: Path
+    best: dict[str, Any]
+
+
+def finished(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "config" in t.user_attrs]
+
+
+def _score(t: Any) -> float:
+    value = t.user_attrs.get("score")
+    return float(value) if value is not None else PENALTY_SCORE
+
+
+def _goodput(t: Any) -> float:
+    return float(t.user_attrs.get("goodput_rps") or 0.0)
+
+
+def _violation(t: Any) -> float:
+    return sum(max(v, 0.0) for v in t.constraints.values())
+
+
+def pareto_front(trials: list[Any]) -> list[Any]:
+    """Trials no other trial beats on both goodput (higher) and score (lower)."""
+    front = []
+    for t in trials:
+        g, s = _goodput(t), _score(t)
+        dominated = any(
+            _goodput(o) >= g and _score(o) <= s and (_goodput(o) > g or _score(o) < s)
+            for o in trials
+        )
+        if not dominated:
+            front.append(t)
+    return sorted(front, key=lambda t: (-_goodput(t), _score(t)))
+
+
+def select_best(trials: list[Any], objective: str, target: float) -> Any | None:
+    if not trials:
+        return None
+    if objective == "weighted":
+        return min(trials, key=lambda t: (_violation(t), _score(t), t.number))
+    if objective == "goodput":
+        return min(trials, key=lambda t: (-_goodput(t), _score(t), t.number))
+    front = pareto_front(trials)
+    meeting = [t for t in front if t.user_attrs.get("attainment", 0.0) >= target]
+    pool = meeting or front
+    return min(pool, key=lambda t: (-_goodput(t), _score(t), t.number))
+
+
+def trials_frame(study: Any) -> Any:
+    """One row per trial: Optuna's columns (``number``, ``state``, ``value`` or
+    ``values_<i>``, ``params_<name>``, ``user_attrs_feasible``), the configuration
+    (``config_<field>``) and flat metrics (``ttft_ms_p99``, ``goodput``, ...)."""
+    import pandas as pd
+
+    multi = len(study.directions) > 1
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
+        if multi:
+            for i in range(len(study.directions)):
+                row[f"values_{i}"] = t.values[i] if t.values else math.nan
+        else:
+            row["value"] = t.value if t.values else math.nan
+        row["duration_s"] = t.duration.total_seconds() if t.duration else math.nan
+        row["user_attrs_feasible"] = t.user_attrs.get("feasible")
+        for key in ("score", "attainment", "rate", "goodput_rps", "reused_from"):
+            if key in t.user_attrs:
+                row[key] = t.user_attrs[key]
+        for name, value in t.params.items():
+            row[f"params_{name}"] = value
+        for name, value in t.user_attrs.get("config", {}).items():
+            row[f"config_{name}"] = value
+        row.update(flat_metrics(t.user_attrs.get("metrics") or {}))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def flat_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            if key.endswith("_ms"):
+                for stat, v in value.items():
+                    out[f"{key}_{stat}"] = v
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
+def write_run(out: Path, result: Any, summary: dict[str, Any], config: dict[str, Any],
+              rate: float | None, label: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result.save(out)
+    data = {**summary, "config": config, "rate": rate, "label": label}
+    (out / "summary.json").write_text(json.dumps(data, indent=2, default=_json_default))
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def report_rate(setup: Any, best: Any, baseline: dict[str, Any]) -> float | None:
+    """The load the stored runs use: the study's load, or for goodput studies the
+    recommendation's goodput (where it just meets the SLO and the baseline is shown at)."""
+    if setup.objective != "goodput":
+        return setup.load.rate
+    for rate in (best.user_attrs.get("goodput_rps"), baseline.get("goodput_rps"),
+                 (setup.ladder or {}).get("base")):
+        if rate:
+            return float(rate)
+    return setup.load.rate
+
+
+def write_outputs(*, out_dir: Path, study: Any, setup: Any, baseline: dict[str, Any],
+                  evaluator: Any, storage: str) -> Outputs:
+    """Select the recommendation, rerun it and the baseline once at the report load into
+    ``runs/``, and write ``trials.csv`` and ``best.json``."""
+    from slotune import __version__
+    from slotune.engine.config import EngineConfig
+    from slotune.tuner.export import command_line, hf_model_name
+    from slotune.tuner.space import SearchSpace, describe
+
+    trials = finished(study)
+    best = select_best(trials, setup.objective, setup.attainment)
+    if best is None:
+        raise ValueError(f"study {study.study_name!r} has no finished trial to recommend")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rate = report_rate(setup, best, baseline)
+    runs: dict[str, dict[str, Any]] = {}
+    for label, config_dict in (("best", best.user_attrs["config"]),
+                               ("baseline", baseline["config"])):
+        config = EngineConfig.from_dict(config_dict)
+        result = evaluator.run(config, rate)
+        summary = evaluator.summarize(result)
+        write_run(out_dir / "runs" / label, result, summary, config_dict, rate, label)
+        runs[label] = {"summary": summary, "score": evaluator.measurement(summary, rate).score}
+    trials_csv = out_dir / "trials.csv"
+    trials_frame(study).to_csv(trials_csv, index=False)
+    config = EngineConfig.from_dict(best.user_attrs["config"])
+    model = hf_model_name(setup.model)
+    data: dict[str, Any] = {
+        "slotune_version": __version__,
+        "date": now_iso(),
+        "study_name": study.study_name,
+        "storage": storage,
+        "objective": setup.objective,
+        "metric_names": list(study.metric_names or []),
+        "directions": [d.name.lower() for d in study.directions],
+        "objective_value": best.values[0] if len(best.values) == 1 else list(best.values),
+        "trial": best.number,
+        "feasible": bool(best.user_attrs.get("feasible")),
+        "config": best.user_attrs["config"],
+        "metrics": runs["best"]["summary"],
+        "score": runs["best"]["score"],
+        "goodput_rps": best.user_attrs.get("goodput_rps"),
+        "load": {"rate": rate, "description": setup.load.describe()
+                 if rate == setup.load.rate else f"Poisson at {rate:.3g} req/s"},
+        "slo": setup.slo,
+        "slo_targets": dict(evaluator.targets_ms),
+        "weights": setup.weights,
+        "percentile": setup.percentile,
+        "attainment_target": setup.attainment,
+        "gpu": setup.gpu,
+        "model": setup.model,
+        "tp": setup.tp,
+        "backend": setup.backend,
+        "trace": {"name": setup.trace, "stats": evaluator.trace.stats()},
+        "baseline": {
+            "name": "vLLM serving defaults",
+            "config": baseline["config"],
+            "metrics": runs["baseline"]["summary"],
+            "score": runs["baseline"]["score"],
+            "goodput_rps": baseline.get("goodput_rps"),
+            "objective_value": _baseline_value(setup.objective, baseline),
+        },
+        "seed": setup.seed,
+        "sampler": setup.sampler,
+        "num_trials": len(trials),
+        "search_space": describe(SearchSpace.from_dict(setup.space)),
+        "commands": {
+            "vllm": command_line(config, "vllm", model=model, tp=setup.tp),
+            "sglang": command_line(config, "sglang", model=model, tp=setup.tp),
+        },
+        "notes": list(setup.notes),
+    }
+    if setup.objective == "pareto":
+        data["pareto_front"] = [
+            {"trial": t.number, "goodput_rps": _goodput(t), "score": _score(t),
+             "attainment": t.user_attrs.get("attainment"), "config": t.user_attrs["config"]}
+            for t in pareto_front(trials)
+        ]
+    best_json = out_dir / "best.json"
+    write_json(best_json, data)
+    return Outputs(best_json, trials_csv, out_dir / "runs" / "best",
+                   out_dir / "runs" / "baseline", data)
+
+
+def _baseline_value(objective: str, baseline: dict[str, Any]) -> Any:
+    if objective == "weighted":
+        return baseline.get("score")
+    if objective == "goodput":
+        return baseline.get("goodput_rps")
+    return [baseline.get("goodput_rps"), baseline.get("score")]

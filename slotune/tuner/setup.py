@@ -1,0 +1,107 @@
+"""What a tuning study measures, stored in the study so that every worker and every
+``--resume`` rebuilds exactly the same experiment from the storage alone."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+SETUP_ATTR = "slotune_setup"
+BASELINE_ATTR = "slotune_baseline"
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The offered load of a run: an open-loop ``rate``, a closed loop of ``concurrency``
+    users, the trace's own ``timestamps`` (at ``native_rate`` req/s), or all at once."""
+
+    rate: float | None = None
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    timestamps: bool = False
+    native_rate: float | None = None
+
+    def arrivals(self, rate: float | None = None) -> Any:
+        """The runner's ``ArrivalSpec``; ``rate`` overrides the load (the goodput search).
+
+        On a timestamped trace a rate scales the timestamps (``time_scale = native / rate``).
+        """
+        from slotune.workloads import ArrivalSpec
+
+        rate = self.rate if rate is None else rate
+        if self.timestamps:
+            scale = 1.0 if rate is None or not self.native_rate else self.native_rate / rate
+            return ArrivalSpec(timestamps=True, time_scale=scale, concurrency=self.concurrency)
+        return ArrivalSpec(
+            rate=rate,
+            burstiness=self.burstiness if rate is not None else 1.0,
+            concurrency=self.concurrency,
+        )
+
+    def describe(self) -> str:
+        if self.timestamps:
+            if self.rate is not None and self.native_rate:
+                return f"trace timestamps scaled to {self.rate:.3g} req/s"
+            return "trace timestamps"
+        if self.concurrency is not None and self.rate is None:
+            return f"closed loop, {self.concurrency} users"
+        if self.rate is None:
+            return "all requests at once"
+        kind = "Poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
+        return f"{kind} at {self.rate:.3g} req/s"
+
+
+@dataclass(frozen=True)
+class TuneSetup:
+    """Everything that defines a study's measurements (not how many trials or workers)."""
+
+    gpu: str
+    model: str
+    slo: str
+    objective: str
+    weights: dict[str, float]
+    percentile: float
+    attainment: float
+    space: dict[str, Any]
+    load: LoadSpec
+    tp: int = 1
+    backend: str = "sim"
+    trace: str = "sharegpt-like"
+    trace_format: str | None = None
+    num_requests: int | None = None
+    seed: int = 0
+    sampler: str = "tpe"
+    ladder: dict[str, float] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["notes"] = list(self.notes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TuneSetup:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["load"] = LoadSpec(**kwargs["load"])
+        kwargs["notes"] = tuple(kwargs.get("notes", ()))
+        return cls(**kwargs)
+
+    def with_load_rate(self, rate: float) -> TuneSetup:
+        return replace(self, load=replace(self.load, rate=rate))
+
+    def differences(self, other: TuneSetup) -> list[str]:
+        """Fields (besides the sampler and notes) on which two setups disagree."""
+        skip = {"sampler", "notes", "load", "ladder"}
+        out = [f.name for f in fields(self)
+               if f.name not in skip and getattr(self, f.name) != getattr(other, f.name)]
+        mine, theirs = self.load, other.load
+        for f in fields(LoadSpec):
+            if f.name in ("native_rate",):
+                continue
+            a, b = getattr(mine, f.name), getattr(theirs, f.name)
+            if f.name == "rate" and (a is None or b is None):
+                continue
+            if a != b:
+                out.append(f"load.{f.name}")
+        return out

@@ -1,0 +1,416 @@
+"""The search space: which engine knobs the tuner varies, over which values.
+
+Seven knobs are searched by default (issue 5); every other ``EngineConfig`` field is fixed,
+``max_model_len`` at the longest request of the trace. A ``--search`` file (YAML or JSON)
+fixes or narrows any of them, or fixes any other field::
+
+    max_num_batched_tokens: {low: 1024, high: 8192}   # narrow (log scale, step 128 kept)
+    block_size: 16                                    # fix
+    prefix_caching: [hash, radix]                     # choose among
+    long_prefill_token_threshold: off                 # fix (0 and "off" mean off)
+    gpu_memory_utilization: 0.85                      # fix a field that is not searched
+
+Conditional knobs are Optuna conditionals, so every trial is a valid ``EngineConfig``:
+the long-prefill threshold exists only under the chunked policy (a gate picks off or on,
+then the value; a threshold at or above the budget is off, since a chunk never exceeds the
+remaining budget), and ``prefill_first``, which never splits a prompt, raises a budget
+below ``max_model_len`` to it. Optuna cannot combine a log scale with a step, so a stepped
+log range is suggested on a log scale and rounded to the step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+
+THRESHOLD_GATE = "long_prefill_token_threshold_on"
+"""Optuna parameter that switches the long-prefill threshold on (chunked policy only)."""
+
+_CATEGORICAL = {
+    "preemption_mode": ("recompute", "swap"),
+    "prefix_caching": ("none", "hash", "radix"),
+    "policy": ("chunked", "prefill_first"),
+}
+_SEARCH_ORDER = (
+    "policy",
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "block_size",
+    "max_num_seqs",
+    "preemption_mode",
+    "prefix_caching",
+)
+_RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
+_GRID_LINEAR_POINTS = 5
+
+
+class SearchSpaceError(ValueError):
+    """A search space that cannot be searched (bad override file, nothing left to vary)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched knob: a set of ``values``, or an integer range ``low``..``high``.
+
+    ``allow_off`` (the long-prefill threshold only) adds 0 = off as a choice besides the range.
+    """
+
+    name: str
+    values: tuple[Any, ...] | None = None
+    low: int | None = None
+    high: int | None = None
+    log: bool = False
+    step: int = 1
+    allow_off: bool = False
+
+    @property
+    def is_range(self) -> bool:
+        return self.values is None
+
+    @property
+    def is_fixed(self) -> bool:
+        if self.is_range:
+            return False
+        assert self.values is not None
+        return len(self.values) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.is_range:
+            return {"values": list(self.values or ())}
+        return {
+            "low": self.low,
+            "high": self.high,
+            "log": self.log,
+            "step": self.step,
+            "allow_off": self.allow_off,
+        }
+
+    def grid_values(self) -> list[int]:
+        """Range points for an exhaustive grid: doublings on a log scale, else 5 even steps."""
+        if not self.is_range:
+            return list(self.values or ())
+        assert self.low is not None and self.high is not None
+        points: list[int] = []
+        if self.log:
+            v = self.low
+            while v < self.high:
+                points.append(v)
+                v *= 2
+        else:
+            n = _GRID_LINEAR_POINTS
+            points = [self.low + (self.high - self.low) * i // (n - 1) for i in range(n)]
+        points.append(self.high)
+        return sorted({_round_to_step(p, self.step, self.low, self.high) for p in points})
+
+
+def default_params() -> dict[str, Param]:
+    """Issue 5's default space."""
+    return {
+        "max_num_batched_tokens": Param("max_num_batched_tokens", low=256, high=32768,
+                                        log=True, step=128),
+        "long_prefill_token_threshold": Param("long_prefill_token_threshold", low=64,
+                                              high=32768, log=True, allow_off=True),
+        "block_size": Param("block_size", values=(8, 16, 32, 64, 128, 256)),
+        "preemption_mode": Param("preemption_mode", values=("recompute", "swap")),
+        "max_num_seqs": Param("max_num_seqs", low=8, high=1024, log=True),
+        "prefix_caching": Param("prefix_caching", values=("none", "hash", "radix")),
+        "policy": Param("policy", values=("chunked", "prefill_first")),
+    }
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The searched knobs and the fixed ``EngineConfig`` fields every trial shares."""
+
+    params: dict[str, Param]
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.fixed.get("max_model_len", EngineConfig.max_model_len))
+
+    @property
+    def free_names(self) -> list[str]:
+        return [n for n in _SEARCH_ORDER if not self.params[n].is_fixed]
+
+    def suggest(self, trial: Any) -> EngineConfig:
+        """Ask an Optuna trial for one configuration."""
+        return self.config_from_params(self._suggest_params(trial))
+
+    def _suggest_params(self, trial: Any) -> dict[str, Any]:
+        chosen: dict[str, Any] = {}
+        for name in _SEARCH_ORDER:
+            p = self.params[name]
+            if name == "long_prefill_token_threshold":
+                if chosen.get("policy", self._fixed_value("policy")) != "chunked":
+                    continue
+                gated = p.is_range and p.allow_off
+                if gated and not trial.suggest_categorical(THRESHOLD_GATE, [False, True]):
+                    continue
+            if p.is_fixed:
+                continue
+            if p.is_range:
+                assert p.low is not None and p.high is not None
+                chosen[name] = trial.suggest_int(name, p.low, p.high, log=p.log,
+                                                 step=1 if p.log else p.step)
+            else:
+                chosen[name] = trial.suggest_categorical(name, list(p.values or ()))
+        return chosen
+
+    def _fixed_value(self, name: str) -> Any:
+        p = self.params[name]
+        if p.is_fixed:
+            assert p.values is not None
+            return p.values[0]
+        return None
+
+    def config_from_params(self, params: dict[str, Any]) -> EngineConfig:
+        """The configuration of a trial's Optuna parameters (absent ones fixed or off)."""
+        knobs: dict[str, Any] = {}
+        for name in _SEARCH_ORDER:
+            p = self.params[name]
+            if name in params:
+                value = params[name]
+                if p.is_range:
+                    assert p.low is not None and p.high is not None
+                    value = _round_to_step(int(value), p.step, p.low, p.high)
+                knobs[name] = value
+            elif p.is_fixed:
+                knobs[name] = self._fixed_value(name)
+        policy = knobs.get("policy", "chunked")
+        budget = int(knobs["max_num_batched_tokens"])
+        if policy == "prefill_first":
+            knobs["max_num_batched_tokens"] = max(budget, self._prefill_first_budget())
+            knobs["long_prefill_token_threshold"] = 0
+        else:
+            threshold = int(knobs.get("long_prefill_token_threshold", 0) or 0)
+            if params.get(THRESHOLD_GATE) is False or threshold >= budget:
+                threshold = 0
+            knobs["long_prefill_token_threshold"] = threshold
+        return EngineConfig(**{**self.fixed, **knobs})
+
+    def _prefill_first_budget(self) -> int:
+        """The smallest budget on the range's step that holds a whole max_model_len prompt."""
+        p = self.params["max_num_batched_tokens"]
+        step = p.step if p.is_range else 1
+        return -(-self.max_model_len // step) * step
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every distinct configuration of a discretized space, as Optuna parameters.
+
+        Ranges become doublings (log) or five even steps; the threshold gate and the
+        prefill-first budget rule are applied, and configurations that coincide are kept once.
+        """
+        names = [n for n in _SEARCH_ORDER if n != "long_prefill_token_threshold"]
+        axes = [self.params[n].grid_values() if not self.params[n].is_fixed else [None]
+                for n in names]
+        threshold = self.params["long_prefill_token_threshold"]
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for combo in itertools.product(*axes):
+            base = {n: v for n, v in zip(names, combo, strict=True) if v is not None}
+            for params in self._threshold_variants(base, threshold):
+                key = json.dumps(self.config_from_params(params).to_dict(), sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(params)
+        return out
+
+    def _threshold_variants(self, base: dict[str, Any], p: Param) -> list[dict[str, Any]]:
+        policy = base.get("policy", self._fixed_value("policy"))
+        if policy != "chunked" or p.is_fixed:
+            return [base]
+        if not p.is_range:
+            return [{**base, p.name: v} for v in p.values or ()]
+        budget = base.get("max_num_batched_tokens", self._fixed_value("max_num_batched_tokens"))
+        variants = [{**base, THRESHOLD_GATE: False}] if p.allow_off else []
+        for v in p.grid_values():
+            if v < int(budget):
+                on = {THRESHOLD_GATE: True} if p.allow_off else {}
+                variants.append({**base, **on, p.name: v})
+        return variants or [base]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": {n: p.to_dict() for n, p in self.params.items()},
+            "fixed": dict(self.fixed),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SearchSpace:
+        params = {}
+        for name, spec in data["params"].items():
+            if "values" in spec:
+                params[name] = Param(name, values=tuple(spec["values"]))
+            else:
+                params[name] = Param(name, **spec)
+        return cls(params, dict(data.get("fixed", {})))
+
+
+def build_space(
+    *, max_model_len: int, overrides: dict[str, Any] | None = None, where: str = "search space"
+) -> SearchSpace:
+    """The default space with ``max_model_len`` fixed and ``overrides`` applied.
+
+    Raises ``SearchSpaceError`` naming ``where`` when an override is invalid or when
+    nothing is left to search.
+    """
+    params = default_params()
+    fixed: dict[str, Any] = {"max_model_len": max_model_len}
+    known = {f.name for f in fields(EngineConfig)}
+    for name, spec in (overrides or {}).items():
+        if name in params:
+            params[name] = _override(params[name], spec, where)
+        elif name in known:
+            fixed[name] = spec
+        else:
+            raise SearchSpaceError(
+                f"{where}: unknown parameter {name!r}; searchable: {', '.join(_SEARCH_ORDER)}; "
+                f"other EngineConfig fields can be fixed: {', '.join(sorted(known - set(params)))}"
+            )
+    space = SearchSpace(params, fixed)
+    try:
+        EngineConfig(**fixed)
+    except (TypeError, ValueError) as e:
+        raise SearchSpaceError(f"{where}: {e}") from None
+    space = _drop_impossible_choices(space, where)
+    if not space.free_names:
+        raise SearchSpaceError(
+            f"{where}: empty search space: every parameter is fixed; leave at least one of "
+            f"{', '.join(_SEARCH_ORDER)} free (a range or two or more values)"
+        )
+    return space
+
+
+def load_search_file(path: str | Path) -> dict[str, Any]:
+    """Read a ``--search`` override file (YAML or JSON mapping)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SearchSpaceError(f"{p}: cannot read the search file ({e.strerror})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise SearchSpaceError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                               f"{str(e).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SearchSpaceError(
+            f"{p}: the search file must be a mapping of parameter names to values, lists or "
+            f"{{low, high}} ranges (got {type(data).__name__})"
+        )
+    return data
+
+
+def _override(default: Param, spec: Any, where: str) -> Param:
+    name = default.name
+    at = f"{where}: {name}"
+    if isinstance(spec, dict):
+        unknown = set(spec) - _RANGE_KEYS
+        if unknown:
+            raise SearchSpaceError(f"{at}: unknown key(s) {sorted(unknown)}; a range takes "
+                                   f"{sorted(_RANGE_KEYS)}")
+        if not default.is_range:
+            raise SearchSpaceError(f"{at}: takes a value or a list of values, not a range")
+        merged = {**default.to_dict(), **spec}
+        if name == "long_prefill_token_threshold" and "high" not in spec:
+            merged["high"] = default.high
+        for key in ("low", "high", "step"):
+            if not _is_int(merged[key]) or merged[key] < 1:
+                raise SearchSpaceError(f"{at}: {key} must be a positive integer "
+                                       f"(got {merged[key]!r})")
+        for key in ("log", "allow_off"):
+            if not isinstance(merged[key], bool):
+                raise SearchSpaceError(f"{at}: {key} must be true or false (got {merged[key]!r})")
+        if name != "long_prefill_token_threshold" and merged["allow_off"]:
+            raise SearchSpaceError(f"{at}: allow_off applies to long_prefill_token_threshold only")
+        low = -(-merged["low"] // merged["step"]) * merged["step"]
+        high = merged["high"] // merged["step"] * merged["step"]
+        if low > high:
+            raise SearchSpaceError(
+                f"{at}: empty range: no multiple of {merged['step']} lies in "
+                f"[{merged['low']}, {merged['high']}]"
+            )
+        return Param(name, low=low, high=high, log=merged["log"], step=merged["step"],
+                     allow_off=merged["allow_off"])
+    values = spec if isinstance(spec, list) else [spec]
+    if not values:
+        raise SearchSpaceError(f"{at}: empty list of values; give at least one")
+    checked = tuple(dict.fromkeys(_check_value(name, v, at) for v in values))
+    return Param(name, values=checked)
+
+
+def _check_value(name: str, value: Any, at: str) -> Any:
+    if name in _CATEGORICAL:
+        if value not in _CATEGORICAL[name]:
+            raise SearchSpaceError(
+                f"{at}: {value!r} is not one of {', '.join(_CATEGORICAL[name])}"
+            )
+        return value
+    if name == "long_prefill_token_threshold" and (value is False or value in ("off", 0)):
+        return 0
+    if not _is_int(value) or value < 1:
+        raise SearchSpaceError(f"{at}: {value!r} is not a positive integer")
+    if name == "block_size" and value & (value - 1):
+        raise SearchSpaceError(f"{at}: {value} is not a power of two")
+    return value
+
+
+def _drop_impossible_choices(space: SearchSpace, where: str) -> SearchSpace:
+    """Remove choices no valid configuration can take (so no trial is ever invalid)."""
+    params = dict(space.params)
+    budget = params["max_num_batched_tokens"]
+    most = int(budget.high if budget.is_range else max(budget.values or (0,)))
+    policy = params["policy"]
+    if "prefill_first" in (policy.values or ()) and most < space.max_model_len:
+        kept = tuple(v for v in policy.values or () if v != "prefill_first")
+        if not kept:
+            raise SearchSpaceError(
+                f"{where}: policy prefill_first never splits a prompt, so it needs "
+                f"max_num_batched_tokens >= max_model_len={space.max_model_len}, but the "
+                f"space allows at most {most}"
+            )
+        params["policy"] = replace(policy, values=kept)
+    swap_gb = space.fixed.get("swap_space_gb", EngineConfig.swap_space_gb)
+    mode = params["preemption_mode"]
+    if "swap" in (mode.values or ()) and swap_gb <= 0:
+        kept = tuple(v for v in mode.values or () if v != "swap")
+        if not kept:
+            raise SearchSpaceError(f"{where}: preemption_mode swap needs swap_space_gb > 0")
+        params["preemption_mode"] = replace(mode, values=kept)
+    return replace(space, params=params)
+
+
+def _round_to_step(value: int, step: int, low: int, high: int) -> int:
+    if step <= 1:
+        return min(max(value, low), high)
+    return min(max(round(value / step) * step, low), high)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def describe(space: SearchSpace) -> dict[str, str]:
+    """One human-readable line per knob, for the CLI and the report."""
+    out = {}
+    for name in _SEARCH_ORDER:
+        p = space.params[name]
+        if p.is_range:
+            scale = "log" if p.log else "linear"
+            step = f", step {p.step}" if p.step > 1 else ""
+            off = "off or " if p.allow_off else ""
+            out[name] = f"{off}{p.low}..{p.high} ({scale}{step})"
+        else:
+            out[name] = ", ".join(str(v) for v in p.values or ())
+    return out
+

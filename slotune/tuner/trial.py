@@ -1,0 +1,117 @@
+"""The Optuna objective: one trial = one configuration, measured and recorded.
+
+Every trial stores what any later view needs as user attributes, so reports, exports and
+comparisons read the study and never rerun it:
+
+- ``config``: the full ``EngineConfig``; ``metrics``: the run summary the value comes from;
+  ``rate``: the request rate of that run (None: the load's own arrivals);
+- ``score`` (weighted score), ``attainment``, ``feasible``;
+- goodput and pareto studies also ``goodput_rps``, ``goodput_rung`` and ``probes``
+  (``[[rate, attainment], ...]``, every rate the search ran).
+
+A configuration already measured in the study is not run again: its record is copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config_key
+from slotune.tuner.setup import TuneSetup
+from slotune.tuner.space import SearchSpace
+
+RECORD_KEYS = ("metrics", "rate", "score", "attainment", "feasible", "goodput_rps",
+               "goodput_rung", "probes")
+METRIC_NAMES = {
+    "weighted": ("weighted_score",),
+    "goodput": ("goodput_rps",),
+    "pareto": ("goodput_rps", "weighted_score"),
+}
+DIRECTIONS = {
+    "weighted": ("minimize",),
+    "goodput": ("maximize",),
+    "pareto": ("maximize", "minimize"),
+}
+
+
+class TrialObjective:
+    def __init__(self, setup: TuneSetup, evaluator: Evaluator, space: SearchSpace,
+                 baseline_rung: int | None = None) -> None:
+        self.setup = setup
+        self.evaluator = evaluator
+        self.space = space
+        self.baseline_rung = baseline_rung
+
+    def __call__(self, trial: Any) -> float | tuple[float, ...]:
+        config = self.space.suggest(trial)
+        trial.set_user_attr("config", config.to_dict())
+        record = self._previous_record(trial, config_key(config))
+        if record is None:
+            record = self.measure(config, self._start_rung(trial))
+        for key, value in record.items():
+            trial.set_user_attr(key, value)
+        if self.setup.objective == "weighted":
+            trial.set_constraint("attainment", self.setup.attainment - record["attainment"])
+        return values_of(self.setup.objective, record)
+
+    def measure(self, config: Any, start_rung: int) -> dict[str, Any]:
+        """The record of one configuration (no Optuna involved: the benchmark's grid uses it)."""
+        objective = self.setup.objective
+        if objective == "weighted":
+            return _record(self.evaluator.measure(config))
+        found = self.evaluator.goodput(config, start_rung)
+        if objective == "goodput":
+            return {**_record(found.at), **_goodput_fields(found)}
+        at_load = self.evaluator.measure(config)
+        return {**_record(at_load), **_goodput_fields(found)}
+
+    def _start_rung(self, trial: Any) -> int:
+        if self.setup.objective == "weighted":
+            return 0
+        rungs = [t.user_attrs["goodput_rung"] for t in _complete(trial.study)
+                 if t.user_attrs.get("goodput_rung") is not None]
+        if rungs:
+            return max(rungs)
+        return self.baseline_rung if self.baseline_rung is not None else 0
+
+    def _previous_record(self, trial: Any, key: str) -> dict[str, Any] | None:
+        for t in _complete(trial.study):
+            config = t.user_attrs.get("config")
+            if config is not None and config_key_of(config) == key:
+                record = {k: t.user_attrs[k] for k in RECORD_KEYS if k in t.user_attrs}
+                return {**record, "reused_from": t.number}
+        return None
+
+
+def values_of(objective: str, record: dict[str, Any]) -> float | tuple[float, ...]:
+    if objective == "weighted":
+        return float(record["score"])
+    if objective == "goodput":
+        return float(record["goodput_rps"])
+    return float(record["goodput_rps"]), float(record["score"])
+
+
+def config_key_of(config: dict[str, Any]) -> str:
+    from slotune.engine.config import EngineConfig
+
+    return config_key(EngineConfig.from_dict(config))
+
+
+def _record(m: Measurement) -> dict[str, Any]:
+    return {"metrics": m.summary, "rate": m.rate, "score": m.score,
+            "attainment": m.attainment, "feasible": m.feasible}
+
+
+def _goodput_fields(found: GoodputResult) -> dict[str, Any]:
+    return {
+        "goodput_rps": found.goodput,
+        "goodput_rung": found.rung,
+        "probes": [[rate, att] for rate, att in sorted(found.probes.items())],
+        "feasible": found.rate is not None,
+    }
+
+
+def _complete(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

@@ -1,0 +1,191 @@
+"""Synthetic workloads: ShareGPT-like chat lengths, shared-prefix groups, agent sessions,
+long-context prompts. Every generator is deterministic for a given seed.
+
+Shared text is expressed as prompt segments with shared keys (see ``trace.py``), so shared
+prefixes are real shared tokens and the traces stay small on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slotune.workloads.trace import Trace, TraceRequest
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A log-normal token count with the given mean, clipped by resampling to [low, high]."""
+
+    mean: float
+    sigma: float = 0.8
+    low: int = 1
+    high: int = 4096
+
+    def __post_init__(self) -> None:
+        if not self.mean > 0 or self.sigma < 0 or not 1 <= self.low <= self.high:
+            raise ValueError(
+                f"LengthDist: need mean > 0, sigma >= 0, 1 <= low <= high (got {self})"
+            )
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.sigma == 0:
+            return np.full(n, int(np.clip(round(self.mean), self.low, self.high)), dtype=np.int64)
+        mu = np.log(self.mean) - self.sigma**2 / 2
+        out = np.empty(0, dtype=np.int64)
+        while len(out) < n:
+            draw = np.rint(rng.lognormal(mu, self.sigma, size=2 * n + 16)).astype(np.int64)
+            out = np.concatenate([out, draw[(draw >= self.low) & (draw <= self.high)]])
+        return out[:n]
+
+
+class _Keys:
+    """Fresh segment keys; a shared text is one key used by many requests."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def new(self) -> int:
+        self._next += 1
+        return self._next
+
+
+def sharegpt_like(num_requests: int = 1000, *, seed: int = 0) -> Trace:
+    """Lengths shaped like ShareGPT after vLLM's filters (Llama-3 tokenizer): means of about
+    230 prompt and 200 output tokens, prompt 4..1024 and prompt + output <= 2048."""
+    rng = np.random.default_rng(seed)
+    prompts = LengthDist(mean=330, sigma=1.1, low=4, high=1024).sample(rng, num_requests)
+    outputs = LengthDist(mean=228, sigma=0.95, low=4, high=1024).sample(rng, num_requests)
+    outputs = np.minimum(outputs, 2048 - prompts)
+    reqs = tuple(
+        TraceRequest(request_id=f"sg{i}", prompt_len=int(p), output_len=int(o))
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    )
+    return Trace(name="sharegpt-like", requests=reqs, seed=seed)
+
+
+def shared_prefix(
+    num_groups: int = 8,
+    requests_per_group: int = 40,
+    *,
+    system_prompt_len: int = 1536,
+    question: LengthDist = LengthDist(mean=120, sigma=0.6, low=8, high=512),
+    output: LengthDist = LengthDist(mean=150, sigma=0.7, low=8, high=768),
+    seed: int = 0,
+    interleave: bool = True,
+) -> Trace:
+    """Groups of requests that share a long system prompt, each with its own question."""
+    rng = np.random.default_rng(seed)
+    keys = _Keys()
+    systems = [keys.new() for _ in range(num_groups)]
+    n = num_groups * requests_per_group
+    q_lens, o_lens = question.sample(rng, n), output.sample(rng, n)
+    order = (
+        [(g, j) for j in range(requests_per_group) for g in range(num_groups)]
+        if interleave
+        else [(g, j) for g in range(num_groups) for j in range(requests_per_group)]
+    )
+    reqs = []
+    for i, (g, j) in enumerate(order):
+        q = int(q_lens[i])
+        reqs.append(
+            TraceRequest(
+                request_id=f"sp{g}-{j}",
+                prompt_len=system_prompt_len + q,
+                output_len=int(o_lens[i]),
+                prompt_segments=((systems[g], system_prompt_len), (keys.new(), q)),
+            )
+        )
+    return Trace(name="shared-prefix", requests=tuple(reqs), seed=seed)
+
+
+@dataclass(frozen=True)
+class AgentParams:
+    """Tool-using agent sessions.
+
+    ``num_agents`` distinct agents (system prompt + tool definitions) are shared by all
+    sessions; each session starts with a task, and each later turn appends the tool's
+    result to the history (the runner puts the previous answer before it). The next turn
+    is sent ``tool_latency_s`` after the previous answer finishes.
+    """
+
+    num_sessions: int = 48
+    turns: tuple[int, int] = (3, 8)
+    num_agents: int = 2
+    system_prompt_len: int = 800
+    tools_len: int = 1200
+    task: LengthDist = LengthDist(mean=150, sigma=0.6, low=16, high=1024)
+    tool_result: LengthDist = LengthDist(mean=250, sigma=0.9, low=8, high=2048)
+    output: LengthDist = LengthDist(mean=120, sigma=0.7, low=8, high=1024)
+    tool_latency_mean_s: float = 1.0
+    tool_latency_sigma: float = 0.8
+    max_context_len: int = 8192
+
+
+def agent_sessions(params: AgentParams = AgentParams(), *, seed: int = 0) -> Trace:
+    """Sessions in trace order; a session ends early rather than pass ``max_context_len``."""
+    rng = np.random.default_rng(seed)
+    keys = _Keys()
+    agents = [(keys.new(), keys.new()) for _ in range(params.num_agents)]
+    lo, hi = params.turns
+    reqs: list[TraceRequest] = []
+    for s in range(params.num_sessions):
+        system, tools = agents[s % params.num_agents]
+        num_turns = int(rng.integers(lo, hi + 1))
+        task = int(params.task.sample(rng, 1)[0])
+        outputs = params.output.sample(rng, num_turns)
+        results = params.tool_result.sample(rng, num_turns)
+        mu = np.log(params.tool_latency_mean_s) - params.tool_latency_sigma**2 / 2
+        latency = rng.lognormal(mu, params.tool_latency_sigma, size=num_turns)
+        context = params.system_prompt_len + params.tools_len + task
+        parent: str | None = None
+        for t in range(num_turns):
+            if t == 0:
+                segments = (
+                    (system, params.system_prompt_len),
+                    (tools, params.tools_len),
+                    (keys.new(), task),
+                )
+                own, think = context, 0.0
+            else:
+                own = int(results[t])
+                segments = ((keys.new(), own),)
+                think = round(float(latency[t]), 3)
+                context += own
+            if context + int(outputs[t]) > params.max_context_len:
+                break
+            rid = f"ag{s}-t{t}"
+            reqs.append(
+                TraceRequest(
+                    request_id=rid,
+                    prompt_len=own,
+                    output_len=int(outputs[t]),
+                    prompt_segments=segments,
+                    session_id=f"ag{s}",
+                    turn=t,
+                    think_time_s=think,
+                    parent_id=parent,
+                )
+            )
+            context += int(outputs[t])
+            parent = rid
+    return Trace(name="agent", requests=tuple(reqs), seed=seed)
+
+
+def long_context(
+    num_requests: int = 200,
+    *,
+    prompt: LengthDist = LengthDist(mean=4000, sigma=0.4, low=2048, high=7168),
+    output: LengthDist = LengthDist(mean=200, sigma=0.6, low=16, high=800),
+    seed: int = 0,
+) -> Trace:
+    """Long prompts (document QA, RAG) with short answers, all within 8192 tokens."""
+    rng = np.random.default_rng(seed)
+    p, o = prompt.sample(rng, num_requests), output.sample(rng, num_requests)
+    o = np.minimum(o, 8192 - p)
+    reqs = tuple(
+        TraceRequest(request_id=f"lc{i}", prompt_len=int(a), output_len=int(b))
+        for i, (a, b) in enumerate(zip(p, o, strict=True))
+    )
+    return Trace(name="long-context", requests=reqs, seed=seed)

@@ -1,0 +1,166 @@
+"""Metric summaries of a run, with vLLM ``bench serve``'s definitions.
+
+Over completed requests: TTFT = first token - arrival; E2E = finish - arrival;
+TPOT = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
+ITL = every gap between consecutive tokens of a request, pooled over requests.
+Throughputs divide by the run's duration. A request meets the SLO when it completed and
+meets every target (for ``itl``, every gap; for ``tpot``, a single-token request passes);
+failed requests count as misses. Attainment is the share of all requests that meet it,
+goodput the number per second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from slotune.workloads.result import RunResult
+from slotune.workloads.slo import SLO
+
+_METRIC_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2el_ms"}
+
+
+def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
+    """Per-request arrays in seconds (NaN where undefined) plus ``ok`` and pooled ``itl``."""
+    df = result.requests
+    ok = df["error"].isna().to_numpy() & df["finish_time"].notna().to_numpy()
+    arrival = df["arrival_time"].to_numpy(dtype=float)
+    ttft = df["first_token_time"].to_numpy(dtype=float) - arrival
+    e2e = df["finish_time"].to_numpy(dtype=float) - arrival
+    out = df["output_tokens"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
+    gaps = [
+        np.diff(np.asarray(ts, dtype=float)) if len(ts) > 1 else np.empty(0)
+        for ts in df["token_times"]
+    ]
+    max_gap = np.array([g.max() if len(g) else 0.0 for g in gaps])
+    ok_gaps = [g for g, good in zip(gaps, ok, strict=True) if good]
+    itl = np.concatenate(ok_gaps) if ok_gaps else np.empty(0)
+    ttft[~ok] = np.nan
+    e2e[~ok] = np.nan
+    tpot[~ok] = np.nan
+    return {
+        "ok": ok,
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2e": e2e,
+        "itl": itl,
+        "max_itl": max_gap,
+        "output_tokens": out,
+    }
+
+
+def meets_slo(metrics: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
+    good = metrics["ok"].copy()
+    for t in slo.targets:
+        if t.metric == "ttft":
+            good &= metrics["ttft"] <= t.threshold_s
+        elif t.metric == "e2e":
+            good &= metrics["e2e"] <= t.threshold_s
+        elif t.metric == "tpot":
+            good &= np.nan_to_num(metrics["tpot"], nan=0.0) <= t.threshold_s
+        elif t.metric == "itl":
+            good &= metrics["max_itl"] <= t.threshold_s
+    return good
+
+
+def distribution_ms(values_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, float | None]:
+    """Mean and percentiles in ms; None for each when there are no values."""
+    v = values_s[~np.isnan(values_s)] * 1000.0
+    keys = ["mean", *(f"p{p:g}" for p in percentiles)]
+    if len(v) == 0:
+        return dict.fromkeys(keys)
+    pct = np.percentile(v, list(percentiles))
+    return {
+        "mean": float(v.mean()),
+        **{f"p{p:g}": float(x) for p, x in zip(percentiles, pct, strict=True)},
+    }
+
+
+def summarize(
+    result: RunResult, slo: SLO | None = None, percentiles: Sequence[float] = (50, 90, 95, 99)
+) -> dict[str, Any]:
+    """The summary.json of a run (callers add ``config``)."""
+    m = request_metrics(result)
+    df = result.requests
+    ok = m["ok"]
+    n = len(df)
+    completed = int(ok.sum())
+    duration = float(result.duration_s)
+    out_tokens = float(m["output_tokens"][ok].sum())
+    def rate(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    summary: dict[str, Any] = {
+        "num_requests": n,
+        "completed": completed,
+        "failed": n - completed,
+        "duration_s": duration,
+        "request_throughput": rate(completed),
+        "output_throughput": rate(out_tokens),
+        "total_input_tokens": int(df["prompt_tokens"][ok].sum()),
+        "total_output_tokens": int(out_tokens),
+        "ttft_ms": distribution_ms(m["ttft"], percentiles),
+        "tpot_ms": distribution_ms(m["tpot"], percentiles),
+        "itl_ms": distribution_ms(m["itl"], percentiles),
+        "e2el_ms": distribution_ms(m["e2e"], percentiles),
+        "slo": None,
+        "slo_attainment": None,
+        "goodput": None,
+        "slo_checks": [],
+        "num_preemptions": _preemptions(result),
+        "prefix_cache_hit_rate": _prefix_hit_rate(result),
+    }
+    if slo is not None:
+        good = meets_slo(m, slo)
+        summary["slo"] = str(slo)
+        summary["slo_attainment"] = float(good.sum() / n) if n else 0.0
+        summary["goodput"] = rate(float(good.sum()))
+        summary["slo_checks"] = _percentile_checks(m, slo)
+    errors = df["error"].dropna()
+    if len(errors):
+        summary["errors"] = {
+            str(k): int(v) for k, v in errors.str.slice(0, 120).value_counts().head(5).items()
+        }
+    return summary
+
+
+def _percentile_checks(m: dict[str, np.ndarray], slo: SLO) -> list[dict[str, Any]]:
+    checks = []
+    for t in slo.targets:
+        if t.percentile is None:
+            continue
+        values = m["itl"] if t.metric == "itl" else m[t.metric]
+        values = values[~np.isnan(values)]
+        value = float(np.percentile(values, t.percentile)) if len(values) else math.inf
+        checks.append(
+            {
+                "metric": t.metric,
+                "percentile": t.percentile,
+                "threshold_ms": t.threshold_ms,
+                "value_ms": value * 1000.0,
+                "met": bool(value <= t.threshold_s),
+            }
+        )
+    return checks
+
+
+def _preemptions(result: RunResult) -> int:
+    stat = result.engine_stats.get("num_preemptions")
+    if stat is not None:
+        return int(stat)
+    return int(result.requests["num_preemptions"].sum())
+
+
+def _prefix_hit_rate(result: RunResult) -> float:
+    """Engine counters when present (hit tokens / queried tokens), else cached / prompt tokens."""
+    queries = result.engine_stats.get("prefix_cache_queries_tokens")
+    if queries is not None:
+        hits = result.engine_stats.get("prefix_cache_hit_tokens", 0)
+        return float(hits) / float(queries) if queries else 0.0
+    prompt = float(result.requests["prompt_tokens"].sum())
+    return float(result.requests["cached_tokens"].sum()) / prompt if prompt else 0.0

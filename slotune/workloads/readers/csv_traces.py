@@ -1,0 +1,169 @@
+"""CSV traces with timestamps and lengths only: Azure LLM inference and BurstGPT.
+
+Azure (``TIMESTAMP`` absolute date-times such as ``2023-11-16 18:15:46.6805900``,
+``ContextTokens``, ``GeneratedTokens``) and BurstGPT (``Timestamp`` in seconds, ``Model``,
+``Request tokens``, ``Response tokens``, ``Total tokens``, ``Log Type``; failed requests
+are the rows with 0 response tokens, dropped and counted). Prompts get unique tokens of
+the recorded length. Rows must be in time order.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from slotune.workloads.readers.errors import DropCounter, TraceFormatError
+from slotune.workloads.trace import Trace, TraceRequest
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = (
+    "Timestamp",
+    "Model",
+    "Request tokens",
+    "Response tokens",
+    "Total tokens",
+    "Log Type",
+)
+
+
+def read_header(path: Path) -> list[str]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return [c.strip() for c in next(csv.reader(f), [])]
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = [c.strip() for c in next(reader, [])]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceFormatError(
+                path,
+                "row 1",
+                f"missing column(s) {missing}; expected a header with {list(required)}",
+            )
+        for row in reader:
+            if not any(c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise TraceFormatError(
+                    path, f"row {reader.line_num}", f"expected {len(header)} fields, got {len(row)}"
+                )
+            yield reader.line_num, dict(zip(header, (c.strip() for c in row), strict=True))
+
+
+def _count(path: Path, row: int, name: str, text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceFormatError(
+            path, f"row {row}", f"column {name!r}: expected a token count, got {text!r}"
+        ) from None
+    if value < 0 or value != int(value):
+        raise TraceFormatError(
+            path, f"row {row}", f"column {name!r}: expected a non-negative integer, got {text!r}"
+        )
+    return int(value)
+
+
+def parse_azure_timestamp(text: str) -> datetime:
+    """Azure's date-times carry 7 fractional digits; Python accepts at most 6."""
+    head, _, frac = text.strip().partition(".")
+    stamp = datetime.fromisoformat(head.replace("T", " ").rstrip("Z"))
+    if frac:
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        stamp = stamp.replace(microsecond=int((digits + "000000")[:6]))
+    return stamp
+
+
+def _azure_seconds(text: str) -> float:
+    stamp = parse_azure_timestamp(text)
+    if stamp.tzinfo is not None:
+        stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+    return float((stamp - _EPOCH) // timedelta(microseconds=1)) / 1e6
+
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _read(
+    path: Path,
+    seed: int,
+    columns: tuple[str, ...],
+    time_col: str,
+    prompt_col: str,
+    output_col: str,
+    parse_time: Callable[[str], float],
+    prefix: str,
+    failed_reason: str,
+) -> Trace:
+    dropped = DropCounter()
+    requests: list[TraceRequest] = []
+    first: float | None = None
+    last: float | None = None
+    for row, values in _rows(path, columns):
+        try:
+            t = parse_time(values[time_col])
+        except ValueError:
+            raise TraceFormatError(
+                path, f"row {row}", f"column {time_col!r}: cannot read time {values[time_col]!r}"
+            ) from None
+        if last is not None and t < last:
+            raise TraceFormatError(
+                path,
+                f"row {row}",
+                f"{time_col} {values[time_col]} is before the previous row's; "
+                "expected rows in time order",
+            )
+        last = t
+        if first is None:
+            first = t
+        n_in = _count(path, row, prompt_col, values[prompt_col])
+        n_out = _count(path, row, output_col, values[output_col])
+        if n_out == 0:
+            dropped.drop(failed_reason)
+            continue
+        if n_in == 0:
+            dropped.drop(f"{prompt_col} = 0")
+            continue
+        requests.append(
+            TraceRequest(
+                request_id=f"{prefix}{len(requests)}",
+                prompt_len=n_in,
+                output_len=n_out,
+                arrival_time=round(t - first, 6),
+            )
+        )
+    return Trace(
+        name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
+    )
+
+
+def read_azure(path: Path, *, seed: int) -> Trace:
+    return _read(
+        path,
+        seed,
+        AZURE_COLUMNS,
+        "TIMESTAMP",
+        "ContextTokens",
+        "GeneratedTokens",
+        _azure_seconds,
+        "az",
+        "GeneratedTokens = 0",
+    )
+
+
+def read_burstgpt(path: Path, *, seed: int) -> Trace:
+    return _read(
+        path,
+        seed,
+        BURSTGPT_COLUMNS,
+        "Timestamp",
+        "Request tokens",
+        "Response tokens",
+        float,
+        "bg",
+        "failed (Response tokens = 0)",
+    )

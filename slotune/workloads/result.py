@@ -1,0 +1,86 @@
+"""The outcome of one run: a row per request, a row per engine step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+REQUEST_COLUMNS = (
+    "request_id",
+    "session_id",
+    "turn",
+    "arrival_time",
+    "first_token_time",
+    "finish_time",
+    "token_times",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "num_preemptions",
+    "error",
+)
+STEP_COLUMNS = (
+    "time",
+    "duration_s",
+    "num_scheduled_tokens",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_running",
+    "num_waiting",
+    "kv_cache_usage",
+    "num_preempted",
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """``requests``: one row per request (times in seconds from the run's start; ``token_times``
+    is a list of every output token's time; ``error`` is None when it succeeded).
+    ``steps``: one row per engine step (empty for HTTP targets), ``time`` being the step's end.
+    """
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    duration_s: float
+    engine_stats: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, out_dir: str | Path) -> None:
+        """Write ``requests.csv`` (token times as a JSON list) and ``steps.csv``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        reqs = self.requests.copy()
+        reqs["token_times"] = [json.dumps([round(t, 6) for t in ts]) for ts in reqs["token_times"]]
+        reqs.to_csv(out / "requests.csv", index=False)
+        self.steps.to_csv(out / "steps.csv", index=False)
+
+    @classmethod
+    def load(cls, run_dir: str | Path, *, duration_s: float | None = None) -> RunResult:
+        """Read a run written by ``save`` (``duration_s`` from summary.json when present)."""
+        d = Path(run_dir)
+        reqs = pd.read_csv(
+            d / "requests.csv", dtype={"request_id": str, "session_id": str, "error": str}
+        )
+        reqs["token_times"] = [
+            json.loads(s) if isinstance(s, str) else [] for s in reqs["token_times"]
+        ]
+        reqs["error"] = reqs["error"].where(reqs["error"].notna(), None)
+        steps = (
+            pd.read_csv(d / "steps.csv") if (d / "steps.csv").stat().st_size > 1 else empty_steps()
+        )
+        summary = d / "summary.json"
+        stats: dict[str, Any] = {}
+        if duration_s is None and summary.exists():
+            data = json.loads(summary.read_text())
+            duration_s = data.get("duration_s")
+            stats = data.get("engine_stats", {})
+        if duration_s is None:
+            duration_s = float(reqs["finish_time"].max()) if len(reqs) else 0.0
+        return cls(requests=reqs, steps=steps, duration_s=float(duration_s), engine_stats=stats)
+
+
+def empty_steps() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})

@@ -1,0 +1,175 @@
+"""Driving an in-process ``Engine``: on a virtual clock (simulated executor) or the wall clock.
+
+One loop serves both. Virtual time: each step advances the clock by the executor's
+``last_step.duration_s``; requests whose arrival passed during a step are added after it
+(their arrival time stays the true one, so the wait counts in their TTFT); an idle engine
+jumps to the next arrival. Nothing sleeps. Wall time: the same loop, the clock is
+``perf_counter`` and an idle engine sleeps until the next arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from slotune.engine.sampling_params import SamplingParams
+from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
+from slotune.workloads.result import RunResult
+from slotune.workloads.runner.dispatch import Dispatcher
+from slotune.workloads.runner.record import Recorder
+from slotune.workloads.trace import Trace
+
+if TYPE_CHECKING:
+    from slotune.engine.config import EngineConfig
+    from slotune.engine.engine import Engine
+
+Progress = Callable[[int, int], None]
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def wait_until(self, t: float) -> None:
+        if t > self.t:
+            self.t = t
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def advance(self, seconds: float) -> None:
+        """The step itself took the time."""
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class TokenPrompts:
+    """Token-id prompts: a turn's prompt is its parent's prompt + output + its own tokens."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._own = trace.own_prompt_token_ids()
+
+    def prompt(self, index: int, parent_context: list[int] | None) -> list[int]:
+        own = self._own[index]
+        return list(own) if parent_context is None else parent_context + own
+
+    def context_after(self, prompt: list[int], output: list[int]) -> list[int]:
+        return prompt + output
+
+
+def run_simulated(
+    config: EngineConfig,
+    trace: Trace,
+    *,
+    gpu: str = "h100",
+    model: str = "llama-3-8b",
+    tp: int = 1,
+    arrivals: ArrivalSpec = ALL_AT_ONCE,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Replay ``trace`` through the simulated engine on a virtual clock."""
+    from slotune.engine.engine import Engine
+
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    return drive_engine(engine, trace, arrivals, VirtualClock(), seed=seed, progress=progress)
+
+
+def run_engine(
+    engine: Engine,
+    trace: Trace,
+    arrivals: ArrivalSpec = ALL_AT_ONCE,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Replay ``trace`` through an in-process engine with a real executor, in wall time."""
+    return drive_engine(engine, trace, arrivals, WallClock(), seed=seed, progress=progress)
+
+
+def drive_engine(
+    engine: Engine,
+    trace: Trace,
+    arrivals: ArrivalSpec,
+    clock: VirtualClock | WallClock,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> RunResult:
+    disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
+    rec = Recorder(trace)
+    keep_output = disp.has_children
+    outputs: dict[int, list[int]] = {}
+    index = rec.index
+    total = len(trace)
+
+    def end(i: int, now: float, **kw: Any) -> None:
+        rec.done(i, now, **kw)
+        disp.finish(i, now, outputs.pop(i, []))
+        if progress is not None:
+            progress(rec.completed, total)
+
+    while True:
+        now = clock.now()
+        for rel in disp.pop_due(now):
+            i = rel.index
+            rec.sent(i, rel.arrival_time, len(rel.prompt))
+            if keep_output[i]:
+                outputs[i] = []
+            try:
+                engine.add_request(
+                    rel.request_id,
+                    rel.prompt,
+                    SamplingParams(max_tokens=rel.max_tokens, ignore_eos=True),
+                    arrival_time=rel.arrival_time,
+                )
+            except ValueError as exc:
+                end(i, now, error=f"rejected: {exc}")
+        if not engine.has_unfinished_requests():
+            nxt = disp.next_time()
+            if nxt is None:
+                if disp.done():
+                    break
+                raise RuntimeError("runner: requests in flight but the engine has none unfinished")
+            clock.wait_until(nxt)
+            continue
+        step_outputs = engine.step()
+        stats = engine.last_step
+        if stats is not None:
+            clock.advance(stats.duration_s)
+        now = clock.now()
+        if stats is not None:
+            rec.step(now, stats)
+        for out in step_outputs:
+            i = index[out.request_id]
+            n = len(out.new_token_ids)
+            if n:
+                rec.tokens(i, now, n)
+                if keep_output[i]:
+                    outputs[i].extend(out.new_token_ids)
+            if out.finished:
+                error = "aborted" if out.finish_reason == "abort" else None
+                end(
+                    i,
+                    now,
+                    error=error,
+                    cached_tokens=out.num_cached_tokens,
+                    preemptions=out.num_preemptions,
+                    prompt_tokens=out.num_prompt_tokens or None,
+                )
+    return rec.result(clock.now(), engine.stats())

@@ -1,0 +1,109 @@
+"""Per-request and per-step records, kept as plain lists while a run goes (cheap on the
+hot path) and turned into DataFrames once at the end."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from slotune.engine.outputs import StepStats
+from slotune.workloads.result import REQUEST_COLUMNS, STEP_COLUMNS, RunResult, empty_steps
+from slotune.workloads.trace import Trace
+
+NAN = math.nan
+
+
+class Recorder:
+    def __init__(self, trace: Trace) -> None:
+        n = len(trace)
+        self.trace = trace
+        self.index = {r.request_id: i for i, r in enumerate(trace.requests)}
+        self.arrival = [NAN] * n
+        self.finish = [NAN] * n
+        self.token_times: list[list[float]] = [[] for _ in range(n)]
+        self.prompt_tokens = [0] * n
+        self.output_tokens: list[int | None] = [None] * n
+        self.cached_tokens = [0] * n
+        self.preemptions = [0] * n
+        self.error: list[str | None] = ["not sent"] * n
+        self.completed = 0
+        self._steps: list[tuple[float, ...]] = []
+
+    def sent(self, i: int, arrival_time: float, prompt_tokens: int) -> None:
+        self.arrival[i] = arrival_time
+        self.prompt_tokens[i] = prompt_tokens
+        self.error[i] = None
+
+    def tokens(self, i: int, now: float, count: int = 1) -> None:
+        if count == 1:
+            self.token_times[i].append(now)
+        else:
+            self.token_times[i].extend([now] * count)
+
+    def done(
+        self,
+        i: int,
+        now: float,
+        *,
+        error: str | None = None,
+        output_tokens: int | None = None,
+        cached_tokens: int = 0,
+        preemptions: int = 0,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        self.finish[i] = now
+        self.error[i] = error
+        self.output_tokens[i] = output_tokens
+        self.cached_tokens[i] = cached_tokens
+        self.preemptions[i] = preemptions
+        if prompt_tokens is not None:
+            self.prompt_tokens[i] = prompt_tokens
+        self.completed += 1
+
+    def step(self, now: float, s: StepStats) -> None:
+        self._steps.append(
+            (
+                now,
+                s.duration_s,
+                s.num_scheduled_tokens,
+                s.num_prefill_tokens,
+                s.num_decode_tokens,
+                s.num_running,
+                s.num_waiting,
+                s.kv_cache_usage,
+                s.num_preempted,
+            )
+        )
+
+    def result(self, duration_s: float, engine_stats: dict[str, Any] | None = None) -> RunResult:
+        reqs = self.trace.requests
+        out = [
+            len(ts) if o is None else o
+            for o, ts in zip(self.output_tokens, self.token_times, strict=True)
+        ]
+        data = {
+            "request_id": [r.request_id for r in reqs],
+            "session_id": [r.session_id for r in reqs],
+            "turn": [r.turn for r in reqs],
+            "arrival_time": self.arrival,
+            "first_token_time": [ts[0] if ts else NAN for ts in self.token_times],
+            "finish_time": self.finish,
+            "token_times": self.token_times,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": out,
+            "cached_tokens": self.cached_tokens,
+            "num_preemptions": self.preemptions,
+            "error": self.error,
+        }
+        requests = pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
+        steps = (
+            pd.DataFrame(self._steps, columns=list(STEP_COLUMNS)) if self._steps else empty_steps()
+        )
+        return RunResult(
+            requests=requests,
+            steps=steps,
+            duration_s=duration_s,
+            engine_stats=dict(engine_stats or {}),
+        )

@@ -1,0 +1,75 @@
+"""Checkpoints for the model tests: our init-model output and transformers-made ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=4096,
+)
+
+
+def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random values everywhere, biases and norm weights included, so that none is vacuous."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else 0.05 * noise)
+    return model
+
+
+def save_hf(folder: Path, family: str, seed: int = 0, **overrides: object) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    if family == "qwen2":
+        config = Qwen2Config(**(TINY | {"tie_word_embeddings": True} | overrides))
+        model = Qwen2ForCausalLM(config)
+    else:
+        config = LlamaConfig(**(TINY | overrides))
+        model = LlamaForCausalLM(config)
+    _perturbed(model, seed).save_pretrained(
+        folder, **({"max_shard_size": "100KB"} if family == "sharded" else {})
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from slotune.engine.model.init_model import init_model
+
+    return init_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    return save_hf(
+        tmp_path_factory.mktemp("llama3"), "llama", seed=1, rope_theta=10000.0, rope_scaling=scaling
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("qwen2"), "qwen2", seed=2)
+
+
+@pytest.fixture(scope="session")
+def sharded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("sharded"), "sharded", seed=3)

@@ -1,0 +1,144 @@
+"""Reading stored results: token-time lists, runs with missing parts, the study, the CSV."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+from slotune.reports.best import slo_targets_ms, slo_text
+from slotune.reports.columns import REQUEST_COLUMNS, STEP_COLUMNS
+from slotune.reports.runs import load_run, parse_token_times, percentile
+from slotune.reports.trials import load_csv_trials, load_study_trials
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("[0.1, 0.2, 0.35]", [0.1, 0.2, 0.35]),
+        ("(0.1,0.2)", [0.1, 0.2]),
+        ("0.1 0.2;0.3", [0.1, 0.2, 0.3]),
+        ("[]", []),
+        ("", []),
+        (float("nan"), []),
+        (None, []),
+        ([1, 2], [1.0, 2.0]),
+        (1.5, [1.5]),
+    ],
+)
+def test_token_times_parse_from_any_serialization(cell: object, expected: list[float]) -> None:
+    assert parse_token_times(cell) == pytest.approx(expected)
+
+
+def _write_requests(run_dir: Path, rows: list[dict[str, object]]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows).rename(columns=REQUEST_COLUMNS)
+    frame.to_csv(run_dir / "requests.csv", index=False)
+
+
+def test_run_latencies_follow_bench_serve_definitions(tmp_path: Path) -> None:
+    _write_requests(
+        tmp_path,
+        [
+            {"arrival": 1.0, "first_token": 1.2, "finish": 1.5, "output_tokens": 4,
+             "token_times": json.dumps([1.2, 1.3, 1.4, 1.5]), "error": None},
+            {"arrival": 2.0, "first_token": 2.1, "finish": 2.1, "output_tokens": 1,
+             "token_times": "[2.1]", "error": None},
+            {"arrival": 3.0, "first_token": 3.5, "finish": 9.0, "output_tokens": 3,
+             "token_times": "[3.5, 4, 9]", "error": "timeout"},
+        ],
+    )
+    run = load_run(tmp_path, "r")
+    assert run.requests["ttft_ms"].tolist()[:2] == pytest.approx([200.0, 100.0])
+    assert run.requests["tpot_ms"].iloc[0] == pytest.approx(100.0)
+    assert np.isnan(run.requests["tpot_ms"].iloc[1])
+    assert np.isnan(run.requests["ttft_ms"].iloc[2]), "failed requests have no latency"
+    assert sorted(run.itl_ms.round(6)) == pytest.approx([100.0, 100.0, 100.0])
+    assert percentile(run, "ttft_ms", "p50") == pytest.approx(150.0)
+
+
+def test_run_prefers_stored_summary_percentiles(tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "summary.json").write_text(json.dumps({"ttft_ms": {"p99": 123.0}}))
+    run = load_run(tmp_path, "r")
+    assert percentile(run, "ttft_ms", "p99") == 123.0
+    assert percentile(run, "tpot_ms", "p99") is None
+
+
+def test_missing_run_files_give_empty_tables(tmp_path: Path) -> None:
+    run = load_run(tmp_path / "absent", "r")
+    assert run.summary == {}
+    assert run.requests.empty and run.steps.empty
+    assert set(STEP_COLUMNS) <= set(run.steps.columns)
+
+
+def test_steps_time_is_relative_and_kv_percent_becomes_share(tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    pd.DataFrame({STEP_COLUMNS["time"]: [10.0, 10.5], STEP_COLUMNS["kv_usage"]: [50.0, 90.0]}).to_csv(
+        tmp_path / "steps.csv", index=False
+    )
+    run = load_run(tmp_path, "r")
+    assert run.steps["time"].tolist() == [0.0, 0.5]
+    assert run.steps["kv_usage"].tolist() == pytest.approx([0.5, 0.9])
+
+
+def test_slo_targets_from_text_and_parsed_forms() -> None:
+    assert slo_targets_ms({"slo": "ttft=300ms,tpot=0.05s"}) == {"ttft": 300.0, "tpot": 50.0}
+    parsed = {"slo": {"ttft": {"threshold_ms": 250.0, "percentile": None}}}
+    assert slo_targets_ms(parsed) == {"ttft": 250.0}
+    assert slo_text(parsed) == "ttft=250ms"
+    assert slo_targets_ms({"slo": "nonsense"}) == {}
+    assert slo_targets_ms({}) == {}
+
+
+def test_study_trials_carry_feasibility_metrics_and_importances(tune_dir: Path) -> None:
+    trials = load_study_trials(tune_dir / "study.db", "slotune-test", "goodput")
+    frame = trials.frame
+    assert len(frame) == 40
+    assert set(frame["state"]) == {"COMPLETE", "FAIL", "PRUNED"}
+    assert frame["feasible"].any() and not frame["feasible"].all()
+    assert "ttft_ms_p99" in frame and "goodput" in frame
+    assert trials.objective_names == ("goodput",)
+    assert trials.directions == ("maximize",)
+    assert "max_num_batched_tokens" in trials.param_names
+    assert trials.importances and sum(trials.importances.values()) == pytest.approx(1.0)
+    assert trials.importance_note is None
+
+
+def _tiny_study(path: Path, values: list[float], params: list[dict[str, object]]) -> None:
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{path}", direction="maximize")
+    dists = {"x": FloatDistribution(0, 10), "mode": CategoricalDistribution(["a", "b"])}
+    study.add_trials(
+        [
+            optuna.trial.create_trial(value=v, params=p, distributions=dists)
+            for v, p in zip(values, params, strict=True)
+        ]
+    )
+
+
+def test_importances_with_one_trial_explain_why_missing(tmp_path: Path) -> None:
+    _tiny_study(tmp_path / "s.db", [1.0], [{"x": 1.0, "mode": "a"}])
+    trials = load_study_trials(tmp_path / "s.db", "s", "goodput")
+    assert trials.importances == {}
+    assert "at least 2 completed trials" in (trials.importance_note or "")
+
+
+def test_importances_with_single_valued_params_do_not_crash(tmp_path: Path) -> None:
+    params = [{"x": 2.0, "mode": "a"}] * 5
+    _tiny_study(tmp_path / "s.db", [1.0, 2.0, 3.0, 4.0, 5.0], params)
+    trials = load_study_trials(tmp_path / "s.db", "s", None)
+    assert trials.objective_names == ("objective",)
+    assert trials.importances == {} or set(trials.importances) <= {"x", "mode"}
+
+
+def test_csv_fallback_reads_optuna_trials_dataframe(tune_dir: Path) -> None:
+    trials = load_csv_trials(tune_dir / "trials.csv", "goodput", ("maximize",))
+    assert len(trials.frame) == 40
+    assert "value_0" in trials.frame and "ttft_ms_p99" in trials.frame
+    assert trials.frame["feasible"].dtype == bool
+    assert trials.importances == {} and "no study.db" in (trials.importance_note or "")

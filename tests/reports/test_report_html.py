@@ -1,0 +1,153 @@
+"""The built HTML file: self-contained, complete, robust to missing keys; the CLI command."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import plotly
+import pytest
+from typer.testing import CliRunner
+
+from slotune.cli.app import app
+from slotune.reports import build_bench_report, build_report
+from slotune.reports.sections import recommendation_sentence
+from tests.reports.synthetic import write_out_dir
+
+PLOTLY_BANNER = f"plotly.js v{plotly.__version__}"
+
+
+def _figure_keys(html: str) -> list[str]:
+    return re.findall(r'<div class="figure" id="fig-[^"]+" data-figure="([^"]+)"', html)
+
+
+def test_report_is_one_self_contained_file(tune_report: Path) -> None:
+    html = tune_report.read_text()
+    assert tune_report.name == "report.html"
+    assert "<script src" not in html.lower(), "no external scripts"
+    assert not re.search(r"<link[^>]+href=\"https?:", html), "no external stylesheets"
+    assert html.count("* plotly.js v") == 1, "plotly's JavaScript is inline exactly once"
+
+
+def test_report_has_every_section_and_figure(tune_report: Path) -> None:
+    html = tune_report.read_text()
+    for section in ("recommendation", "diagnostics", "behaviour", "search", "trials", "provenance"):
+        assert f'<section id="{section}">' in html
+    assert _figure_keys(html) == [
+        "ttft_cdf", "tpot_cdf", "itl", "kv", "batch", "queues", "preemption_cache",
+        "history", "importances", "slices", "contour",
+    ]
+    for key in _figure_keys(html):
+        assert f'<script type="application/json" id="data-{key}">' in html
+
+
+def test_recommendation_states_config_metrics_gain_and_commands(
+    tune_report: Path, best: dict[str, Any]
+) -> None:
+    html = unescape(tune_report.read_text())
+    sentence = recommendation_sentence(best)
+    assert sentence in html
+    gain = best["metrics"]["goodput"] / best["baseline"]["metrics"]["goodput"] - 1
+    assert f"{100 * gain:+.1f}% over vLLM's defaults" in sentence
+    assert f"{100 * best['metrics']['slo_attainment']:.1f}% of requests" in sentence
+    changed = [k for k, v in best["config"].items() if best["baseline"]["config"][k] != v]
+    for key in changed:
+        assert f"{key}={best['config'][key]}" in sentence
+    assert best["commands"]["vllm"] in html and best["commands"]["sglang"] in html
+    assert html.count('class="copy"') == 2
+
+
+def test_trials_table_lists_every_trial(tune_report: Path) -> None:
+    html = tune_report.read_text()
+    table = html[html.index('id="trials-table"') :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr>") == 1 + 40
+    assert "infeasible" in table
+
+
+def test_pareto_study_gets_a_pareto_front(pareto_dir: Path, tmp_path: Path) -> None:
+    path = build_report(pareto_dir, tmp_path / "r.html")
+    assert path == tmp_path / "r.html"
+    assert "pareto" in _figure_keys(path.read_text())
+
+
+def test_minimal_best_json_shows_na_instead_of_crashing(tmp_path: Path, tune_dir: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(tune_dir / "study.db", out / "study.db")
+    (out / "best.json").write_text(json.dumps({"config": {"max_num_batched_tokens": 4096}}))
+    html = unescape(build_report(out).read_text())
+    assert "max_num_batched_tokens=4096" in html
+    assert "n/a" in html
+    assert "No stored runs" in html
+    assert "history" in _figure_keys(html), "the study alone still draws the search"
+
+
+def test_trials_csv_is_used_without_a_study(tmp_path: Path, tune_dir: Path, best: dict) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(tune_dir / "trials.csv", out / "trials.csv")
+    (out / "best.json").write_text(json.dumps(best))
+    html = build_report(out).read_text()
+    assert "history" in _figure_keys(html)
+    assert "no study.db to evaluate them on" in html
+
+
+def test_user_text_is_escaped(tmp_path: Path, best: dict) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "best.json").write_text(json.dumps({**best, "model": "<script>alert(1)</script>"}))
+    (out / "study.db").write_bytes(b"")
+    html = build_report(out).read_text()
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_bench_report_shows_one_run(tune_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "bench"
+    shutil.copytree(tune_dir / "runs" / "best", run_dir)
+    html = build_bench_report(run_dir).read_text()
+    assert _figure_keys(html) == [
+        "ttft_cdf", "tpot_cdf", "itl", "kv", "batch", "queues", "preemption_cache",
+    ]
+    assert 'data-diagnostic="hol"' in html
+    assert html.count("* plotly.js v") == 1
+
+
+def test_200_trial_report_stays_under_10_mb(tmp_path: Path) -> None:
+    out = tmp_path / "big"
+    write_out_dir(out, n_trials=200, n_requests=1000)
+    html = build_report(out)
+    size = html.stat().st_size
+    assert size < 10 * 1024 * 1024, f"{size / 1e6:.1f} MB"
+    table = html.read_text()
+    assert table.count('<tr><td data-sort="') >= 200
+
+
+def test_cli_report_rebuilds_from_stored_results(tune_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "again.html"
+    result = CliRunner().invoke(app, ["report", str(tune_dir), "--output", str(target)])
+    assert result.exit_code == 0, result.output
+    assert target.is_file() and "wrote tune report" in result.output
+
+
+def test_cli_report_detects_a_bench_folder(tune_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "bench"
+    shutil.copytree(tune_dir / "runs" / "baseline", run_dir)
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "report.html").is_file() and "bench report" in result.output
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_cli_report_rejects_folders_that_are_not_results(tmp_path: Path, make: str) -> None:
+    folder = tmp_path / "x"
+    if make == "empty":
+        folder.mkdir()
+    result = CliRunner().invoke(app, ["report", str(folder)])
+    assert result.exit_code == 2
+    assert "error:" in result.output

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slotune.workloads import ArrivalSpec, arrival_times
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_arrivals_mean_and_coefficient_of_variation(burstiness: float) -> None:
+    rate = 5.0
+    times = arrival_times(ArrivalSpec(rate=rate, burstiness=burstiness), 40_001, seed=7)
+    gaps = np.diff(times)
+    assert times[0] == 0.0
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
+    # vLLM's gamma: shape = burstiness, scale = 1 / (rate * burstiness) -> CV = 1/sqrt(burstiness)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.04)
+
+
+def test_poisson_is_reproducible_per_seed() -> None:
+    spec = ArrivalSpec(rate=2.0)
+    assert arrival_times(spec, 50, seed=1) == arrival_times(spec, 50, seed=1)
+    assert arrival_times(spec, 50, seed=1) != arrival_times(spec, 50, seed=2)
+
+
+def test_constant_all_at_once_and_timestamps() -> None:
+    assert arrival_times(ArrivalSpec(rate=4.0, constant=True), 4) == [0.0, 0.25, 0.5, 0.75]
+    assert arrival_times(ArrivalSpec(), 3) == [0.0, 0.0, 0.0]
+    assert arrival_times(ArrivalSpec(concurrency=2), 3) == [0.0, 0.0, 0.0]
+    spec = ArrivalSpec(timestamps=True, time_scale=2.0)
+    assert arrival_times(spec, 3, trace_times=[5.0, 6.0, 8.5]) == [0.0, 2.0, 7.0]
+    with pytest.raises(ValueError, match="no timestamps"):
+        arrival_times(spec, 2, trace_times=[None, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"rate": 0}, "rate: must be > 0"),
+        ({"rate": 1, "burstiness": 0}, "burstiness: must be > 0"),
+        ({"burstiness": 2}, "burstiness: needs a rate"),
+        ({"concurrency": 0}, "concurrency: must be an integer >= 1"),
+        ({"constant": True}, "constant: needs a rate"),
+        ({"timestamps": True, "rate": 3}, "either timestamps=True or a rate"),
+        ({"timestamps": True, "time_scale": -1}, "time_scale: must be > 0"),
+    ],
+)
+def test_invalid_specs(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        ArrivalSpec(**kwargs)
+
+
+def test_describe() -> None:
+    assert ArrivalSpec(rate=3, burstiness=0.5).describe() == "gamma(burstiness=0.5) at 3 req/s"
+    assert ArrivalSpec(concurrency=8).describe() == "closed loop, concurrency 8"
+    assert ArrivalSpec().describe() == "all at once"

@@ -1,0 +1,79 @@
+"""Generators and the bundled traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slotune.workloads import BUNDLED, AgentParams, agent_sessions, load_trace, shared_prefix, sharegpt_like
+from slotune.workloads.load import bundled_path
+
+
+def test_sharegpt_like_matches_published_means() -> None:
+    trace = sharegpt_like(2000, seed=5)
+    p = np.array([r.prompt_len for r in trace])
+    o = np.array([r.output_len for r in trace])
+    assert 200 < p.mean() < 260 and 170 < o.mean() < 230
+    assert p.min() >= 4 and p.max() <= 1024 and (p + o).max() <= 2048 and o.min() >= 4
+
+
+def test_generators_are_deterministic() -> None:
+    a, b = agent_sessions(seed=3), agent_sessions(seed=3)
+    assert a.requests == b.requests
+    assert a.own_prompt_token_ids() == b.own_prompt_token_ids()
+    assert agent_sessions(seed=4).requests != a.requests
+
+
+def test_agent_sessions_share_system_prompt_and_tools_across_sessions() -> None:
+    params = AgentParams(num_sessions=6, num_agents=2, system_prompt_len=100, tools_len=50)
+    trace = agent_sessions(params, seed=1)
+    firsts = [i for i, r in enumerate(trace) if r.turn == 0]
+    ids = trace.own_prompt_token_ids()
+    # sessions 0, 2, 4 use agent 0; 1, 3, 5 agent 1
+    assert ids[firsts[0]][:150] == ids[firsts[2]][:150] == ids[firsts[4]][:150]
+    assert ids[firsts[0]][:150] != ids[firsts[1]][:150]
+    assert ids[firsts[0]][150:] != ids[firsts[2]][150:]  # each task is its own
+    later = [r for r in trace if r.turn > 0]
+    assert later and all(r.parent_id and r.think_time_s > 0 for r in later)
+    assert max(trace.full_prompt_lengths()) + max(r.output_len for r in trace) <= params.max_context_len + 2048
+
+
+def test_shared_prefix_groups() -> None:
+    trace = shared_prefix(num_groups=3, requests_per_group=4, system_prompt_len=64, seed=0)
+    ids = trace.own_prompt_token_ids()
+    groups: dict[str, list[list[int]]] = {}
+    for r, x in zip(trace, ids, strict=True):
+        groups.setdefault(r.request_id.split("-")[0], []).append(x)
+    assert len(groups) == 3
+    for members in groups.values():
+        assert all(m[:64] == members[0][:64] for m in members)
+    assert trace.stats()["prefix_sharing_ratio"] > 0.2
+
+
+@pytest.mark.parametrize("name", list(BUNDLED))
+def test_bundled_traces_load_with_stats(name: str) -> None:
+    trace = load_trace(name)
+    stats = trace.stats()
+    assert trace.name == name and stats["requests"] == len(trace) >= 200
+    assert bundled_path(name).stat().st_size < 100_000
+    if name in ("agent", "shared-prefix"):
+        assert stats["prefix_sharing_ratio"] > 0.5
+    if name == "agent":
+        assert stats["sessions"] >= 32
+    if name == "sharegpt-like":
+        assert 200 < stats["prompt_len"]["mean"] < 260 and 170 < stats["output_len"]["mean"] < 230
+    assert max(trace.full_prompt_lengths()) <= 8192
+    assert load_trace(name, num_requests=50).requests == trace.requests[:50]
+
+
+def test_bundled_files_match_the_generator_script(tmp_path) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "traces" / "make_traces.py"
+    spec = importlib.util.spec_from_file_location("make_traces", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path)
+    for name in BUNDLED:
+        assert (tmp_path / f"{name}.jsonl").read_text() == bundled_path(name).read_text()

@@ -1,0 +1,162 @@
+"""The runner's bookkeeping, driven against a tiny fake engine on the virtual clock."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from slotune.workloads import ArrivalSpec, Trace, TraceRequest, agent_sessions, summarize
+from slotune.workloads.generators import AgentParams, LengthDist
+from slotune.workloads.runner.engine_loop import VirtualClock, drive_engine, run_engine
+
+from .conftest import FakeEngine
+
+
+def _simple_trace(n: int = 20, prompt: int = 40, output: int = 8) -> Trace:
+    reqs = tuple(TraceRequest(request_id=f"r{i}", prompt_len=prompt, output_len=output) for i in range(n))
+    return Trace(name="t", requests=reqs)
+
+
+def _run(trace: Trace, arrivals: ArrivalSpec, engine: FakeEngine | None = None):
+    engine = engine or FakeEngine()
+    return engine, drive_engine(engine, trace, arrivals, VirtualClock())
+
+
+def test_every_request_finishes_with_its_output_length() -> None:
+    _, res = _run(_simple_trace(), ArrivalSpec(rate=50, burstiness=0.5))
+    df = res.requests
+    assert df["error"].isna().all()
+    assert (df["output_tokens"] == 8).all()
+    assert all(len(ts) == 8 for ts in df["token_times"])
+    assert (df["first_token_time"] > df["arrival_time"]).all()
+    assert (df["finish_time"] >= df["first_token_time"]).all()
+    assert res.duration_s == pytest.approx(df["finish_time"].max())
+
+
+def test_virtual_clock_does_not_sleep_and_advances_by_step_durations() -> None:
+    trace = _simple_trace(n=5)
+    started = time.perf_counter()
+    engine, res = _run(trace, ArrivalSpec(rate=0.01, constant=True))  # 100 s apart
+    assert time.perf_counter() - started < 5.0  # hundreds of virtual seconds, no sleeping
+    assert res.duration_s > 400
+    assert len(res.steps) == 5 * 8
+    # the idle engine jumps to each arrival: first token = arrival + prefill step
+    prefill_step = engine.base_s + engine.per_token_s * 40
+    ttft = res.requests["first_token_time"] - res.requests["arrival_time"]
+    assert np.allclose(ttft, prefill_step)
+    assert res.steps["time"].is_monotonic_increasing
+
+
+def test_arrival_during_a_step_keeps_its_true_arrival_time() -> None:
+    engine, res = _run(_simple_trace(n=30), ArrivalSpec(rate=400))
+    for rid, (_, arrival) in engine.added.items():
+        assert arrival == pytest.approx(res.requests.set_index("request_id").loc[rid, "arrival_time"])
+    df = res.requests
+    # requests added at a step boundary after they arrived: their waiting counts in TTFT
+    assert (df["first_token_time"] - df["arrival_time"] >= engine.base_s - 1e-12).all()
+
+
+def test_closed_loop_concurrency_caps_requests_in_flight() -> None:
+    _, res = _run(_simple_trace(n=24), ArrivalSpec(concurrency=3))
+    df = res.requests.sort_values("arrival_time")
+    events = [(t, 1) for t in df["arrival_time"]] + [(t, -1) for t in df["finish_time"]]
+    in_flight = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # finishes before starts at a tie
+        in_flight += delta
+        peak = max(peak, in_flight)
+    assert peak == 3
+    # each new request starts exactly when an earlier one finished
+    finishes = set(np.round(df["finish_time"], 9))
+    later = df["arrival_time"].iloc[3:]
+    assert all(round(t, 9) in finishes for t in later)
+
+
+def _agent_trace() -> Trace:
+    params = AgentParams(num_sessions=6, turns=(3, 4), num_agents=2, system_prompt_len=64,
+                         tools_len=64, task=LengthDist(20, 0.3, 8, 64),
+                         tool_result=LengthDist(30, 0.3, 8, 64), output=LengthDist(6, 0.3, 2, 12))
+    return agent_sessions(params, seed=3)
+
+
+def test_agent_turns_start_after_previous_turn_ends_plus_tool_time() -> None:
+    trace = _agent_trace()
+    engine, res = _run(trace, ArrivalSpec())
+    df = res.requests.set_index("request_id")
+    checked = 0
+    for r in trace:
+        if r.parent_id is None:
+            continue
+        parent_end = df.loc[r.parent_id, "finish_time"]
+        assert df.loc[r.request_id, "arrival_time"] >= parent_end + r.think_time_s - 1e-9
+        assert df.loc[r.request_id, "arrival_time"] == pytest.approx(parent_end + r.think_time_s)
+        checked += 1
+    assert checked >= 12
+
+
+def test_turn_prompt_is_parent_prompt_plus_actual_output_plus_own_tokens() -> None:
+    trace = _agent_trace()
+    engine, _ = _run(trace, ArrivalSpec(concurrency=2))
+    own = trace.own_prompt_token_ids()
+    by_id = {r.request_id: i for i, r in enumerate(trace)}
+    for r in trace:
+        prompt, _ = engine.added[r.request_id]
+        if r.parent_id is None:
+            assert prompt == own[by_id[r.request_id]]
+            continue
+        parent_prompt, _ = engine.added[r.parent_id]
+        parent_out = [1000 + k for k in range(trace.requests[by_id[r.parent_id]].output_len)]
+        assert prompt == parent_prompt + parent_out + own[by_id[r.request_id]]
+    # sessions of the same agent share the system prompt and tools: real prefix hits
+    assert engine.stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_concurrency_counts_sessions_not_turns() -> None:
+    trace = _agent_trace()
+    _, res = _run(trace, ArrivalSpec(concurrency=2))
+    df = res.requests
+    spans = df.groupby("session_id").agg(start=("arrival_time", "min"), end=("finish_time", "max"))
+    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]],
+                    key=lambda e: (e[0], e[1]))
+    active = peak = 0
+    for _, d in events:
+        active += d
+        peak = max(peak, active)
+    assert peak == 2
+
+
+def test_rejected_request_is_recorded_and_the_run_continues() -> None:
+    reqs = [TraceRequest(request_id=f"r{i}", prompt_len=5000 if i == 2 else 30, output_len=4)
+            for i in range(6)]
+    _, res = _run(Trace(name="t", requests=tuple(reqs)), ArrivalSpec(rate=10))
+    df = res.requests.set_index("request_id")
+    assert df.loc["r2", "error"].startswith("rejected:")
+    assert df.drop(index="r2")["error"].isna().all()
+    s = summarize(res)
+    assert (s["completed"], s["failed"]) == (5, 1)
+
+
+def test_timestamps_with_time_scale() -> None:
+    reqs = tuple(TraceRequest(request_id=f"r{i}", prompt_len=10, output_len=2, arrival_time=10.0 + i)
+                 for i in range(4))
+    _, res = _run(Trace(name="t", requests=reqs), ArrivalSpec(timestamps=True, time_scale=0.5))
+    assert res.requests["arrival_time"].tolist() == [0.0, 0.5, 1.0, 1.5]
+
+
+def test_steps_table_matches_engine_steps() -> None:
+    engine, res = _run(_simple_trace(n=10), ArrivalSpec())
+    assert len(res.steps) == engine.stats()["steps"]
+    assert (res.steps["num_scheduled_tokens"] == res.steps["num_prefill_tokens"]
+            + res.steps["num_decode_tokens"]).all()
+    assert res.steps["duration_s"].sum() == pytest.approx(res.duration_s)
+
+
+def test_wall_clock_runner_records_real_times() -> None:
+    engine = FakeEngine(base_s=0.0, per_token_s=0.0)
+    res = run_engine(engine, _simple_trace(n=4, output=3), ArrivalSpec(rate=50, constant=True))
+    df = res.requests
+    assert df["error"].isna().all()
+    assert (df["first_token_time"] >= df["arrival_time"]).all()
+    assert df["arrival_time"].tolist() == pytest.approx([0.0, 0.02, 0.04, 0.06])
+    assert res.duration_s >= 0.06
