@@ -38,7 +38,8 @@ def main(out_dir: Path = DATA_DIR) -> None:
         print(
             f"{path}: {stats['requests']} requests, {stats['sessions']} sessions, "
             f"prompt mean {stats['prompt_len']['mean']:.0f}, output mean "
-            f"{stats['output_len']['mean']:.0f}, prefix sharing {stats['prefix_sharing_ratio']:.2f}, "
+            f"{stats['output_len']['mean']:.0f}, "
+            f"prefix sharing {stats['prefix_sharing_ratio']:.2f}, "
             f"{path.stat().st_size // 1024} KiB"
         )
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from slotune.cli.app import app
 
@@ -22,20 +23,21 @@ def export(
     from slotune.tuner.export import FORMATS
     from slotune.tuner.export import export as render
 
-    err = Console(stderr=True)
     if format not in FORMATS:
-        err.print(f"[red]error:[/red] --format: unknown format {format!r}; use one of "
-                  f"{', '.join(FORMATS)}", highlight=False)
-        raise typer.Exit(2)
+        _fail(f"--format: unknown format {format!r}; use one of {', '.join(FORMATS)}")
     try:
         data = json.loads(best.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ValueError("no \"config\" mapping; expected the best.json of `slotune tune`")
         text = render(data, format)
     except OSError as e:
-        err.print(f"[red]error:[/red] {best}: cannot read ({e.strerror})", highlight=False)
-        raise typer.Exit(2) from None
+        _fail(f"{best}: cannot read ({e.strerror})")
     except ValueError as e:
-        err.print(f"[red]error:[/red] {best}: {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(f"{best}: {e}")
     typer.echo(text)
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False,
+                               soft_wrap=True)
+    raise typer.Exit(2)

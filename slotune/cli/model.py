@@ -36,3 +36,60 @@ def init_model_command(
         f"{p.num_hidden_layers} layers, hidden {p.hidden_size}, "
         f"{p.num_attention_heads} heads ({p.num_key_value_heads} KV), vocab {p.vocab_size}"
     )
+
+
+@app.command("calibrate")
+def calibrate_command(
+    model: Annotated[str, typer.Option("--model", help="Local HF checkpoint folder.")],
+    out: Annotated[Path, typer.Option("--out", help="Profile JSON to write.")] = Path(
+        "profile.json"
+    ),
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    attention: Annotated[
+        str, typer.Option("--attention", help="auto, torch, triton or flash.")
+    ] = "auto",
+    block_size: Annotated[int, typer.Option("--block-size", help="KV block size.")] = 16,
+    threads: Annotated[
+        int, typer.Option("--threads", help="CPU threads for torch (0: torch's default).")
+    ] = 0,
+) -> None:
+    """Profile the real model on this machine and fit a GPU profile for the simulator.
+
+    The profile file works wherever a GPU name does: `--gpu profile.json`.
+    """
+    console = Console()
+    if device not in ("auto", "cpu", "cuda"):
+        console.print(f"[red]error:[/] --device {device!r} must be auto, cpu or cuda")
+        raise typer.Exit(2)
+    if not (Path(model) / "config.json").is_file():
+        console.print(f"[red]error:[/] --model {model!r} is not a folder with a config.json")
+        raise typer.Exit(2)
+    import json
+    import statistics
+
+    import torch
+
+    from slotune.engine.model.calibrate import calibrate, profile_json
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        result = calibrate(
+            model,
+            device=device,
+            attention=attention,
+            block_size=block_size,
+            progress=lambda msg: console.print(f"[dim]{msg}[/]"),
+        )
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile_json(result), indent=2) + "\n")
+    errors = sorted(abs(e) for e in result.errors_pct())
+    p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))]
+    console.print(
+        f"wrote [bold]{out}[/]: {len(errors)} step shapes, cost-model error "
+        f"median {statistics.median(errors):.1f}%, p90 {p90:.1f}%; "
+        f"use it as [bold]--gpu {out}[/]"
+    )

@@ -45,25 +45,30 @@ def _load(
 
 
 def _stats_table(rows: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title)
-    for col in (
+    table = Table(title=title, box=None, pad_edge=False, header_style="bold")
+    headers = (
         "trace",
-        "requests",
-        "sessions",
-        "prompt mean/p50/p99",
-        "output mean/p50/p99",
-        "prefix sharing",
-        "timestamps",
-    ):
-        table.add_column(col, justify="left" if col == "trace" else "right", no_wrap=col == "trace")
+        "reqs",
+        "sess",
+        "in mean",
+        "in p99",
+        "out mean",
+        "out p99",
+        "prefix",
+        "times",
+    )
+    for col in headers:
+        table.add_column(col, justify="left" if col == "trace" else "right", no_wrap=True)
     for s in rows:
         p, o = s["prompt_len"], s["output_len"]
         table.add_row(
             s["name"],
             str(s["requests"]),
             str(s["sessions"] or "-"),
-            f"{p['mean']:.0f} / {p['p50']:.0f} / {p['p99']:.0f}",
-            f"{o['mean']:.0f} / {o['p50']:.0f} / {o['p99']:.0f}",
+            f"{p['mean']:.0f}",
+            f"{p['p99']:.0f}",
+            f"{o['mean']:.0f}",
+            f"{o['p99']:.0f}",
             f"{s['prefix_sharing_ratio']:.0%}",
             "yes" if s["has_timestamps"] else "no",
         )
@@ -94,7 +99,7 @@ def list_traces(as_json: bool = typer.Option(False, "--json", help="Print JSON."
         return
     console = Console()
     console.print(
-        _stats_table(rows, "Bundled traces (token lengths; prompt includes session history)")
+        _stats_table(rows, "Bundled traces (tokens; a turn's prompt includes its history)")
     )
     for s in rows:
         console.print(f"  [bold]{s['name']}[/bold]: {s['description']}", highlight=False)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from slotune.cli.app import app
 
@@ -18,7 +19,8 @@ def _opt(flag: str, help_text: str) -> Any:
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False,
+                               soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -109,7 +111,8 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         remaining = min(remaining, size - studies.count_finished(study))
         _console.print(f"Grid: {size} configurations in the discretized space.")
     try:
-        _optimize(place, studies.count_finished(study), setup, baseline, remaining, options)
+        _optimize(place, studies.count_finished(study), setup, baseline, remaining, options,
+                  evaluator)
     except KeyboardInterrupt:
         done = studies.count_finished(study)
         Console(stderr=True).print(
@@ -123,11 +126,14 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
 
 
 def _print_plan(setup: Any, place: Any, trace: Any) -> None:
+    load = setup.load.describe()
+    if setup.objective == "goodput":
+        load = "the request rate is searched per trial (Poisson, 2% steps)"
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
         f"objective {setup.objective}, trace {setup.trace} ({len(trace)} requests), "
-        f"load {setup.load.describe()}, sampler {setup.sampler}, study {place.name}.",
+        f"load {load}, sampler {setup.sampler}, study {place.name}.",
         highlight=False,
     )
     for note in setup.notes:
@@ -135,7 +141,7 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
 
 
 def _optimize(place: Any, start: int, setup: Any, baseline: dict[str, Any], remaining: int,
-              options: Any) -> None:
+              options: Any, evaluator: Any) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slotune.tuner import study as studies
@@ -156,7 +162,8 @@ def _optimize(place: Any, start: int, setup: Any, baseline: dict[str, Any], rema
                             best=_best_text(setup, best, baseline))
 
         studies.run_workers(place.storage, place.name, remaining, options.n_jobs,
-                            timeout=options.timeout, on_progress=on_progress)
+                            timeout=options.timeout, on_progress=on_progress,
+                            evaluator=evaluator)
 
 
 def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:

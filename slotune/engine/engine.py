@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from slotune.engine.config import EngineConfig
@@ -109,8 +110,11 @@ class Engine:
             raise ValueError(f"{where}: params must be SamplingParams (got {type(params)})")
         if not prompt:
             raise ValueError(f"{where}: empty prompt; a prompt needs at least one token")
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
-            raise ValueError(f"{where}: prompt_token_ids must be non-negative integers")
+        try:
+            if min(array("q", prompt)) < 0:  # C-speed type and range check of every token
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{where}: prompt_token_ids must be non-negative integers") from None
         if len(prompt) > self.config.max_model_len:
             raise ValueError(
                 f"{where}: prompt of {len(prompt)} tokens exceeds max_model_len="
@@ -153,15 +157,15 @@ class Engine:
             scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
         outputs = scheduler.update_from_output(out, result)
         total = out.total_num_scheduled_tokens
-        self.last_step = StepStats(
-            duration_s=result.duration_s,
-            num_scheduled_tokens=total,
-            num_prefill_tokens=out.num_prefill_tokens,
-            num_decode_tokens=total - out.num_prefill_tokens,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            kv_cache_usage=usage,
-            num_preempted=len(out.preempted_request_ids),
+        self.last_step = StepStats(  # positional: measurably cheaper once per step
+            result.duration_s,
+            total,
+            out.num_prefill_tokens,
+            total - out.num_prefill_tokens,
+            len(scheduler.running),
+            len(scheduler.waiting),
+            usage,
+            len(out.preempted_request_ids),
         )
         return outputs
 

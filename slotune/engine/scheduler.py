@@ -36,6 +36,12 @@ def _needs_fork(request: Request) -> bool:
 
 
 class Scheduler:
+    """Owns the request queues; decides each step's batch and applies its results.
+
+    ``running`` is in admission order (the last is preempted first); ``waiting`` is FIFO
+    with preempted and swapped requests put back at its front.
+    """
+
     def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
         self.config = config
         self.kv_cache = kv_cache
@@ -56,10 +62,6 @@ class Scheduler:
         self.num_swap_ins = 0
         self.steps = 0
         self.max_step_tokens = 0
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.requests)
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -119,10 +121,19 @@ class Scheduler:
             computed = req.num_computed_tokens
             total = len(req.all_token_ids)
             n = total - computed
-            if n > 1:
-                n = min(n, self.threshold, budget, self.max_model_len - computed)
             rid = req.request_id
             rb = req_blocks[rid]
+            if n == 1 and req.output_token_ids:  # a decode: the hot path
+                if (computed >= rb.num_slots or rb.check_cow) and not (
+                    kv.allocate_slots(req, 1) or self._make_room(req, 1, out)
+                ):
+                    break
+                scheduled[rid] = 1
+                samples[rid] = 1
+                budget -= 1
+                continue
+            if n > 1:
+                n = min(n, self.threshold, budget, self.max_model_len - computed)
             if (
                 (computed + n > rb.num_slots or rb.check_cow)
                 and not kv.allocate_slots(req, n)
@@ -197,11 +208,10 @@ class Scheduler:
             self.fork_seats += seats - 1
             rid = req.request_id
             out.num_scheduled_tokens[rid] = n
-            computed = req.num_computed_tokens
-            if computed + n == len(req.all_token_ids):
+            if req.num_computed_tokens + n == len(req.all_token_ids):
                 out.num_samples[rid] = seats
-            if n > 1 or computed < len(req.prompt_token_ids):
-                out.num_prefill_tokens += n
+            if not swapped or n > 1 or not req.output_token_ids:
+                out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n
         return budget
 

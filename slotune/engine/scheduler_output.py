@@ -25,9 +25,10 @@ class SchedulerOutput:
 
     ``requests`` and ``block_tables`` are live views owned by the scheduler and the KV-cache
     manager: index them with the ids of ``num_scheduled_tokens`` during ``execute`` (they
-    may hold other requests too, and change after the step); copy what you keep. ``resumed_request_ids`` names requests that
-    were preempted before (recompute: they restart from a prefix-cache hit or token 0;
-    swap: their blocks come back through ``swap_in``).
+    may hold other requests too, and change after the step); copy what you keep.
+    ``resumed_request_ids`` names requests that were preempted before (recompute: they
+    restart from a prefix-cache hit or token 0; swap: their blocks come back through
+    ``swap_in``).
     """
 
     requests: dict[str, Request] = field(default_factory=dict)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from slotune.reports.html import definition_list, figure_block, note, page
 from slotune.reports.html import section as html_section
 from slotune.reports.runs import RunData, load_run, read_json
 from slotune.reports.sections import (
+    bench_provenance_items,
+    bench_summary_html,
     diagnostics_html,
-    metrics_table,
     provenance_html,
     provenance_items,
     recommendation_html,
@@ -38,19 +41,45 @@ def _blocks(figures: list[tuple[str, go.Figure | None]], pair: bool = False) -> 
 
 def load_trials(out_dir: Path, best: dict[str, Any]) -> TrialsData:
     objective = best.get("objective") if isinstance(best.get("objective"), str) else None
-    db = out_dir / "study.db"
-    if db.is_file():
-        return load_study_trials(db, best.get("study_name"), objective)
+    """The study (``study.db``, else the storage URL in best.json), else ``trials.csv``,
+    else no trials, with the reason."""
+    sources: list[str | Path] = []
+    if (out_dir / "study.db").is_file():
+        sources.append(out_dir / "study.db")
+    storage = best.get("storage")
+    if isinstance(storage, str) and storage and not storage.startswith("sqlite:"):
+        sources.append(storage)
+    problems = [] if sources else ["no study.db or storage URL was stored"]
+    for source in sources:
+        try:
+            trials = load_study_trials(source, best.get("study_name"), objective)
+            return replace(trials, source=_redact(source))
+        except Exception as exc:  # an unreadable study must not stop the rest of the report
+            problems.append(
+                _redact(
+                    f"{source} could not be read as an Optuna study ({type(exc).__name__}: {exc})"
+                )
+            )
     csv = out_dir / "trials.csv"
     if csv.is_file():
-        directions = best.get("directions") or ()
-        return load_csv_trials(csv, objective, tuple(directions))
-    return empty_trials()
+        try:
+            names = tuple(str(n) for n in best.get("metric_names") or ())
+            trials = load_csv_trials(csv, objective, tuple(best.get("directions") or ()), names)
+            return replace(trials, source=str(csv))
+        except (OSError, ValueError, KeyError) as exc:
+            problems.append(f"{csv} could not be read ({exc})")
+    return empty_trials("; ".join(problems))
+
+
+def _redact(source: str | Path) -> str:
+    """A storage URL without its password."""
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", str(source))
 
 
 def search_html(trials: TrialsData) -> str:
     if trials.completed.empty:
-        return note("No completed trials to plot.")
+        reason = f" ({trials.importance_note})" if trials.source == "none" else ""
+        return note(f"No completed trials to plot{reason}.")
     params = search.top_params(trials)
     parts = [_blocks([("history", search.history_figure(trials))])]
     parts.append(_blocks([("pareto", search.pareto_figure(trials))]))
@@ -120,6 +149,8 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     best = read_json(out_dir / "best.json")
     slo = slo_targets_ms(best)
     trials = load_trials(out_dir, best)
+    if isinstance(best.get("trial"), int):
+        trials = replace(trials, recommended=best["trial"])
     base = section(best, "baseline")
     candidates = [
         load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
@@ -138,7 +169,7 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         html_section(
             "provenance",
             "Provenance",
-            provenance_html(provenance_items(best, __version__, len(trials.frame))),
+            provenance_html(provenance_items(best, __version__, len(trials.frame), trials.source)),
         ),
     ]
     subtitle = (
@@ -161,20 +192,21 @@ def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) 
     summary = run.summary
     slo = slo_targets_ms(summary)
     trace = section(summary, "trace")
-    items = [
-        (k, str(summary[k]))
-        for k in ("slotune_version", "gpu", "model", "tp", "date")
-        if summary.get(k) is not None
-    ]
-    items += [(k, str(v)) for k, v in run.config.items()]
-    items.append(("slotune version (report)", __version__))
     sections = [
-        html_section("summary", "Summary", metrics_table([("run", summary)], slo)),
+        html_section("summary", "Summary", bench_summary_html(summary, run.config, slo)),
         html_section("diagnostics", "Diagnostics", _diagnostics_block([run], trace.get("stats"))),
         html_section("behaviour", "Behaviour", behaviour_html([run], slo)),
-        html_section("provenance", "Provenance", definition_list(items)),
+        html_section(
+            "provenance",
+            "Provenance",
+            definition_list(bench_provenance_items(summary, __version__)),
+        ),
     ]
-    subtitle = f"{summary.get('model', 'n/a')} on {summary.get('gpu', 'n/a')}"
+    target = summary.get("gpu") or summary.get("url") or summary.get("backend") or "n/a"
+    subtitle = (
+        f"{summary.get('model', 'n/a')} on {target} · SLO {slo_text(summary) or 'n/a'}"
+        f" · {summary.get('arrivals') or 'load n/a'}"
+    )
     path = Path(output) if output is not None else bench_dir / REPORT_NAME
     path.write_text(page("slotune bench report", subtitle, sections), encoding="utf-8")
     return path

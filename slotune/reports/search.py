@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from slotune.reports.style import BEST_LINE, FEASIBLE, INFEASIBLE, finish
+from slotune.reports.style import BEST_LINE, FEASIBLE, INFEASIBLE, RECOMMENDED, finish
 from slotune.reports.trials import TrialsData
 
 _GRID = 48
@@ -42,16 +42,19 @@ def _points(
     *,
     legend: bool = True,
 ) -> None:
+    """Feasible and infeasible trials; a trial without ``x`` (a conditional parameter it
+    never sampled) or ``y`` is left out."""
     feasible, infeasible = _split(trials)
     for frame, name, color, symbol in (
         (feasible, "feasible", FEASIBLE, "circle"),
         (infeasible, "infeasible", INFEASIBLE, "x"),
     ):
+        frame = frame.dropna(subset=[x, y])
         if frame.empty:
             continue
         fig.add_trace(
             go.Scatter(
-                x=frame[x].astype(object).where(frame[x].notna(), "None").tolist(),
+                x=frame[x].tolist(),
                 y=frame[y].tolist(),
                 mode="markers",
                 name=name,
@@ -64,6 +67,41 @@ def _points(
             row=row,
             col=col,
         )
+
+
+def _mark_recommended(
+    fig: go.Figure,
+    trials: TrialsData,
+    x: str,
+    y: str,
+    row: int | None = None,
+    col: int | None = None,
+    *,
+    legend: bool = True,
+) -> None:
+    done = trials.completed
+    chosen = done[done["number"] == trials.recommended]
+    if trials.recommended is None or chosen.empty:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=chosen[x].tolist(),
+            y=chosen[y].tolist(),
+            mode="markers",
+            name=f"recommended (trial {trials.recommended})",
+            legendgroup="recommended",
+            showlegend=legend,
+            marker={
+                "color": RECOMMENDED,
+                "symbol": "star",
+                "size": 16,
+                "line": {"color": "#111827", "width": 1},
+            },
+            hovertemplate=f"recommended: trial {trials.recommended}<br>%{{y:.4g}}<extra></extra>",
+        ),
+        row=row,
+        col=col,
+    )
 
 
 def _best_so_far(frame: pd.DataFrame, column: str, direction: str) -> pd.Series:
@@ -98,6 +136,7 @@ def history_figure(trials: TrialsData) -> go.Figure | None:
             row=i + 1,
             col=1,
         )
+        _mark_recommended(fig, trials, "number", column, row=i + 1, col=1, legend=i == 0)
         fig.update_yaxes(title_text=f"{name} ({direction})", row=i + 1, col=1)
     fig.update_xaxes(title_text="trial", row=n, col=1)
     return finish(fig, "Optimization history", height=320 + 180 * (n - 1))
@@ -211,9 +250,11 @@ def contour_figure(trials: TrialsData, params: list[str]) -> go.Figure | None:
     """The first objective over the two given parameters, interpolated between trials."""
     if len(params) < 2 or not trials.objective_names:
         return None
-    done = trials.completed.dropna(subset=["value_0"])
     px, py = (f"params_{p}" for p in params[:2])
-    if len(done) < 3 or px not in done or py not in done:
+    if px not in trials.frame or py not in trials.frame:
+        return None
+    done = trials.completed.dropna(subset=["value_0", px, py])
+    if len(done) < 3:
         return None
     x, x_axis = _coords(done[px])
     y, y_axis = _coords(done[py])
@@ -290,6 +331,7 @@ def pareto_figure(trials: TrialsData) -> go.Figure | None:
                 hovertemplate="%{text}<extra></extra>",
             )
         )
+    _mark_recommended(fig, trials, "value_0", "value_1")
     fig.update_xaxes(title_text=f"{trials.objective_names[0]} ({trials.directions[0]})")
     fig.update_yaxes(title_text=f"{trials.objective_names[1]} ({trials.directions[1]})")
     return finish(fig, "Pareto front", height=420)

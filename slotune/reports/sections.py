@@ -23,8 +23,11 @@ def stat(summary: dict[str, Any], metric: str, name: str | None = None) -> float
     return float(value) if fmt.is_number(value) else None
 
 
-def goodput_gain(best: dict[str, Any], baseline: dict[str, Any]) -> float | None:
-    ours, theirs = stat(best, "goodput"), stat(baseline, "goodput")
+def goodput_gain(
+    best: dict[str, Any], baseline: dict[str, Any], key: str = "goodput"
+) -> float | None:
+    """Relative gain of ``best[key]`` over ``baseline[key]`` (0.25 means 25% more)."""
+    ours, theirs = stat(best, key), stat(baseline, key)
     if ours is None or theirs is None or theirs <= 0:
         return None
     return ours / theirs - 1.0
@@ -41,37 +44,66 @@ def _config_keys(config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     return [k for k in CONFIG_FIELDS if k in config or k in baseline] + extra
 
 
+def _setting(config: dict[str, Any], base_config: dict[str, Any]) -> str:
+    changed = _changed(config, base_config)
+    if not config:
+        return "no configuration was stored"
+    if changed:
+        return "set " + ", ".join(f"{k}={config.get(k)}" for k in changed)
+    return "keep vLLM's defaults"
+
+
+def _gain_clause(best: dict[str, Any], base: dict[str, Any]) -> str:
+    """The gain over vLLM's defaults, on the tuner's max SLO-meeting rate when both runs
+    have one (``goodput_rps``), else on goodput at the test load."""
+    metrics, base_metrics = section(best, "metrics"), section(base, "metrics")
+    rps_gain = goodput_gain(best, base, "goodput_rps")
+    if rps_gain is not None:
+        return (
+            f"; it sustains up to {fmt.num(stat(best, 'goodput_rps'))} req/s within the SLO, "
+            f"{fmt.signed_pct(rps_gain)} over vLLM's defaults "
+            f"({fmt.num(stat(base, 'goodput_rps'))} req/s)"
+        )
+    gain = goodput_gain(metrics, base_metrics)
+    if gain is not None:
+        return (
+            f", {fmt.signed_pct(gain)} over vLLM's defaults "
+            f"({fmt.num(stat(base_metrics, 'goodput'))} req/s)"
+        )
+    if base_metrics:
+        return f" (vLLM's defaults: {fmt.num(stat(base_metrics, 'goodput'))} req/s)"
+    return ""
+
+
+def _score_clause(best: dict[str, Any], base: dict[str, Any]) -> str:
+    ours, theirs = stat(best, "score"), stat(base, "score")
+    if best.get("objective") != "weighted" or ours is None:
+        return ""
+    clause = f" Its weighted SLO score is {ours:.3f} (lower is better)"
+    if theirs:
+        clause += f", {fmt.signed_pct(ours / theirs - 1)} against vLLM's defaults ({theirs:.3f})"
+    return clause + "."
+
+
 def recommendation_sentence(best: dict[str, Any]) -> str:
-    config = section(best, "config")
+    """The recommendation in one paragraph, every number taken from ``best.json``."""
     metrics = section(best, "metrics")
     base = section(best, "baseline")
-    base_config, base_metrics = section(base, "config"), section(base, "metrics")
     trace = section(best, "trace").get("name")
     where = (
         f"{fmt.text(best.get('model'))} on {fmt.text(best.get('gpu'))} "
         f"(TP {fmt.text(best.get('tp'))}), trace {fmt.text(trace)}"
     )
-    changed = _changed(config, base_config)
-    if not config:
-        setting = "no configuration was stored"
-    elif changed:
-        setting = "set " + ", ".join(f"{k}={config.get(k)}" for k in changed)
-    else:
-        setting = "keep vLLM's defaults"
+    load = section(best, "load").get("description")
+    if load:
+        where += f", {load}"
+    setting = _setting(section(best, "config"), section(base, "config"))
     result = (
         f"It meets the SLO ({fmt.text(slo_text(best))}) for "
         f"{fmt.pct(stat(metrics, 'slo_attainment'))} of requests, a goodput of "
-        f"{fmt.num(stat(metrics, 'goodput'))} req/s"
+        f"{fmt.num(stat(metrics, 'goodput'))} req/s at the test load"
     )
-    gain = goodput_gain(metrics, base_metrics)
-    if gain is not None:
-        result += (
-            f", {fmt.signed_pct(gain)} over vLLM's defaults "
-            f"({fmt.num(stat(base_metrics, 'goodput'))} req/s)"
-        )
-    elif base_metrics:
-        result += f" (vLLM's defaults: {fmt.num(stat(base_metrics, 'goodput'))} req/s)"
-    return f"For {where}: {setting}. {result}."
+    return f"For {where}: {setting}. {result}{_gain_clause(best, base)}.{_score_clause(best, base)}"
 
 
 def _config_table(config: dict[str, Any], baseline: dict[str, Any]) -> str:
@@ -100,7 +132,9 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
             rows.append([f"{metric} {p}", fmt.ms(target) if target else "—", *cells])
     scalars = (
         ("SLO attainment", "slo_attainment", fmt.pct),
-        ("goodput (req/s)", "goodput", fmt.num),
+        ("goodput at the test load (req/s)", "goodput", fmt.num),
+        ("max rate within SLO (req/s)", "goodput_rps", fmt.num),
+        ("weighted score (lower is better)", "score", _score),
         ("request throughput (req/s)", "request_throughput", fmt.num),
         ("output throughput (tok/s)", "output_throughput", fmt.num),
         ("preemptions", "num_preemptions", fmt.num),
@@ -108,6 +142,8 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
         ("completed / failed", None, None),
     )
     for label, key, show in scalars:
+        if key in ("goodput_rps", "score") and all(stat(s, key) is None for _, s in runs):
+            continue
         if key is None:
             cells = [
                 f"{fmt.num(stat(s, 'completed'))} / {fmt.num(stat(s, 'failed'))}" for _, s in runs
@@ -118,16 +154,34 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
     return table(["metric", "SLO", *[label for label, _ in runs]], rows, css="metrics")
 
 
+def _score(value: Any) -> str:
+    return f"{value:.3f}" if fmt.is_number(value) else fmt.NA
+
+
+def _with_tuner_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary plus the tuner's per-configuration figures stored beside it."""
+    extra = {k: result[k] for k in ("goodput_rps", "score") if k in result}
+    return {**section(result, "metrics"), **extra}
+
+
+def _notes(best: dict[str, Any]) -> str:
+    notes = best.get("notes")
+    if not isinstance(notes, list) or not notes:
+        return ""
+    return '<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
+
+
 def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
     config = section(best, "config")
     base = section(best, "baseline")
-    runs = [("recommended", section(best, "metrics"))]
+    runs = [("recommended", _with_tuner_figures(best))]
     if section(base, "metrics"):
-        runs.append(("vLLM defaults (baseline)", section(base, "metrics")))
+        runs.append(("vLLM defaults (baseline)", _with_tuner_figures(base)))
     commands = section(best, "commands")
     return (
         f'<p class="lead" id="recommendation-text">{e(recommendation_sentence(best))}</p>'
-        '<div class="grid">'
+        + _notes(best)
+        + '<div class="grid">'
         f"<div><h3>Configuration</h3>{_config_table(config, section(base, 'config'))}</div>"
         f"<div><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>"
         "<h3>Run it</h3>"
@@ -168,8 +222,14 @@ def trials_table_html(trials: TrialsData) -> str:
         state = row["state"]
         status = "yes" if feasible else "no"
         css = "" if feasible and state == "COMPLETE" else "infeasible"
+        number = int(row["number"])
+        chosen = number == trials.recommended
         cells = [
-            _value_cell(int(row["number"])),
+            Cell(
+                f"{number} ★" if chosen else str(number),
+                sort=number,
+                css="chosen" if chosen else "",
+            ),
             Cell(str(state), css=css),
             Cell(status if state == "COMPLETE" else "—", css=css),
         ]
@@ -189,28 +249,93 @@ def trials_table_html(trials: TrialsData) -> str:
     )
 
 
+def _compact(value: Any) -> str:
+    """Nested statistics on one line: ``prompt_len(mean=243.3, p50=160)``."""
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k}={_compact(v)}" for k, v in value.items()) + ")"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_compact(v) for v in value) + "]"
+    if isinstance(value, float) and fmt.is_number(value):
+        return f"{value:.4g}"
+    return fmt.text(value)
+
+
+def _stats_text(stats: dict[str, Any]) -> str:
+    parts = [
+        f"{k}{_compact(v)}" if isinstance(v, dict) else f"{k}={_compact(v)}"
+        for k, v in stats.items()
+        if k != "name"
+    ]
+    return ", ".join(parts) or fmt.NA
+
+
 def provenance_items(
-    best: dict[str, Any], report_version: str, n_trials: int
+    best: dict[str, Any], report_version: str, n_trials: int, storage: str | None = None
 ) -> list[tuple[str, str]]:
     trace = section(best, "trace")
-    stats = section(trace, "stats")
-    stats_text = ", ".join(f"{k}={fmt.text(v)}" for k, v in stats.items()) or "n/a"
+    objective = fmt.text(best.get("objective"))
+    names = best.get("metric_names")
+    if isinstance(names, list) and names:
+        directions = best.get("directions") or []
+        pairs = [f"{n} ({d})" for n, d in zip(names, directions, strict=False)]
+        objective += f": {', '.join(pairs or map(str, names))}"
     return [
         ("slotune version (run)", fmt.text(best.get("slotune_version"))),
         ("slotune version (report)", report_version),
         ("GPU", fmt.text(best.get("gpu"))),
         ("model", fmt.text(best.get("model"))),
         ("tensor parallel", fmt.text(best.get("tp"))),
+        ("backend", fmt.text(best.get("backend"))),
         ("trace", fmt.text(trace.get("name"))),
-        ("trace statistics", stats_text),
+        ("trace statistics", _stats_text(section(trace, "stats"))),
+        ("load", fmt.text(section(best, "load").get("description"))),
         ("SLO", fmt.text(slo_text(best))),
-        ("objective", fmt.text(best.get("objective"))),
+        ("attainment target", fmt.pct(best.get("attainment_target"))),
+        ("objective", objective),
         ("objective value", fmt.text(best.get("objective_value"))),
+        ("score weights", _compact(best.get("weights")) if best.get("weights") else fmt.NA),
         ("sampler", fmt.text(best.get("sampler"))),
         ("seed", fmt.text(best.get("seed"))),
         ("study", fmt.text(best.get("study_name"))),
+        ("storage", fmt.text(storage)),
         ("trials", str(n_trials)),
+        ("recommended trial", fmt.text(best.get("trial"))),
         ("date", fmt.text(best.get("date"))),
+    ]
+
+
+def bench_summary_html(
+    summary: dict[str, Any], config: dict[str, Any], slo: dict[str, float]
+) -> str:
+    config_rows = [[k, fmt.text(config.get(k))] for k in _config_keys(config, {})]
+    config_html = (
+        table(["parameter", "value"], config_rows, css="config")
+        if config
+        else note("No engine configuration (an HTTP target, or not stored).")
+    )
+    return (
+        '<div class="grid">'
+        f"<div><h3>Latency against the SLO</h3>{metrics_table([('run', summary)], slo)}</div>"
+        f"<div><h3>Engine configuration</h3>{config_html}</div></div>"
+    )
+
+
+def bench_provenance_items(summary: dict[str, Any], report_version: str) -> list[tuple[str, str]]:
+    trace = section(summary, "trace")
+    return [
+        ("slotune version (run)", fmt.text(summary.get("slotune_version"))),
+        ("slotune version (report)", report_version),
+        ("backend", fmt.text(summary.get("backend"))),
+        ("GPU", fmt.text(summary.get("gpu"))),
+        ("model", fmt.text(summary.get("model"))),
+        ("tensor parallel", fmt.text(summary.get("tp"))),
+        ("URL", fmt.text(summary.get("url"))),
+        ("trace", fmt.text(trace.get("name"))),
+        ("trace statistics", _stats_text(section(trace, "stats"))),
+        ("arrivals", fmt.text(summary.get("arrivals"))),
+        ("SLO", fmt.text(slo_text(summary))),
+        ("seed", fmt.text(summary.get("seed"))),
+        ("date", fmt.text(summary.get("date"))),
     ]
 
 

@@ -8,6 +8,7 @@ RUN_COLORS = ("#2563eb", "#f97316", "#10b981", "#a855f7")
 FEASIBLE = "#2563eb"
 INFEASIBLE = "#9ca3af"
 BEST_LINE = "#dc2626"
+RECOMMENDED = "#facc15"
 SLO_LINE = "#dc2626"
 PREFILL = "#f59e0b"
 DECODE = "#3b82f6"

@@ -41,6 +41,8 @@ class TrialsData:
     importances: dict[str, float] = field(default_factory=dict)
     importance_note: str | None = None
     source: str = "none"
+    recommended: int | None = None
+    """Number of the trial best.json recommends, when it says."""
 
     @property
     def value_columns(self) -> list[str]:
@@ -131,13 +133,17 @@ def _importances(study: Any, n_complete: int, param_names: tuple[str, ...]) -> d
     return {k: float(v) for k, v in result.items() if k in param_names}
 
 
-def load_study_trials(db_path: Path, study_name: str | None, objective: str | None) -> TrialsData:
-    """Load the Optuna study; importances use Optuna's default evaluator (PED-ANOVA)."""
+def load_study_trials(
+    storage_url: str | Path, study_name: str | None, objective: str | None
+) -> TrialsData:
+    """Load the Optuna study from a SQLite file or a storage URL, creating no tables;
+    importances use Optuna's default evaluator (PED-ANOVA)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{db_path}")
+    url = f"sqlite:///{storage_url}" if isinstance(storage_url, Path) else storage_url
+    storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
     study = optuna.load_study(study_name=study_name, storage=storage)
     names = _objective_names(study, objective)
     frame = _frame_from_study(study, len(names))
@@ -154,7 +160,10 @@ def load_study_trials(db_path: Path, study_name: str | None, objective: str | No
 
 
 def load_csv_trials(
-    csv_path: Path, objective: str | None, directions: tuple[str, ...]
+    csv_path: Path,
+    objective: str | None,
+    directions: tuple[str, ...],
+    metric_names: tuple[str, ...] = (),
 ) -> TrialsData:
     """Fallback when there is no study: Optuna's ``trials_dataframe`` as stored in CSV."""
     raw = pd.read_csv(csv_path)
@@ -178,6 +187,8 @@ def load_csv_trials(
         names: tuple[str, ...] = (objective or "objective",)
     else:
         names = tuple(f"objective {i}" for i in range(len(value_cols)))
+    if len(metric_names) == len(names):
+        names = metric_names
     if len(directions) != len(names):
         directions = ("maximize",) * len(names)
     param_names = tuple(sorted(c[len("params_") :] for c in frame if c.startswith("params_")))
@@ -185,6 +196,6 @@ def load_csv_trials(
     return TrialsData(frame, names, directions, param_names, {}, note, "trials.csv")
 
 
-def empty_trials() -> TrialsData:
+def empty_trials(reason: str) -> TrialsData:
     frame = pd.DataFrame(columns=["number", "state", "feasible"])
-    return TrialsData(frame, (), (), (), {}, "No trials were stored.", "none")
+    return TrialsData(frame, (), (), (), {}, reason, "none")

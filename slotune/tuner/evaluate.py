@@ -96,6 +96,8 @@ class Evaluator:
         return _plain(summarize(result, self.slo, percentiles=self.percentiles))
 
     def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
+        if rate is None:
+            rate = self.setup.load.rate
         key = (config_key(config), rate)
         if key not in self._cache:
             summary = self.summarize(self.run(config, rate))
@@ -108,7 +110,8 @@ class Evaluator:
                                self.setup.percentile)
         return Measurement(rate, summary, score, att, att >= self.setup.attainment)
 
-    def goodput(self, config: EngineConfig, start_rung: int, *, coarse: int = 8) -> GoodputResult:
+    def goodput(self, config: EngineConfig, start_rung: int, *, exact: bool = False
+                ) -> GoodputResult:
         """The rate search of the goodput objective, starting at ``start_rung``."""
         if self.ladder is None:
             raise ValueError("this study has no rate ladder: goodput needs an open-loop load")
@@ -117,7 +120,7 @@ class Evaluator:
         def feasible(k: int) -> bool:
             return self.measure(config, ladder.rate(k)).feasible
 
-        search = RateSearch(feasible, ladder, coarse=coarse)
+        search = RateSearch(feasible, ladder, exact=exact)
         rung = search.run(start_rung)
         probes = {ladder.rate(k): self.measure(config, ladder.rate(k)).attainment
                   for k in sorted(search.probes)}

@@ -14,7 +14,6 @@ from typing import Any
 OBJECTIVES = ("weighted", "goodput", "pareto")
 METRIC_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2el_ms"}
 """SLO metric name -> the summary's latency key (values in milliseconds)."""
-DEFAULT_WEIGHTS = {"ttft": 0.5, "tpot": 0.5}
 PENALTY_SCORE = 1e6
 """Score of a run whose percentile is undefined (no request finished): worse than any real one."""
 
@@ -49,13 +48,11 @@ def parse_weights(text: str) -> dict[str, float]:
 def resolve_weights(weights: dict[str, float] | None, slo_metrics: list[str]) -> dict[str, float]:
     """Weights normalized to sum 1, over metrics that the SLO names.
 
-    Without ``--weights``: the issue's ttft=0.5,tpot=0.5 restricted to the SLO's metrics, or
-    equal weights when the SLO names neither.
+    Without ``--weights``: equal weights over the SLO's metrics (ttft=0.5,tpot=0.5 for the
+    usual ``ttft=...,tpot=...``).
     """
     if weights is None:
-        chosen = {m: w for m, w in DEFAULT_WEIGHTS.items() if m in slo_metrics}
-        if not chosen:
-            chosen = dict.fromkeys(slo_metrics, 1.0)
+        chosen = dict.fromkeys(slo_metrics, 1.0)
     else:
         missing = [m for m, w in weights.items() if w > 0 and m not in slo_metrics]
         if missing:
@@ -129,15 +126,20 @@ class RateLadder:
 class RateSearch:
     """The highest ladder rung where a config meets its attainment target.
 
-    Exact where it matters: from ``start`` (the best goodput so far) it gallops upward and
-    bisects to the rung, so an improvement or a tie is found exactly. A config that fails
-    at ``start`` cannot win, so below it the search is coarse (``coarse`` rungs), enough to
-    guide the sampler without spending simulations on precision nobody uses.
+    From ``start`` (the best goodput so far) a trial gallops upward (1, 2, 4, ... rungs)
+    and bisects, so an improvement or a tie is found exactly. A config that fails at
+    ``start`` cannot win, so below it the search is coarse: down 4, 8, 16, ... rungs, a
+    bisection to 2 rungs only within 16 rungs of the start, and nothing below
+    ``floor_rungs`` under the start (1/8 of the best rate: goodput 0 there). That keeps a
+    value good enough to guide the sampler without spending slow low-rate simulations on
+    precision nobody uses. ``exact`` (the baseline, whose rate is not known at all) gallops
+    16, 32, 64, ... rungs either way and bisects to the rung.
     """
 
     feasible: Callable[[int], bool]
     ladder: RateLadder
-    coarse: int = 8
+    exact: bool = False
+    floor_rungs: int = 105
     probes: dict[int, bool] = field(default_factory=dict)
 
     def probe(self, k: int) -> bool:
@@ -151,10 +153,10 @@ class RateSearch:
         start = min(max(start, lo), hi)
         if self.probe(start):
             return self._up(start, hi)
-        return self._down(start, lo)
+        return self._down(start, lo if self.exact else max(lo, start - self.floor_rungs))
 
     def _up(self, ok: int, hi: int) -> int:
-        step = 1
+        step = 16 if self.exact else 1
         bad: int | None = None
         while ok < hi:
             k = min(ok + step, hi)
@@ -167,17 +169,22 @@ class RateSearch:
             return ok
         return self._bisect(ok, bad, 1)
 
-    def _down(self, bad: int, lo: int) -> int | None:
-        step = self.coarse
+    def _down(self, start: int, lo: int) -> int | None:
+        step = 16 if self.exact else 4
+        bad = start
         while bad > lo:
             k = max(bad - step, lo)
             if self.probe(k):
-                return self._bisect(k, bad, self.coarse // 2)
+                if self.exact:
+                    return self._bisect(k, bad, 1)
+                if start - k <= 16:
+                    return self._bisect(k, bad, 2)
+                return k
             bad, step = k, step * 2
         return None
 
     def _bisect(self, ok: int, bad: int, precision: int) -> int:
-        while bad - ok > max(precision, 1):
+        while bad - ok > precision:
             mid = (ok + bad) // 2
             if self.probe(mid):
                 ok = mid

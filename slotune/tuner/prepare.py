@@ -215,8 +215,7 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
     config = baseline_config(p)
     baseline: dict[str, Any] = {"config": config.to_dict()}
     if evaluator.ladder is not None:
-        start = evaluator.ladder.rung(setup.load.rate) if setup.load.rate else 0
-        found = evaluator.goodput(config, start, coarse=1)
+        found = evaluator.goodput(config, _first_rung(evaluator), exact=True)
         baseline.update(goodput_rps=found.goodput, goodput_rung=found.rung,
                         probes=[[r, a] for r, a in sorted(found.probes.items())])
         if p.reference_from_baseline:
@@ -231,6 +230,13 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
     baseline.update(metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment,
                     feasible=m.feasible)
     return setup, baseline
+
+
+def _first_rung(evaluator: Evaluator) -> int:
+    """Where the baseline's rate search starts: ``--rate`` when given, else 16 req/s."""
+    ladder = evaluator.ladder
+    assert ladder is not None
+    return ladder.rung(evaluator.setup.load.rate or 16.0)
 
 
 def default_study_name(o: TuneOptions, objective: str) -> str:

@@ -194,6 +194,38 @@ class SearchSpace:
             knobs["long_prefill_token_threshold"] = threshold
         return EngineConfig(**{**self.fixed, **knobs})
 
+    def params_for(self, config: EngineConfig) -> dict[str, Any] | None:
+        """The Optuna parameters that give ``config``, or None when it lies outside the space
+        (used to enqueue the baseline as the first trial)."""
+        values = config.to_dict()
+        params: dict[str, Any] = {}
+        for name in _SEARCH_ORDER:
+            p = self.params[name]
+            if p.is_fixed:
+                continue
+            value = values[name]
+            if name == "long_prefill_token_threshold":
+                if values["policy"] != "chunked":
+                    continue
+                if p.is_range and p.allow_off:
+                    params[THRESHOLD_GATE] = value != 0
+                    if value == 0:
+                        continue
+            params[name] = value
+        try:
+            same = self.config_from_params(params) == config
+        except (ValueError, TypeError, KeyError):
+            return None
+        inside = all(self._contains(n, v) for n, v in params.items() if n != THRESHOLD_GATE)
+        return params if same and inside else None
+
+    def _contains(self, name: str, value: Any) -> bool:
+        p = self.params[name]
+        if not p.is_range:
+            return value in (p.values or ())
+        assert p.low is not None and p.high is not None
+        return p.low <= value <= p.high and value % p.step == 0
+
     def _prefill_first_budget(self) -> int:
         """The smallest budget on the range's step that holds a whole max_model_len prompt."""
         p = self.params["max_num_batched_tokens"]

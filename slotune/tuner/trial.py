@@ -6,6 +6,7 @@ comparisons read the study and never rerun it:
 - ``config``: the full ``EngineConfig``; ``metrics``: the run summary the value comes from;
   ``rate``: the request rate of that run (None: the load's own arrivals);
 - ``score`` (weighted score), ``attainment``, ``feasible``;
+- ``worker``: the index of the worker process that ran it;
 - goodput and pareto studies also ``goodput_rps``, ``goodput_rung`` and ``probes``
   (``[[rate, attainment], ...]``, every rate the search ran).
 
@@ -36,15 +37,17 @@ DIRECTIONS = {
 
 class TrialObjective:
     def __init__(self, setup: TuneSetup, evaluator: Evaluator, space: SearchSpace,
-                 baseline_rung: int | None = None) -> None:
+                 baseline_rung: int | None = None, worker: int = 0) -> None:
         self.setup = setup
         self.evaluator = evaluator
         self.space = space
         self.baseline_rung = baseline_rung
+        self.worker = worker
 
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
         config = self.space.suggest(trial)
         trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("worker", self.worker)
         record = self._previous_record(trial, config_key(config))
         if record is None:
             record = self.measure(config, self._start_rung(trial))
@@ -70,9 +73,9 @@ class TrialObjective:
             return 0
         rungs = [t.user_attrs["goodput_rung"] for t in _complete(trial.study)
                  if t.user_attrs.get("goodput_rung") is not None]
-        if rungs:
-            return max(rungs)
-        return self.baseline_rung if self.baseline_rung is not None else 0
+        if self.baseline_rung is not None:
+            rungs.append(self.baseline_rung)
+        return max(rungs, default=0)
 
     def _previous_record(self, trial: Any, key: str) -> dict[str, Any] | None:
         for t in _complete(trial.study):

@@ -11,8 +11,8 @@ from slotune.workloads.trace import Trace
 
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED = {
-    "sharegpt-like": "ShareGPT-like chat lengths (mean ~230 prompt / ~200 output tokens)",
-    "agent": "tool-using agent sessions: shared system prompt and tools, closed-loop turns",
+    "sharegpt-like": "chat lengths as ShareGPT (mean ~230 in / ~200 out tokens)",
+    "agent": "agent sessions: shared system prompt + tools, closed-loop turns",
     "shared-prefix": "groups of requests sharing a long system prompt",
     "long-context": "long prompts (2k-7k tokens) with short answers",
 }

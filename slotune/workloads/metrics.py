@@ -92,6 +92,7 @@ def summarize(
     completed = int(ok.sum())
     duration = float(result.duration_s)
     out_tokens = float(m["output_tokens"][ok].sum())
+
     def rate(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 

@@ -39,7 +39,8 @@ STEP_COLUMNS = (
 @dataclass(frozen=True)
 class RunResult:
     """``requests``: one row per request (times in seconds from the run's start; ``token_times``
-    is a list of every output token's time; ``error`` is None when it succeeded).
+    is a list of every output token's time; ``error`` is missing (None/NaN, test with
+    ``isna()``) when the request succeeded, else what went wrong).
     ``steps``: one row per engine step (empty for HTTP targets), ``time`` being the step's end.
     """
 

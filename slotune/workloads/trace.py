@@ -191,6 +191,12 @@ class Trace:
         an earlier request's prompt already holds (what an unbounded prefix cache could
         serve). Parents' outputs are counted as unique tokens of their expected length.
         """
+        cached = self._cache.get("stats")
+        if cached is None:
+            cached = self._cache["stats"] = self._stats()
+        return json.loads(json.dumps(cached))
+
+    def _stats(self) -> dict[str, Any]:
         reqs = self.requests
         sessions = {r.session_id for r in reqs if r.session_id is not None}
         full = np.asarray(self.full_prompt_lengths() or [0], dtype=float)
@@ -264,6 +270,15 @@ def _materialize(trace: Trace) -> list[list[int]]:
 
 
 def _prefix_sharing_ratio(trace: Trace) -> float:
+    reqs = trace.requests
+    if "prompts" not in trace._cache and all(
+        r.prompt_token_ids is None
+        and r.prompt_segments is None
+        and r.session_id is None
+        and r.parent_id is None
+        for r in reqs
+    ):
+        return 0.0  # length-only prompts are unique by construction; skip materializing
     own = trace.own_prompt_token_ids()
     index = {r.request_id: i for i, r in enumerate(trace.requests)}
     full: list[list[int]] = []

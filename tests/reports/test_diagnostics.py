@@ -84,9 +84,7 @@ def test_prefix_cache_hit_rate_under_30_percent_on_a_sharing_trace() -> None:
 
 
 def test_tpot_tail_names_the_chunk_budget_first() -> None:
-    run = make_run(
-        {"tpot_ms": {"p50": 20.0, "p99": 90.0}}, config={"max_num_batched_tokens": 8192}
-    )
+    run = make_run({"tpot_ms": {"p50": 20.0, "p99": 90.0}}, config={"max_num_batched_tokens": 8192})
     fired = dx.tpot_tail(run)
     assert fired.triggered is True
     assert "First suspect: the chunk budget (max_num_batched_tokens=8192)" in fired.message

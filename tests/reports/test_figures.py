@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,17 @@ def test_history_best_so_far_tracks_feasible_trials_only(trials: TrialsData) -> 
     assert {"feasible", "infeasible"} <= names
 
 
+def test_recommended_trial_is_starred_in_history(trials: TrialsData) -> None:
+    chosen = int(trials.completed["number"].iloc[0])
+    fig = search.history_figure(replace(trials, recommended=chosen))
+    assert fig is not None
+    star = next(t for t in fig.data if t.name == f"recommended (trial {chosen})")
+    assert list(star.x) == [chosen] and star.marker.symbol == "star"
+    unmarked = search.history_figure(trials)
+    assert unmarked is not None
+    assert not any(t.name and t.name.startswith("recommended") for t in unmarked.data)
+
+
 def test_importances_slices_and_contour_use_the_top_two(trials: TrialsData) -> None:
     top = search.top_params(trials)
     assert len(top) == 2
@@ -142,13 +154,36 @@ def test_contour_handles_categorical_parameters(trials: TrialsData) -> None:
     assert list(fig.layout.xaxis.ticktext) == ["hash", "none", "radix"]
 
 
+def test_conditional_parameters_leave_out_trials_that_never_sampled_them(
+    trials: TrialsData,
+) -> None:
+    frame = trials.frame.copy()
+    column = "params_max_num_seqs"
+    frame.loc[frame.index[::2], column] = np.nan
+    sparse = replace(trials, frame=frame)
+    fig = search.slice_figure(sparse, ["max_num_seqs"])
+    assert fig is not None
+    shown = sum(len(t.x) for t in fig.data)
+    assert shown == sparse.completed[column].notna().sum()
+    assert all(x is not None for t in fig.data for x in t.x)
+    contour = search.contour_figure(sparse, ["max_num_seqs", "max_num_batched_tokens"])
+    assert contour is not None
+    assert sum(len(t.x) for t in contour.data[1:]) == shown
+
+
 def test_pareto_front_mask_respects_directions() -> None:
     points = np.array([[1.0, 10.0], [2.0, 20.0], [2.0, 5.0], [0.5, 30.0]])
     assert search.pareto_front(points, ("maximize", "minimize")).tolist() == [
-        False, False, True, False,
+        False,
+        False,
+        True,
+        False,
     ]
     assert search.pareto_front(points, ("maximize", "maximize")).tolist() == [
-        False, True, False, True,
+        False,
+        True,
+        False,
+        True,
     ]
 
 

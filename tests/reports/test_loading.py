@@ -45,12 +45,30 @@ def test_run_latencies_follow_bench_serve_definitions(tmp_path: Path) -> None:
     _write_requests(
         tmp_path,
         [
-            {"arrival": 1.0, "first_token": 1.2, "finish": 1.5, "output_tokens": 4,
-             "token_times": json.dumps([1.2, 1.3, 1.4, 1.5]), "error": None},
-            {"arrival": 2.0, "first_token": 2.1, "finish": 2.1, "output_tokens": 1,
-             "token_times": "[2.1]", "error": None},
-            {"arrival": 3.0, "first_token": 3.5, "finish": 9.0, "output_tokens": 3,
-             "token_times": "[3.5, 4, 9]", "error": "timeout"},
+            {
+                "arrival": 1.0,
+                "first_token": 1.2,
+                "finish": 1.5,
+                "output_tokens": 4,
+                "token_times": json.dumps([1.2, 1.3, 1.4, 1.5]),
+                "error": None,
+            },
+            {
+                "arrival": 2.0,
+                "first_token": 2.1,
+                "finish": 2.1,
+                "output_tokens": 1,
+                "token_times": "[2.1]",
+                "error": None,
+            },
+            {
+                "arrival": 3.0,
+                "first_token": 3.5,
+                "finish": 9.0,
+                "output_tokens": 3,
+                "token_times": "[3.5, 4, 9]",
+                "error": "timeout",
+            },
         ],
     )
     run = load_run(tmp_path, "r")
@@ -79,9 +97,9 @@ def test_missing_run_files_give_empty_tables(tmp_path: Path) -> None:
 
 def test_steps_time_is_relative_and_kv_percent_becomes_share(tmp_path: Path) -> None:
     tmp_path.mkdir(exist_ok=True)
-    pd.DataFrame({STEP_COLUMNS["time"]: [10.0, 10.5], STEP_COLUMNS["kv_usage"]: [50.0, 90.0]}).to_csv(
-        tmp_path / "steps.csv", index=False
-    )
+    pd.DataFrame(
+        {STEP_COLUMNS["time"]: [10.0, 10.5], STEP_COLUMNS["kv_usage"]: [50.0, 90.0]}
+    ).to_csv(tmp_path / "steps.csv", index=False)
     run = load_run(tmp_path, "r")
     assert run.steps["time"].tolist() == [0.0, 0.5]
     assert run.steps["kv_usage"].tolist() == pytest.approx([0.5, 0.9])

@@ -38,8 +38,17 @@ def test_report_has_every_section_and_figure(tune_report: Path) -> None:
     for section in ("recommendation", "diagnostics", "behaviour", "search", "trials", "provenance"):
         assert f'<section id="{section}">' in html
     assert _figure_keys(html) == [
-        "ttft_cdf", "tpot_cdf", "itl", "kv", "batch", "queues", "preemption_cache",
-        "history", "importances", "slices", "contour",
+        "ttft_cdf",
+        "tpot_cdf",
+        "itl",
+        "kv",
+        "batch",
+        "queues",
+        "preemption_cache",
+        "history",
+        "importances",
+        "slices",
+        "contour",
     ]
     for key in _figure_keys(html):
         assert f'<script type="application/json" id="data-{key}">' in html
@@ -51,14 +60,28 @@ def test_recommendation_states_config_metrics_gain_and_commands(
     html = unescape(tune_report.read_text())
     sentence = recommendation_sentence(best)
     assert sentence in html
-    gain = best["metrics"]["goodput"] / best["baseline"]["metrics"]["goodput"] - 1
-    assert f"{100 * gain:+.1f}% over vLLM's defaults" in sentence
+    assert "up to 12.50 req/s within the SLO, +25.0% over vLLM's defaults (10 req/s)" in sentence
+    assert f"a goodput of {best['metrics']['goodput']:.2f} req/s at the test load" in sentence
+    assert best["load"]["description"] in sentence
     assert f"{100 * best['metrics']['slo_attainment']:.1f}% of requests" in sentence
     changed = [k for k, v in best["config"].items() if best["baseline"]["config"][k] != v]
     for key in changed:
         assert f"{key}={best['config'][key]}" in sentence
     assert best["commands"]["vllm"] in html and best["commands"]["sglang"] in html
     assert html.count('class="copy"') == 2
+    assert best["notes"][0] in html
+
+
+def test_gain_falls_back_to_goodput_at_the_test_load(best: dict[str, Any]) -> None:
+    trimmed = {k: v for k, v in best.items() if k not in ("goodput_rps", "score")}
+    sentence = recommendation_sentence(trimmed)
+    gain = best["metrics"]["goodput"] / best["baseline"]["metrics"]["goodput"] - 1
+    assert f"{100 * gain:+.1f}% over vLLM's defaults" in sentence
+
+
+def test_weighted_objective_states_the_score(best: dict[str, Any]) -> None:
+    sentence = recommendation_sentence({**best, "objective": "weighted"})
+    assert "weighted SLO score is 0.610 (lower is better), -17.6% against" in sentence
 
 
 def test_trials_table_lists_every_trial(tune_report: Path) -> None:
@@ -67,6 +90,7 @@ def test_trials_table_lists_every_trial(tune_report: Path) -> None:
     table = table[: table.index("</table>")]
     assert table.count("<tr>") == 1 + 40
     assert "infeasible" in table
+    assert table.count("★") == 1 and 'class="chosen"' in table
 
 
 def test_pareto_study_gets_a_pareto_front(pareto_dir: Path, tmp_path: Path) -> None:
@@ -105,6 +129,8 @@ def test_user_text_is_escaped(tmp_path: Path, best: dict) -> None:
     html = build_report(out).read_text()
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "could not be read as an Optuna study" in html
+    assert (out / "study.db").stat().st_size == 0, "the report never writes to the study"
 
 
 def test_bench_report_shows_one_run(tune_dir: Path, tmp_path: Path) -> None:
@@ -112,7 +138,13 @@ def test_bench_report_shows_one_run(tune_dir: Path, tmp_path: Path) -> None:
     shutil.copytree(tune_dir / "runs" / "best", run_dir)
     html = build_bench_report(run_dir).read_text()
     assert _figure_keys(html) == [
-        "ttft_cdf", "tpot_cdf", "itl", "kv", "batch", "queues", "preemption_cache",
+        "ttft_cdf",
+        "tpot_cdf",
+        "itl",
+        "kv",
+        "batch",
+        "queues",
+        "preemption_cache",
     ]
     assert 'data-diagnostic="hol"' in html
     assert html.count("* plotly.js v") == 1
@@ -120,12 +152,12 @@ def test_bench_report_shows_one_run(tune_dir: Path, tmp_path: Path) -> None:
 
 def test_200_trial_report_stays_under_10_mb(tmp_path: Path) -> None:
     out = tmp_path / "big"
-    write_out_dir(out, n_trials=200, n_requests=1000)
+    write_out_dir(out, n_trials=200, n_requests=300)
     html = build_report(out)
     size = html.stat().st_size
     assert size < 10 * 1024 * 1024, f"{size / 1e6:.1f} MB"
-    table = html.read_text()
-    assert table.count('<tr><td data-sort="') >= 200
+    table = html.read_text().split('id="trials-table"')[1].split("</table>")[0]
+    assert table.count("<tr>") == 1 + 200
 
 
 def test_cli_report_rebuilds_from_stored_results(tune_dir: Path, tmp_path: Path) -> None:

@@ -29,9 +29,19 @@ class FakeEngine:
     include a parent's output are recognisable). Full 16-token prefix blocks seen before
     count as cached."""
 
-    def __init__(self, budget: int = 256, base_s: float = 0.01, per_token_s: float = 0.0001,
-                 max_len: int = 4096) -> None:
-        self.budget, self.base_s, self.per_token_s, self.max_len = budget, base_s, per_token_s, max_len
+    def __init__(
+        self,
+        budget: int = 256,
+        base_s: float = 0.01,
+        per_token_s: float = 0.0001,
+        max_len: int = 4096,
+    ) -> None:
+        self.budget, self.base_s, self.per_token_s, self.max_len = (
+            budget,
+            base_s,
+            per_token_s,
+            max_len,
+        )
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.added: dict[str, tuple[list[int], float]] = {}
@@ -39,13 +49,22 @@ class FakeEngine:
         self._blocks: set[int] = set()
         self._queries = self._hits = self._steps = 0
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams | None = None, arrival_time: float = 0.0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float = 0.0,
+    ) -> None:
         if len(prompt_token_ids) > self.max_len:
-            raise ValueError(f"prompt of {len(prompt_token_ids)} tokens exceeds max_model_len {self.max_len}")
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens exceeds max_model_len {self.max_len}"
+            )
         assert params is not None and params.ignore_eos
         self.added[request_id] = (list(prompt_token_ids), arrival_time)
-        self.waiting.append(_Req(request_id, list(prompt_token_ids), params.max_tokens, arrival_time))
+        self.waiting.append(
+            _Req(request_id, list(prompt_token_ids), params.max_tokens, arrival_time)
+        )
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -75,39 +94,42 @@ class FakeEngine:
         for r in list(self.running):
             r.out.append(1000 + len(r.out))
             done = len(r.out) >= r.max_tokens
-            outputs.append(RequestOutput(
-                request_id=r.rid, index=0, new_token_ids=[r.out[-1]], finished=done,
-                finish_reason="length" if done else None, num_prompt_tokens=len(r.prompt),
-                num_cached_tokens=r.cached,
-            ))
+            outputs.append(
+                RequestOutput(
+                    request_id=r.rid,
+                    index=0,
+                    new_token_ids=[r.out[-1]],
+                    finished=done,
+                    finish_reason="length" if done else None,
+                    num_prompt_tokens=len(r.prompt),
+                    num_cached_tokens=r.cached,
+                )
+            )
             if done:
                 self.running.remove(r)
         tokens = prefill + decode
         self._steps += 1
         self.last_step = StepStats(
-            duration_s=self.base_s + self.per_token_s * tokens, num_scheduled_tokens=tokens,
-            num_prefill_tokens=prefill, num_decode_tokens=decode, num_running=len(self.running),
-            num_waiting=len(self.waiting), kv_cache_usage=0.5, num_preempted=0,
+            duration_s=self.base_s + self.per_token_s * tokens,
+            num_scheduled_tokens=tokens,
+            num_prefill_tokens=prefill,
+            num_decode_tokens=decode,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=0.5,
+            num_preempted=0,
         )
         return outputs
 
     def stats(self) -> dict[str, Any]:
-        return {"num_preemptions": 0, "prefix_cache_queries_tokens": self._queries,
-                "prefix_cache_hit_tokens": self._hits, "steps": self._steps}
+        return {
+            "num_preemptions": 0,
+            "prefix_cache_queries_tokens": self._queries,
+            "prefix_cache_hit_tokens": self._hits,
+            "steps": self._steps,
+        }
 
 
 @pytest.fixture
 def fake_engine() -> FakeEngine:
     return FakeEngine()
-
-
-def engine_available() -> bool:
-    """Whether the real engine core and simulator exist yet (the core starts as a skeleton)."""
-    try:
-        from slotune.engine import Engine, EngineConfig
-
-        engine = Engine.simulated(EngineConfig(), gpu="h100", model="llama-3-8b")
-        engine.has_unfinished_requests()
-    except (NotImplementedError, ImportError, AttributeError):
-        return False
-    return True

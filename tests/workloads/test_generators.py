@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slotune.workloads import BUNDLED, AgentParams, agent_sessions, load_trace, shared_prefix, sharegpt_like
+from slotune.workloads import (
+    BUNDLED,
+    AgentParams,
+    agent_sessions,
+    load_trace,
+    shared_prefix,
+    sharegpt_like,
+)
 from slotune.workloads.load import bundled_path
 
 
@@ -35,7 +42,10 @@ def test_agent_sessions_share_system_prompt_and_tools_across_sessions() -> None:
     assert ids[firsts[0]][150:] != ids[firsts[2]][150:]  # each task is its own
     later = [r for r in trace if r.turn > 0]
     assert later and all(r.parent_id and r.think_time_s > 0 for r in later)
-    assert max(trace.full_prompt_lengths()) + max(r.output_len for r in trace) <= params.max_context_len + 2048
+    assert (
+        max(trace.full_prompt_lengths()) + max(r.output_len for r in trace)
+        <= params.max_context_len + 2048
+    )
 
 
 def test_shared_prefix_groups() -> None:

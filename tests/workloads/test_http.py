@@ -42,10 +42,15 @@ class _Server:
                 request.transport.close()
                 return resp
             delta = {"delta": {"content": "tok "}} if chat else {"text": "tok "}
-            await resp.write(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n".encode())
+            await resp.write(
+                f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n".encode()
+            )
             await asyncio.sleep(0.005)
-        usage = {"prompt_tokens": len(text), "completion_tokens": n,
-                 "prompt_tokens_details": {"cached_tokens": 3}}
+        usage = {
+            "prompt_tokens": len(text),
+            "completion_tokens": n,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        }
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -86,8 +91,13 @@ def server() -> Iterator[_Server]:
 
 def _trace(texts: list[str], output: int = 4) -> Trace:
     reqs = tuple(
-        TraceRequest(request_id=f"r{i}", prompt_len=len(t.encode()), output_len=output,
-                     prompt_token_ids=tuple(t.encode()), prompt_text=t)
+        TraceRequest(
+            request_id=f"r{i}",
+            prompt_len=len(t.encode()),
+            output_len=output,
+            prompt_token_ids=tuple(t.encode()),
+            prompt_text=t,
+        )
         for i, t in enumerate(texts)
     )
     return Trace(name="http", requests=reqs)
@@ -102,8 +112,14 @@ def test_endpoint_url() -> None:
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_streams_tokens_and_records_errors_without_aborting(server: _Server, endpoint: str) -> None:
     trace = _trace(["hello there", "please FAIL now", "DROP me", "and another one", "last"])
-    res = run_http(f"http://127.0.0.1:{server.port}", trace, ArrivalSpec(rate=200, constant=True),
-                   model="m", endpoint=endpoint, timeout_s=10)
+    res = run_http(
+        f"http://127.0.0.1:{server.port}",
+        trace,
+        ArrivalSpec(rate=200, constant=True),
+        model="m",
+        endpoint=endpoint,
+        timeout_s=10,
+    )
     df = res.requests.set_index("request_id")
     assert df.loc["r1", "error"].startswith("HTTP 500: internal error")
     assert df.loc["r2", "error"] is not None and len(df.loc["r2", "token_times"]) == 2
@@ -122,7 +138,9 @@ def test_streams_tokens_and_records_errors_without_aborting(server: _Server, end
 
 
 def test_timeout_is_recorded(server: _Server) -> None:
-    res = run_http(f"http://127.0.0.1:{server.port}", _trace(["STALL", "fine"]), model="m", timeout_s=0.5)
+    res = run_http(
+        f"http://127.0.0.1:{server.port}", _trace(["STALL", "fine"]), model="m", timeout_s=0.5
+    )
     df = res.requests.set_index("request_id")
     assert df.loc["r0", "error"] == "timeout"
     assert pd.isna(df.loc["r1", "error"])
@@ -137,12 +155,25 @@ def test_connection_refused_is_recorded() -> None:
 def test_chat_session_sends_history_with_the_servers_answers(server: _Server) -> None:
     reqs = (
         TraceRequest(request_id="t0", prompt_len=2, output_len=2, prompt_text="hi", session_id="s"),
-        TraceRequest(request_id="t1", prompt_len=3, output_len=3, prompt_text="and", session_id="s",
-                     turn=1, think_time_s=0.05, parent_id="t0"),
+        TraceRequest(
+            request_id="t1",
+            prompt_len=3,
+            output_len=3,
+            prompt_text="and",
+            session_id="s",
+            turn=1,
+            think_time_s=0.05,
+            parent_id="t0",
+        ),
     )
     server.bodies.clear()
-    res = run_http(f"http://127.0.0.1:{server.port}", Trace(name="s", requests=reqs), model="m",
-                   endpoint="chat", timeout_s=10)
+    res = run_http(
+        f"http://127.0.0.1:{server.port}",
+        Trace(name="s", requests=reqs),
+        model="m",
+        endpoint="chat",
+        timeout_s=10,
+    )
     assert res.requests["error"].isna().all()
     assert server.bodies[-1]["messages"] == [
         {"role": "user", "content": "hi"},
@@ -151,3 +182,41 @@ def test_chat_session_sends_history_with_the_servers_answers(server: _Server) ->
     ]
     df = res.requests.set_index("request_id")
     assert df.loc["t1", "arrival_time"] >= df.loc["t0", "finish_time"] + 0.05 - 1e-9
+
+
+def test_bench_command_against_the_server(server: _Server, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from slotune.cli.app import app
+
+    out = tmp_path / "http-run"
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--backend",
+            "http",
+            "--url",
+            f"http://127.0.0.1:{server.port}",
+            "--endpoint",
+            "chat",
+            "--model",
+            "served",
+            "--trace",
+            "long-context",
+            "--num-requests",
+            "3",
+            "--concurrency",
+            "2",
+            "--slo",
+            "ttft=1s",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 3 and summary["config"] is None
+    assert summary["backend"] == "http" and summary["slo_attainment"] == 1.0
+    assert server.bodies[-1]["model"] == "served"

@@ -12,8 +12,14 @@ from slotune.workloads.result import REQUEST_COLUMNS, empty_steps
 
 
 def _result(rows: list[dict], duration: float, stats: dict | None = None) -> RunResult:
-    base = {"session_id": None, "turn": 0, "prompt_tokens": 100, "cached_tokens": 0,
-            "num_preemptions": 0, "error": None}
+    base = {
+        "session_id": None,
+        "turn": 0,
+        "prompt_tokens": 100,
+        "cached_tokens": 0,
+        "num_preemptions": 0,
+        "error": None,
+    }
     data = []
     for r in rows:
         row = {**base, **r}
@@ -23,7 +29,9 @@ def _result(rows: list[dict], duration: float, stats: dict | None = None) -> Run
         row.setdefault("output_tokens", len(ts))
         data.append(row)
     df = pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
-    return RunResult(requests=df, steps=empty_steps(), duration_s=duration, engine_stats=stats or {})
+    return RunResult(
+        requests=df, steps=empty_steps(), duration_s=duration, engine_stats=stats or {}
+    )
 
 
 # a: arrives 0, tokens at 0.1 0.2 0.3 0.5 -> ttft 100 ms, e2e 500 ms, tpot 400/3 ms, itl 100 100 200
@@ -34,8 +42,13 @@ ROWS = [
     {"request_id": "a", "arrival_time": 0.0, "token_times": [0.1, 0.2, 0.3, 0.5]},
     {"request_id": "b", "arrival_time": 1.0, "token_times": [1.3, 1.35], "cached_tokens": 50},
     {"request_id": "c", "arrival_time": 2.0, "token_times": [2.05], "num_preemptions": 2},
-    {"request_id": "d", "arrival_time": 3.0, "token_times": [], "error": "HTTP 500: boom",
-     "finish_time": 3.1},
+    {
+        "request_id": "d",
+        "arrival_time": 3.0,
+        "token_times": [],
+        "error": "HTTP 500: boom",
+        "finish_time": 3.1,
+    },
 ]
 
 
@@ -80,15 +93,26 @@ def test_percentile_targets_are_checked_on_the_distribution() -> None:
 
 
 def test_engine_counters_win_over_per_request_cached_tokens() -> None:
-    stats = {"num_preemptions": 7, "prefix_cache_queries_tokens": 1000, "prefix_cache_hit_tokens": 250}
+    stats = {
+        "num_preemptions": 7,
+        "prefix_cache_queries_tokens": 1000,
+        "prefix_cache_hit_tokens": 250,
+    }
     s = summarize(_result(ROWS, duration=4.0, stats=stats))
     assert s["num_preemptions"] == 7
     assert s["prefix_cache_hit_rate"] == pytest.approx(0.25)
 
 
 def test_no_completed_request_gives_empty_distributions() -> None:
-    rows = [{"request_id": "x", "arrival_time": 0.0, "token_times": [], "error": "timeout",
-             "finish_time": 1.0}]
+    rows = [
+        {
+            "request_id": "x",
+            "arrival_time": 0.0,
+            "token_times": [],
+            "error": "timeout",
+            "finish_time": 1.0,
+        }
+    ]
     s = summarize(_result(rows, duration=1.0), parse_slo("ttft=1s"))
     assert s["ttft_ms"]["p99"] is None
     assert s["slo_attainment"] == 0.0

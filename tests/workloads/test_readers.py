@@ -48,21 +48,30 @@ def test_sharegpt_sampling_follows_vllm(tmp_path: Path) -> None:
         _conv("long_prompt", ("human", "x" * 1025), ("gpt", "fine, okay")),
         _conv("too_long", ("human", "y" * 1000), ("gpt", "z" * 1100)),
         _conv("one_msg", ("human", "anyone there?")),
-        _conv("ok2", ("system", "be brief"), ("human", "what is up"), ("gpt", "the sky"),
-              ("human", "and?"), ("gpt", "that's all")),
+        _conv(
+            "ok2",
+            ("system", "be brief"),
+            ("human", "what is up"),
+            ("gpt", "the sky"),
+            ("human", "and?"),
+            ("gpt", "that's all"),
+        ),
     ]
     path = _write_json(tmp_path / "sg.json", data)
     trace = load_trace(path, seed=0)
     assert detect_format(path) == "sharegpt"
     assert sorted(r.request_id.split("-")[0] for r in trace) == ["ok1", "ok2"]
     assert trace.dropped == {
-        "prompt < 4 tokens": 1, "output < 4 tokens": 1, "prompt > 1024 tokens": 1,
-        "prompt + output > 2048 tokens": 1, "fewer than 2 messages": 1,
+        "prompt < 4 tokens": 1,
+        "output < 4 tokens": 1,
+        "prompt > 1024 tokens": 1,
+        "prompt + output > 2048 tokens": 1,
+        "fewer than 2 messages": 1,
     }
     ok1 = next(r for r in trace if r.request_id.startswith("ok1"))
     assert ok1.prompt_len == len("hello there friend")  # byte-level tokenizer
     assert ok1.output_len == len("hi! how can I help")
-    assert ok1.prompt_token_ids == tuple("hello there friend".encode())
+    assert ok1.prompt_token_ids == tuple(b"hello there friend")
     ok2 = next(r for r in trace if r.request_id.startswith("ok2"))
     assert ok2.prompt_text == "be brief\nwhat is up"  # system message kept in front
     assert "byte-level" in trace.tokenizer
@@ -81,9 +90,15 @@ def test_sharegpt_seeded_shuffle_and_num_requests(tmp_path: Path) -> None:
 
 def test_sharegpt_multi_turn_sessions(tmp_path: Path) -> None:
     data = [
-        _conv("a", ("human", "first question"), ("gpt", "first answer"),
-              ("human", "second question"), ("gpt", "second answer"),
-              ("human", "third"), ("gpt", "third answer")),
+        _conv(
+            "a",
+            ("human", "first question"),
+            ("gpt", "first answer"),
+            ("human", "second question"),
+            ("gpt", "second answer"),
+            ("human", "third"),
+            ("gpt", "third answer"),
+        ),
         _conv("b", ("human", "only one"), ("gpt", "one answer")),
     ]
     trace = load_trace(_write_json(tmp_path / "mt.json", data), multi_turn=True)
@@ -97,14 +112,20 @@ def test_sharegpt_multi_turn_sessions(tmp_path: Path) -> None:
     assert stats["sessions"] == 2
     # turn 2's full prompt = t0 + answer0 + t1 + answer1 + t2
     full = trace.full_prompt_lengths()
-    assert full[2] == sum(len(s) for s in ["first question", "first answer", "second question",
-                                           "second answer", "third"])
+    assert full[2] == sum(
+        len(s)
+        for s in ["first question", "first answer", "second question", "second answer", "third"]
+    )
 
 
 @pytest.mark.parametrize(
     ("content", "where", "fragment"),
     [
-        ('[{"id": "a", "conversations": []},\n {"id": "b", "conversations": [}', "line 2", "invalid JSON"),
+        (
+            '[{"id": "a", "conversations": []},\n {"id": "b", "conversations": [}',
+            "line 2",
+            "invalid JSON",
+        ),
         ('{"not": "a list"}', "line 1", "expected a JSON array"),
         ('[\n{"id": "a", "conversations": []},\n{"id": "b"}\n]', "line 3", '"conversations" list'),
         ('[\n{"id": "a", "conversations": [{"from": "human"}]}\n]', "line 2", "conversations[0]"),
@@ -146,16 +167,30 @@ def test_mooncake_hash_ids_become_shared_tokens(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rows", "where", "fragment"),
     [
-        ([{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}, "{oops"],
-         "line 2", "invalid JSON"),
-        ([{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": [1]}],
-         "line 1", "'input_length': expected >= 1"),
+        (
+            [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}, "{oops"],
+            "line 2",
+            "invalid JSON",
+        ),
+        (
+            [{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": [1]}],
+            "line 1",
+            "'input_length': expected >= 1",
+        ),
         ([{"timestamp": 0, "output_length": 1, "hash_ids": [1]}], "line 1", "'input_length'"),
-        ([{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}],
-         "line 1", "needs 3 hash ids"),
-        ([{"timestamp": 50, "input_length": 5, "output_length": 1, "hash_ids": [1]},
-          {"timestamp": 40, "input_length": 5, "output_length": 1, "hash_ids": [2]}],
-         "line 2", "expected non-decreasing timestamps"),
+        (
+            [{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}],
+            "line 1",
+            "needs 3 hash ids",
+        ),
+        (
+            [
+                {"timestamp": 50, "input_length": 5, "output_length": 1, "hash_ids": [1]},
+                {"timestamp": 40, "input_length": 5, "output_length": 1, "hash_ids": [2]},
+            ],
+            "line 2",
+            "expected non-decreasing timestamps",
+        ),
     ],
 )
 def test_mooncake_malformed(tmp_path: Path, rows: list, where: str, fragment: str) -> None:
@@ -168,6 +203,7 @@ def test_mooncake_malformed(tmp_path: Path, rows: list, where: str, fragment: st
 
 # Azure and BurstGPT -----------------------------------------------------------------
 
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
 2023-11-16 18:15:50.9951690,396,109
@@ -194,13 +230,27 @@ def test_azure_csv(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "where", "fragment"),
     [
-        ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n", "row 1", "missing column(s) ['GeneratedTokens']"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,3,4\n2023-11-16 18:15:47,-3,4\n",
-         "row 3", "expected a non-negative integer"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,3,4\n2023-11-16 18:15:40,3,4\n",
-         "row 3", "expected rows in time order"),
+        (
+            "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n",
+            "row 1",
+            "missing column(s) ['GeneratedTokens']",
+        ),
+        (
+            AZURE_HEAD + "2023-11-16 18:15:46.68,3,4\n2023-11-16 18:15:47,-3,4\n",
+            "row 3",
+            "expected a non-negative integer",
+        ),
+        (
+            AZURE_HEAD + "2023-11-16 18:15:46.68,3,4\n2023-11-16 18:15:40,3,4\n",
+            "row 3",
+            "expected rows in time order",
+        ),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "row 2", "cannot read time"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,3\n", "row 2", "expected 3 fields"),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,3\n",
+            "row 2",
+            "expected 3 fields",
+        ),
     ],
 )
 def test_azure_malformed(tmp_path: Path, content: str, where: str, fragment: str) -> None:
@@ -226,7 +276,10 @@ def test_burstgpt_drops_and_counts_failed_rows(tmp_path: Path) -> None:
     path.write_text(BURSTGPT)
     assert detect_format(path) == "burstgpt"
     trace = load_trace(path)
-    assert [(r.arrival_time, r.prompt_len, r.output_len) for r in trace] == [(0.0, 472, 18), (113.0, 417, 276)]
+    assert [(r.arrival_time, r.prompt_len, r.output_len) for r in trace] == [
+        (0.0, 472, 18),
+        (113.0, 417, 276),
+    ]
     assert trace.dropped == {"failed (Response tokens = 0)": 2, "Request tokens = 0": 1}
     assert trace.stats()["dropped"] == trace.dropped
 
@@ -243,7 +296,7 @@ def test_burstgpt_malformed(tmp_path: Path) -> None:
 def test_unknown_csv_header_names_both_formats(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
     path.write_text("a,b\n1,2\n")
-    with pytest.raises(TraceFormatError, match="Azure columns .* BurstGPT columns"):
+    with pytest.raises(TraceFormatError, match=r"Azure columns .* BurstGPT columns"):
         load_trace(path)
 
 
@@ -253,13 +306,25 @@ def test_unknown_csv_header_names_both_formats(tmp_path: Path) -> None:
 def test_every_format_converts_to_slotune_jsonl_and_back(tmp_path: Path) -> None:
     azure = tmp_path / "azure.csv"
     azure.write_text(AZURE)
-    mooncake = _write_lines(tmp_path / "mc.jsonl", [
-        {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]},
-        {"timestamp": 10, "input_length": 512, "output_length": 3, "hash_ids": [1]},
-    ])
-    sharegpt = _write_json(tmp_path / "sg.json", [
-        _conv("a", ("human", "first question"), ("gpt", "first answer"),
-              ("human", "second question"), ("gpt", "second answer"))])
+    mooncake = _write_lines(
+        tmp_path / "mc.jsonl",
+        [
+            {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]},
+            {"timestamp": 10, "input_length": 512, "output_length": 3, "hash_ids": [1]},
+        ],
+    )
+    sharegpt = _write_json(
+        tmp_path / "sg.json",
+        [
+            _conv(
+                "a",
+                ("human", "first question"),
+                ("gpt", "first answer"),
+                ("human", "second question"),
+                ("gpt", "second answer"),
+            )
+        ],
+    )
     for src, kwargs in [(azure, {}), (mooncake, {}), (sharegpt, {"multi_turn": True})]:
         trace = load_trace(src, **kwargs)
         out = tmp_path / f"{src.stem}.slotune.jsonl"
@@ -276,15 +341,37 @@ def test_every_format_converts_to_slotune_jsonl_and_back(tmp_path: Path) -> None
     [
         ([{"id": "a", "prompt_len": 5, "output_len": 2}, "not json"], "line 2", "invalid JSON"),
         ([{"id": "a", "prompt_len": 5}], "line 1", "missing field 'output_len'"),
-        ([{"id": "a", "prompt_len": -1, "output_len": 2}], "line 1", "prompt length must be at least 1"),
-        ([{"id": "a", "prompt_len": 5, "output_len": 2, "parent_id": "zz"}], "line 1",
-         "parent_id 'zz' is not an earlier request"),
-        ([{"id": "a", "prompt_len": 5, "output_len": 2, "arrival_time": 3.0},
-          {"id": "b", "prompt_len": 5, "output_len": 2, "arrival_time": 1.0}], "line 2",
-         "expected non-decreasing arrival times"),
-        ([{"id": "a", "prompt_len": 5, "output_len": 2, "colour": "red"}], "line 1", "unknown field(s) ['colour']"),
-        ([{"id": "a", "prompt_len": 5, "output_len": 2}, {"id": "a", "prompt_len": 5, "output_len": 2}],
-         "line 2", "duplicate id 'a'"),
+        (
+            [{"id": "a", "prompt_len": -1, "output_len": 2}],
+            "line 1",
+            "prompt length must be at least 1",
+        ),
+        (
+            [{"id": "a", "prompt_len": 5, "output_len": 2, "parent_id": "zz"}],
+            "line 1",
+            "parent_id 'zz' is not an earlier request",
+        ),
+        (
+            [
+                {"id": "a", "prompt_len": 5, "output_len": 2, "arrival_time": 3.0},
+                {"id": "b", "prompt_len": 5, "output_len": 2, "arrival_time": 1.0},
+            ],
+            "line 2",
+            "expected non-decreasing arrival times",
+        ),
+        (
+            [{"id": "a", "prompt_len": 5, "output_len": 2, "colour": "red"}],
+            "line 1",
+            "unknown field(s) ['colour']",
+        ),
+        (
+            [
+                {"id": "a", "prompt_len": 5, "output_len": 2},
+                {"id": "a", "prompt_len": 5, "output_len": 2},
+            ],
+            "line 2",
+            "duplicate id 'a'",
+        ),
     ],
 )
 def test_slotune_jsonl_malformed(tmp_path: Path, rows: list, where: str, fragment: str) -> None:
@@ -308,12 +395,16 @@ def test_real_tokenizer_by_path(tmp_path: Path) -> None:
     tok = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    path = _write_lines(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hello world hello", "output_len": 3}])
+    path = _write_lines(
+        tmp_path / "t.jsonl", [{"id": "a", "prompt": "hello world hello", "output_len": 3}]
+    )
     trace = load_trace(path, tokenizer=tmp_path)
     assert trace.own_prompt_token_ids()[0] == [0, 1, 0]
     assert "tokenizers" in trace.tokenizer
 
 
 def test_unknown_trace_lists_bundled_names() -> None:
-    with pytest.raises(ValueError, match="bundled: sharegpt-like, agent, shared-prefix, long-context"):
+    with pytest.raises(
+        ValueError, match="bundled: sharegpt-like, agent, shared-prefix, long-context"
+    ):
         load_trace("no-such-trace")

@@ -15,7 +15,9 @@ from .conftest import FakeEngine
 
 
 def _simple_trace(n: int = 20, prompt: int = 40, output: int = 8) -> Trace:
-    reqs = tuple(TraceRequest(request_id=f"r{i}", prompt_len=prompt, output_len=output) for i in range(n))
+    reqs = tuple(
+        TraceRequest(request_id=f"r{i}", prompt_len=prompt, output_len=output) for i in range(n)
+    )
     return Trace(name="t", requests=reqs)
 
 
@@ -52,7 +54,9 @@ def test_virtual_clock_does_not_sleep_and_advances_by_step_durations() -> None:
 def test_arrival_during_a_step_keeps_its_true_arrival_time() -> None:
     engine, res = _run(_simple_trace(n=30), ArrivalSpec(rate=400))
     for rid, (_, arrival) in engine.added.items():
-        assert arrival == pytest.approx(res.requests.set_index("request_id").loc[rid, "arrival_time"])
+        assert arrival == pytest.approx(
+            res.requests.set_index("request_id").loc[rid, "arrival_time"]
+        )
     df = res.requests
     # requests added at a step boundary after they arrived: their waiting counts in TTFT
     assert (df["first_token_time"] - df["arrival_time"] >= engine.base_s - 1e-12).all()
@@ -74,15 +78,22 @@ def test_closed_loop_concurrency_caps_requests_in_flight() -> None:
 
 
 def _agent_trace() -> Trace:
-    params = AgentParams(num_sessions=6, turns=(3, 4), num_agents=2, system_prompt_len=64,
-                         tools_len=64, task=LengthDist(20, 0.3, 8, 64),
-                         tool_result=LengthDist(30, 0.3, 8, 64), output=LengthDist(6, 0.3, 2, 12))
+    params = AgentParams(
+        num_sessions=6,
+        turns=(3, 4),
+        num_agents=2,
+        system_prompt_len=64,
+        tools_len=64,
+        task=LengthDist(20, 0.3, 8, 64),
+        tool_result=LengthDist(30, 0.3, 8, 64),
+        output=LengthDist(6, 0.3, 2, 12),
+    )
     return agent_sessions(params, seed=3)
 
 
 def test_agent_turns_start_after_previous_turn_ends_plus_tool_time() -> None:
     trace = _agent_trace()
-    engine, res = _run(trace, ArrivalSpec())
+    _, res = _run(trace, ArrivalSpec())
     df = res.requests.set_index("request_id")
     checked = 0
     for r in trace:
@@ -117,8 +128,10 @@ def test_concurrency_counts_sessions_not_turns() -> None:
     _, res = _run(trace, ArrivalSpec(concurrency=2))
     df = res.requests
     spans = df.groupby("session_id").agg(start=("arrival_time", "min"), end=("finish_time", "max"))
-    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]],
+        key=lambda e: (e[0], e[1]),
+    )
     active = peak = 0
     for _, d in events:
         active += d
@@ -127,8 +140,10 @@ def test_concurrency_counts_sessions_not_turns() -> None:
 
 
 def test_rejected_request_is_recorded_and_the_run_continues() -> None:
-    reqs = [TraceRequest(request_id=f"r{i}", prompt_len=5000 if i == 2 else 30, output_len=4)
-            for i in range(6)]
+    reqs = [
+        TraceRequest(request_id=f"r{i}", prompt_len=5000 if i == 2 else 30, output_len=4)
+        for i in range(6)
+    ]
     _, res = _run(Trace(name="t", requests=tuple(reqs)), ArrivalSpec(rate=10))
     df = res.requests.set_index("request_id")
     assert df.loc["r2", "error"].startswith("rejected:")
@@ -138,8 +153,10 @@ def test_rejected_request_is_recorded_and_the_run_continues() -> None:
 
 
 def test_timestamps_with_time_scale() -> None:
-    reqs = tuple(TraceRequest(request_id=f"r{i}", prompt_len=10, output_len=2, arrival_time=10.0 + i)
-                 for i in range(4))
+    reqs = tuple(
+        TraceRequest(request_id=f"r{i}", prompt_len=10, output_len=2, arrival_time=10.0 + i)
+        for i in range(4)
+    )
     _, res = _run(Trace(name="t", requests=reqs), ArrivalSpec(timestamps=True, time_scale=0.5))
     assert res.requests["arrival_time"].tolist() == [0.0, 0.5, 1.0, 1.5]
 
@@ -147,8 +164,10 @@ def test_timestamps_with_time_scale() -> None:
 def test_steps_table_matches_engine_steps() -> None:
     engine, res = _run(_simple_trace(n=10), ArrivalSpec())
     assert len(res.steps) == engine.stats()["steps"]
-    assert (res.steps["num_scheduled_tokens"] == res.steps["num_prefill_tokens"]
-            + res.steps["num_decode_tokens"]).all()
+    assert (
+        res.steps["num_scheduled_tokens"]
+        == res.steps["num_prefill_tokens"] + res.steps["num_decode_tokens"]
+    ).all()
     assert res.steps["duration_s"].sum() == pytest.approx(res.duration_s)
 
 
@@ -160,3 +179,24 @@ def test_wall_clock_runner_records_real_times() -> None:
     assert (df["first_token_time"] >= df["arrival_time"]).all()
     assert df["arrival_time"].tolist() == pytest.approx([0.0, 0.02, 0.04, 0.06])
     assert res.duration_s >= 0.06
+
+
+def test_rate_and_concurrency_together() -> None:
+    from slotune.workloads import arrival_times
+
+    spec = ArrivalSpec(rate=200, concurrency=2)
+    _, res = _run(_simple_trace(n=12), spec)
+    df = res.requests
+    scheduled = arrival_times(spec, 12, seed=0)
+    assert (df["arrival_time"].to_numpy() >= np.array(scheduled) - 1e-12).all()
+    events = sorted(
+        [(t, 1) for t in df["arrival_time"]] + [(t, -1) for t in df["finish_time"]],
+        key=lambda e: (e[0], e[1]),
+    )
+    active = peak = 0
+    for _, d in events:
+        active += d
+        peak = max(peak, active)
+    assert peak == 2
+    # a request held back by the cap starts when a slot frees, not at its scheduled time
+    assert (df["arrival_time"].to_numpy() > np.array(scheduled) + 1e-9).any()

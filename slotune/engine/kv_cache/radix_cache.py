@@ -45,6 +45,7 @@ class RadixPrefixCache:
         self._clock = 0
         self._seq = 0
         self._heap: list[tuple[int, int, RadixNode]] = []
+        self._compact_at = 1024
 
     def new_state(self) -> RadixState:
         return (self.root, 0)
@@ -158,6 +159,23 @@ class RadixPrefixCache:
     def _push(self, node: RadixNode) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (node.last_access, self._seq, node))
+        if len(self._heap) > self._compact_at:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the eviction heap from the live evictable leaves, dropping stale entries."""
+        heap = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node.blocks and node.blocks[-1].ref_cnt == 0:
+                self._seq += 1
+                heap.append((node.last_access, self._seq, node))
+        heapq.heapify(heap)
+        self._heap = heap
+        self._compact_at = max(1024, 4 * len(heap))
 
     def evict(self, n: int) -> list[KVCacheBlock]:
         """Evict up to ``n`` unreferenced blocks: least recently used leaves, tail first."""

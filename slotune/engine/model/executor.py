@@ -96,7 +96,12 @@ class TorchExecutor:
         shape = (c.num_hidden_layers, 0, config.block_size, c.num_key_value_heads, c.head_dim)
         gpu_shape = (*shape[:1], capacity.num_gpu_blocks, *shape[2:])
         cpu_shape = (*shape[:1], capacity.num_cpu_blocks, *shape[2:])
-        self._kv = (self._alloc(gpu_shape, self.device), self._alloc(gpu_shape, self.device))
+        # Zeroed: a padded decode batch multiplies masked-out slots by zero weights, and
+        # uninitialised memory could hold NaN. Swapped-in blocks are copies of such blocks.
+        self._kv = (
+            torch.zeros(gpu_shape, dtype=self.dtype, device=self.device),
+            torch.zeros(gpu_shape, dtype=self.dtype, device=self.device),
+        )
         pin = self.device.type == "cuda"
         self._cpu_kv = (
             torch.empty(cpu_shape, dtype=self.dtype, pin_memory=pin),
@@ -112,13 +117,6 @@ class TorchExecutor:
             config.block_size,
             self.backend.name,
         )
-
-    def _alloc(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        # Zeroing a large CPU cache would touch every page up front; unwritten slots are
-        # never read (every backend masks keys past the context), so empty is safe.
-        if device.type == "cpu":
-            return torch.empty(shape, dtype=self.dtype)
-        return torch.zeros(shape, dtype=self.dtype, device=device)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         if self._kv is None or self.backend is None:
@@ -181,6 +179,17 @@ class TorchExecutor:
             if num_samples > 0:
                 logits_indices.append(len(input_ids) - 1)
                 rows.append(SampleRow(rid, req.sampling_params, num_samples, req.index))
+        vocab = self.model_config.vocab_size
+        if max(input_ids) >= vocab:
+            bad = next(
+                rid
+                for rid in so.num_scheduled_tokens
+                if max(so.requests[rid].all_token_ids) >= vocab
+            )
+            raise ValueError(
+                f"request {bad!r}: token id {max(so.requests[bad].all_token_ids)} is outside the "
+                f"model's vocabulary of {vocab}; tokenize prompts with the model's tokenizer"
+            )
         dev = self.device
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]

@@ -162,7 +162,8 @@ class CostModel:
 
     # -- per-op pieces ------------------------------------------------------------------
     def layer_ops(self, num_tokens: int) -> dict[str, float]:
-        """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens."""
+        """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens
+        (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer)."""
         p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
         ew = p.elementwise
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim

@@ -74,7 +74,8 @@ GPUS: dict[str, GpuSpec] = {
         # NVIDIA HGX B200 datasheet, per GPU (180 GB HBM3e, 7.7 TB/s, NVLink 5 1.8 TB/s).
         GpuSpec("b200", "NVIDIA B200 180GB (HGX)", 180, 7700, 2250.0, 4500.0, 64, 1800,
                 "NVLink 5", "NVIDIA HGX B200 datasheet, per-GPU figures"),
-        # AMD Instinct MI300X datasheet (Infinity Fabric 896 GB/s aggregate peak).
+        # AMD Instinct MI300X datasheet; Infinity Fabric: 7 peer links × 128 GB/s = 896 GB/s
+        # to the other GPUs of an 8-GPU platform.
         GpuSpec("mi300x", "AMD Instinct MI300X 192GB", 192, 5300, 1307.4, 2614.9, 64, 896,
                 "Infinity Fabric", "AMD Instinct MI300X datasheet"),
     )

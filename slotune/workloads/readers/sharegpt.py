@@ -29,6 +29,7 @@ MAX_PROMPT_LEN = 1024
 MAX_TOTAL_LEN = 2048
 _HUMAN = ("human", "user")
 _GPT = ("gpt", "assistant", "chatgpt", "bard", "model")
+_Entry = tuple[int, str, list[tuple[str, str]]]  # line, conversation id, (role, text) messages
 
 
 def iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
@@ -137,7 +138,13 @@ def read_sharegpt(
     )
 
 
-def _single_turn(entries, tokenizer, num_requests, seed, dropped) -> list[TraceRequest]:  # type: ignore[no-untyped-def]
+def _single_turn(
+    entries: list[_Entry],
+    tokenizer: Tokenizer,
+    num_requests: int | None,
+    seed: int,
+    dropped: DropCounter,
+) -> list[TraceRequest]:
     candidates: list[tuple[str, str, str]] = []
     for _, conv_id, messages in entries:
         if len(messages) < 2:
@@ -184,7 +191,13 @@ def vllm_filter(prompt_len: int, output_len: int) -> str | None:
     return None
 
 
-def _multi_turn(entries, tokenizer, num_requests, max_context_len, dropped) -> list[TraceRequest]:  # type: ignore[no-untyped-def]
+def _multi_turn(
+    entries: list[_Entry],
+    tokenizer: Tokenizer,
+    num_requests: int | None,
+    max_context_len: int,
+    dropped: DropCounter,
+) -> list[TraceRequest]:
     requests: list[TraceRequest] = []
     for n, (_, conv_id, messages) in enumerate(entries):
         if num_requests is not None and len(requests) >= num_requests:

@@ -40,6 +40,9 @@ class Release(Generic[P]):
     max_tokens: int
 
 
+_NOTHING: list[Any] = []
+
+
 class Dispatcher(Generic[P]):
     def __init__(
         self, trace: Trace, arrivals: ArrivalSpec, builder: PromptBuilder[P], *, seed: int = 0
@@ -96,6 +99,8 @@ class Dispatcher(Generic[P]):
         return not self._timed and not self._blocked and self._in_flight == 0
 
     def pop_due(self, now: float) -> list[Release[P]]:
+        if not self._blocked and (not self._timed or self._timed[0][0] > now):
+            return _NOTHING
         releases: list[Release[P]] = []
         while self._timed and self._timed[0][0] <= now:
             t, i = heapq.heappop(self._timed)

@@ -116,13 +116,14 @@ def drive_engine(
     keep_output = disp.has_children
     outputs: dict[int, list[int]] = {}
     index = rec.index
+    token_times = rec.token_times
     total = len(trace)
 
     def end(i: int, now: float, **kw: Any) -> None:
         rec.done(i, now, **kw)
         disp.finish(i, now, outputs.pop(i, []))
         if progress is not None:
-            progress(rec.completed, total)
+            progress(rec.num_done, total)
 
     while True:
         now = clock.now()
@@ -157,11 +158,13 @@ def drive_engine(
             rec.step(now, stats)
         for out in step_outputs:
             i = index[out.request_id]
-            n = len(out.new_token_ids)
-            if n:
-                rec.tokens(i, now, n)
-                if keep_output[i]:
-                    outputs[i].extend(out.new_token_ids)
+            new = out.new_token_ids
+            if len(new) == 1:
+                token_times[i].append(now)
+            elif new:
+                token_times[i].extend([now] * len(new))
+            if keep_output[i]:
+                outputs[i].extend(new)
             if out.finished:
                 error = "aborted" if out.finish_reason == "abort" else None
                 end(

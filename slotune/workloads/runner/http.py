@@ -149,7 +149,7 @@ async def run_http_async(
                 i, output = task.result()
                 disp.finish(i, rec.finish[i], output)
                 if progress is not None:
-                    progress(rec.completed, len(trace))
+                    progress(rec.num_done, len(trace))
     return rec.result(now())
 
 

@@ -28,8 +28,9 @@ class Recorder:
         self.cached_tokens = [0] * n
         self.preemptions = [0] * n
         self.error: list[str | None] = ["not sent"] * n
-        self.completed = 0
-        self._steps: list[tuple[float, ...]] = []
+        self.num_done = 0
+        self._step_times: list[float] = []
+        self._steps: list[StepStats] = []
 
     def sent(self, i: int, arrival_time: float, prompt_tokens: int) -> None:
         self.arrival[i] = arrival_time
@@ -60,22 +61,19 @@ class Recorder:
         self.preemptions[i] = preemptions
         if prompt_tokens is not None:
             self.prompt_tokens[i] = prompt_tokens
-        self.completed += 1
+        self.num_done += 1
 
     def step(self, now: float, s: StepStats) -> None:
-        self._steps.append(
-            (
-                now,
-                s.duration_s,
-                s.num_scheduled_tokens,
-                s.num_prefill_tokens,
-                s.num_decode_tokens,
-                s.num_running,
-                s.num_waiting,
-                s.kv_cache_usage,
-                s.num_preempted,
-            )
-        )
+        self._step_times.append(now)
+        self._steps.append(s)
+
+    def _steps_frame(self) -> pd.DataFrame:
+        if not self._steps:
+            return empty_steps()
+        columns: dict[str, list[Any]] = {"time": self._step_times}
+        for name in STEP_COLUMNS[1:]:
+            columns[name] = [getattr(s, name) for s in self._steps]
+        return pd.DataFrame(columns, columns=list(STEP_COLUMNS))
 
     def result(self, duration_s: float, engine_stats: dict[str, Any] | None = None) -> RunResult:
         reqs = self.trace.requests
@@ -98,12 +96,9 @@ class Recorder:
             "error": self.error,
         }
         requests = pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
-        steps = (
-            pd.DataFrame(self._steps, columns=list(STEP_COLUMNS)) if self._steps else empty_steps()
-        )
         return RunResult(
             requests=requests,
-            steps=steps,
+            steps=self._steps_frame(),
             duration_s=duration_s,
             engine_stats=dict(engine_stats or {}),
         )

@@ -5,6 +5,9 @@ Request ``i`` owns query rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``; its keys ar
 first ``seq_lens_k[i]`` positions of its context (cached tokens plus this chunk), stored
 in the blocks ``block_tables[i]``. Query row ``j`` of request ``i`` sits at absolute
 position ``seq_lens_k[i] - q_len + j`` and attends to every key at or before it.
+
+Slots past a context may be read (padded decode batches) but get zero weight, so the cache
+must hold finite values everywhere: allocate it zeroed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Reference attention: gather each request's blocks, run SDPA with a bottom-right causal mask."""
+"""Reference attention: gather each request's blocks, run SDPA with a bottom-right causal mask.
+
+Decoding requests (one query token each) go through one batched SDPA call, their
+contexts padded to the longest and masked; each prefill chunk gets its own call.
+"""
 
 from __future__ import annotations
 
@@ -20,32 +24,66 @@ class TorchAttention:
         scale: float,
     ) -> torch.Tensor:
         out = torch.empty_like(q)
-        block_size = k_cache.shape[1]
-        groups = q.shape[1] // k_cache.shape[2]
-        start = 0
+        starts = [0]
+        for q_len in meta.query_lens:
+            starts.append(starts[-1] + q_len)
+        decodes = [i for i, q_len in enumerate(meta.query_lens) if q_len == 1]
+        if decodes:
+            rows = [starts[i] for i in decodes]
+            out[rows] = _decode(q[rows], k_cache, v_cache, meta, decodes, scale)
         for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
-            num_blocks = -(-ctx_len // block_size)
-            blocks = meta.block_tables[i, :num_blocks]
-            k = _gather(k_cache, blocks, ctx_len, groups)
-            v = _gather(v_cache, blocks, ctx_len, groups)
-            q_i = q[start : start + q_len].transpose(0, 1)
-            mask = _causal_mask(q_len, ctx_len, q.device)
-            o = F.scaled_dot_product_attention(q_i, k, v, attn_mask=mask, scale=scale)
-            out[start : start + q_len] = o.transpose(0, 1)
-            start += q_len
+            if q_len > 1:
+                s = slice(starts[i], starts[i] + q_len)
+                out[s] = _prefill(q[s], k_cache, v_cache, meta.block_tables[i], ctx_len, scale)
         return out
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor, ctx_len: int, groups: int) -> torch.Tensor:
-    """[heads, ctx_len, head_dim] of one request, kv heads repeated for grouped-query attention."""
-    _, _, kv_heads, head_dim = cache.shape
-    x = cache[blocks].reshape(-1, kv_heads, head_dim)[:ctx_len].transpose(0, 1)
-    return x.repeat_interleave(groups, dim=0) if groups > 1 else x
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    seqs: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """q [seqs, heads, dim] of one-token requests, each attending to its whole context."""
+    block_size = k_cache.shape[1]
+    ctx = [meta.context_lens[i] for i in seqs]
+    num_blocks = -(-max(ctx) // block_size)
+    tables = meta.block_tables[seqs, :num_blocks]
+    k, v = _gather(k_cache, tables), _gather(v_cache, tables)
+    ctx_lens = torch.tensor(ctx, device=q.device)
+    mask = torch.arange(k.shape[2], device=q.device)[None, :] < ctx_lens[:, None]
+    o = F.scaled_dot_product_attention(
+        q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+    )
+    return o[:, :, 0, :]
 
 
-def _causal_mask(q_len: int, ctx_len: int, device: torch.device) -> torch.Tensor | None:
-    if q_len == 1:
-        return None
-    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)
-    k_pos = torch.arange(ctx_len, device=device)
-    return k_pos[None, :] <= q_pos[:, None]
+def _prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    ctx_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """q [chunk, heads, dim] at the last ``chunk`` positions of a ``ctx_len`` context."""
+    q_len = q.shape[0]
+    blocks = table[None, : -(-ctx_len // k_cache.shape[1])]
+    k = _gather(k_cache, blocks)[0, :, :ctx_len]
+    v = _gather(v_cache, blocks)[0, :, :ctx_len]
+    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
+    mask = torch.arange(ctx_len, device=q.device)[None, :] <= q_pos[:, None]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return o.transpose(0, 1)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """[seqs, kv_heads, blocks·block_size, head_dim] from block tables [seqs, blocks]."""
+    seqs, blocks = tables.shape
+    _, block_size, kv_heads, head_dim = cache.shape
+    x = cache[tables].reshape(seqs, blocks * block_size, kv_heads, head_dim)
+    return x.transpose(1, 2)

@@ -1,0 +1,99 @@
+"""Checks of the engine's bookkeeping that must hold after every step."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from slotune.engine import Engine
+from slotune.engine.request import RequestStatus
+from slotune.engine.scheduler_output import SchedulerOutput
+
+
+def check_kv_cache(engine: Engine) -> None:
+    kv = engine.kv_cache
+    pool = kv.pool
+    holders: Counter[int] = Counter()
+    assert set(kv.block_tables) == set(kv.req_blocks)
+    for rid, rb in kv.req_blocks.items():
+        assert kv.block_tables[rid] is rb.block_ids
+        assert rb.block_ids == [b.block_id for b in rb.blocks], rid
+        assert rb.num_slots == len(rb.blocks) * kv.block_size
+        holders.update(rb.block_ids)
+    for block in pool.blocks:
+        assert block.ref_cnt == holders[block.block_id], (
+            f"block {block.block_id}: ref_cnt {block.ref_cnt}, "
+            f"held by {holders[block.block_id]} block tables"
+        )
+    free = [b for b in pool.blocks if b.ref_cnt == 0]
+    assert len(free) == pool.num_free_blocks
+    assert len(free) + sum(1 for b in pool.blocks if b.ref_cnt > 0) == pool.num_blocks
+    queued = pool.free_queue.blocks()
+    assert len(queued) == pool.free_queue.num_free_blocks
+    assert all(b.ref_cnt == 0 and b.radix_node is None for b in queued)
+    kept = [b for b in free if b.radix_node is not None]
+    assert len(kept) + len(queued) == len(free)
+    cache = kv.cache
+    if engine.config.prefix_caching == "radix":
+        assert cache.num_evictable == len(kept)  # type: ignore[union-attr]
+    if engine.config.prefix_caching == "hash":
+        for block in pool.blocks:
+            if block.block_hash is not None:
+                assert cache._blocks[block.block_hash] is block  # type: ignore[union-attr]
+    swapped_cpu = [c for ids in kv.swapped.values() for c in ids]
+    assert len(set(swapped_cpu)) == len(swapped_cpu)
+    assert len(swapped_cpu) + kv.num_free_cpu_blocks == kv.num_cpu_blocks
+
+
+def check_scheduler(engine: Engine) -> None:
+    s = engine.scheduler
+    kv = engine.kv_cache
+    assert len(s.running) + s.fork_seats <= engine.config.max_num_seqs
+    running = {r.request_id for r in s.running}
+    waiting = {r.request_id for r in s.waiting}
+    assert len(running) == len(s.running) and len(waiting) == len(s.waiting)
+    assert not running & waiting
+    assert set(s.requests) == running | waiting
+    assert set(kv.req_blocks) == running
+    for req in s.running:
+        assert req.status is RequestStatus.RUNNING
+        assert kv.req_blocks[req.request_id].num_slots >= req.num_computed_tokens
+        assert req.num_computed_tokens <= req.num_tokens
+    for req in s.waiting:
+        if req.status is RequestStatus.SWAPPED:
+            assert req.request_id in kv.swapped
+        else:
+            assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert req.num_computed_tokens == 0
+    assert set(kv.swapped) <= waiting
+
+
+def check_step(engine: Engine, so: SchedulerOutput) -> None:
+    config = engine.config
+    scheduled = so.num_scheduled_tokens
+    assert so.total_num_scheduled_tokens == sum(scheduled.values())
+    assert so.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    assert all(n >= 1 for n in scheduled.values())
+    if config.long_prefill_token_threshold:
+        assert all(n <= config.long_prefill_token_threshold for n in scheduled.values())
+    assert set(so.num_samples) <= set(scheduled)
+    assert len(scheduled) <= config.max_num_seqs
+    if config.policy == "prefill_first" and so.num_prefill_tokens:
+        assert so.num_prefill_tokens == so.total_num_scheduled_tokens, "prefill step with decodes"
+
+
+def check_all(engine: Engine, so: SchedulerOutput | None) -> None:
+    if so is not None:
+        check_step(engine, so)
+    check_kv_cache(engine)
+    check_scheduler(engine)
+
+
+def check_drained(engine: Engine) -> None:
+    kv = engine.kv_cache
+    assert not engine.has_unfinished_requests()
+    assert kv.num_free_blocks == kv.num_gpu_blocks
+    assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
+    assert kv.num_free_cpu_blocks == kv.num_cpu_blocks
+    assert not kv.req_blocks and not kv.swapped
+    assert engine.scheduler.fork_seats == 0
+    check_all(engine, None)

@@ -1,0 +1,52 @@
+"""EngineConfig rejects every invalid value or combination, naming the field and the rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from slotune.engine import EngineConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "rule"),
+    [
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens", "at least 1"),
+        ({"max_num_batched_tokens": 2.5}, "max_num_batched_tokens", "integer"),
+        ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold", "0 (off)"),
+        ({"block_size": 12}, "block_size", "power of two"),
+        ({"block_size": 0}, "block_size", "power of two"),
+        ({"block_size": True}, "block_size", "integer"),
+        ({"max_num_seqs": 0}, "max_num_seqs", "at least 1"),
+        ({"max_model_len": 0}, "max_model_len", "at least 1"),
+        ({"preemption_mode": "drop"}, "preemption_mode", "one of"),
+        ({"prefix_caching": "lru"}, "prefix_caching", "one of"),
+        ({"policy": "fcfs"}, "policy", "one of"),
+        ({"swap_space_gb": -1.0}, "swap_space_gb", "non-negative"),
+        ({"preemption_mode": "swap", "swap_space_gb": 0}, "swap_space_gb", "positive"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization", "(0, 1]"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "(0, 1]"),
+        ({"num_gpu_blocks": 0}, "num_gpu_blocks", "at least 1"),
+        (
+            {"policy": "prefill_first", "long_prefill_token_threshold": 64},
+            "long_prefill_token_threshold",
+            "prefill_first",
+        ),
+        (
+            {"policy": "prefill_first", "max_num_batched_tokens": 512, "max_model_len": 1024},
+            "max_num_batched_tokens",
+            "max_model_len",
+        ),
+    ],
+)
+def test_invalid_config_names_field_and_rule(kwargs: dict, field: str, rule: str) -> None:
+    with pytest.raises(ValueError) as err:
+        EngineConfig(**kwargs)
+    assert f"EngineConfig.{field}" in str(err.value)
+    assert rule in str(err.value)
+
+
+def test_valid_configs_round_trip() -> None:
+    config = EngineConfig(policy="prefill_first", max_num_batched_tokens=8192, max_model_len=4096)
+    assert EngineConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown field"):
+        EngineConfig.from_dict({"max_batch": 3})

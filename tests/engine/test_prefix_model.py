@@ -1,0 +1,73 @@
+"""Hash and radix prefix caches against a brute-force model of which prefixes are cached.
+
+Requests run one after another in a pool large enough that nothing is evicted, so the
+model is simply every block-aligned prefix whose KV some earlier request computed. A new
+prompt's hit must be the longest such prefix, capped so its last token is computed.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from tests.engine.deterministic import DeterministicExecutor
+from tests.engine.invariants import check_all
+
+
+def expected_hit(cached: set[tuple[int, ...]], prompt: list[int], block_size: int) -> int:
+    best = 0
+    for k in range(1, (len(prompt) - 1) // block_size + 1):
+        if tuple(prompt[: k * block_size]) in cached:
+            best = k * block_size
+    return best
+
+
+prompts = st.lists(
+    st.lists(st.integers(2, 3), min_size=1, max_size=20),
+    min_size=1,
+    max_size=12,
+)
+
+
+def run_sequentially(kind: str, block_size: int, plist: list[list[int]], max_tokens: int) -> None:
+    config = EngineConfig(block_size=block_size, prefix_caching=kind, max_model_len=64)  # type: ignore[arg-type]
+    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=4096))
+    cached: set[tuple[int, ...]] = set()
+    for i, prompt in enumerate(plist):
+        rid = f"q{i}"
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        tokens = list(prompt)
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                first = out if first is None else first
+                tokens.extend(out.new_token_ids)
+            check_all(engine, None)
+        assert first is not None
+        assert first.num_cached_tokens == expected_hit(cached, prompt, block_size), (kind, i)
+        computed = len(tokens) - 1  # the last sampled token's KV is never computed
+        cached.update(tuple(tokens[: k * block_size]) for k in range(1, computed // block_size + 1))
+    stats = engine.stats()
+    assert stats["prefix_cache_queries_tokens"] == sum(len(p) for p in plist)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompts, st.sampled_from((1, 2, 4)), st.integers(1, 6))
+def test_hash_and_radix_hits_match_the_model(plist, block_size, max_tokens) -> None:
+    for kind in ("hash", "radix"):
+        run_sequentially(kind, block_size, plist, max_tokens)
+
+
+def test_full_hit_still_computes_the_last_prompt_token() -> None:
+    config = EngineConfig(block_size=4, prefix_caching="hash")
+    executor = DeterministicExecutor()
+    engine = Engine(config, executor)
+    prompt = list(range(2, 10))  # two full blocks
+    for rid in ("a", "b"):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+    last = executor.outputs[-1]
+    assert last.num_scheduled_tokens == {"b": 4}  # hit 4 of 8: the second block holds token 8
+    assert engine.stats()["prefix_cache_hit_tokens"] == 4

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from slotune.cli.app import app
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine.model.calibrate import (
+    Measurement,
+    build_profile,
+    default_grid,
+    fit,
+    predict,
+)
+from slotune.engine.sim import GpuSpec, get_model, load_profile
+
+
+def test_calibrate_cli_writes_a_profile_the_simulator_accepts(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "profile.json"
+    args = ["calibrate", "--model", str(tiny_dir), "--device", "cpu", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["spec"]["hbm_gbps"] > 0 and len(data["calibration"]) > 20
+    profile = load_profile(str(out))
+    assert profile.gpu.name == "calibrated-cpu"
+
+    engine = Engine.simulated(
+        EngineConfig(num_gpu_blocks=64), gpu=str(out), model=str(tiny_dir / "config.json")
+    )
+    engine.add_request("r", [5] * 40, SamplingParams(max_tokens=3, ignore_eos=True))
+    durations = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        durations.append(engine.last_step.duration_s)
+    assert all(d > 0 for d in durations)
+
+
+def test_fit_recovers_step_times_of_a_known_profile(tiny_dir: Path) -> None:
+    """Step times made by a known profile are fitted back closely (no timing involved)."""
+    spec = GpuSpec("test-cpu", "test", 16, 20.0, 0.1, None, 20.0, 20.0, "none", "test")
+    truth = dict(_PARAMS_TRUTH)
+    model = get_model(str(tiny_dir / "config.json"))
+    shapes = default_grid()
+    times = predict(build_profile(spec, truth, 16), model, 16, shapes)
+    measured = [Measurement(s, t) for s, t in zip(shapes, times, strict=True)]
+    fitted = predict(build_profile(spec, fit(spec, model, 16, measured), 16), model, 16, shapes)
+    errors = [abs(f - t) / t for f, t in zip(fitted, times, strict=True)]
+    assert max(errors) < 0.05
+
+
+_PARAMS_TRUTH = {
+    "linear_overhead_us": 30.0,
+    "linear_mem_eff": 0.4,
+    "linear_compute_eff": 0.6,
+    "linear_half_tokens": 4.0,
+    "elementwise_overhead_us": 8.0,
+    "elementwise_eff": 0.5,
+    "prefill_overhead_us": 100.0,
+    "prefill_prefix_eff": 0.1,
+    "prefill_causal_eff": 0.05,
+    "decode_overhead_us": 50.0,
+    "decode_per_seq_us": 20.0,
+    "decode_eff": 0.3,
+    "cpu_step_us": 500.0,
+    "cpu_per_request_us": 30.0,
+}
+
+
+def test_calibrate_rejects_a_folder_without_a_model(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "config.json" in result.output

@@ -1,0 +1,179 @@
+"""The search space: conditionals give valid configs only; overrides fix and narrow."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.baseline import vllm_defaults
+from slotune.tuner.space import (
+    THRESHOLD_GATE,
+    SearchSpace,
+    SearchSpaceError,
+    build_space,
+    load_search_file,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def sample(space: SearchSpace, n: int, seed: int = 0) -> list[tuple[dict, EngineConfig]]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        config = space.suggest(trial)
+        out.append((dict(trial.params), config))
+        study.tell(trial, 0.0)
+    return out
+
+
+def test_default_space_searches_the_seven_knobs() -> None:
+    space = build_space(max_model_len=2048)
+    assert set(space.free_names) == {
+        "max_num_batched_tokens", "long_prefill_token_threshold", "block_size",
+        "preemption_mode", "max_num_seqs", "prefix_caching", "policy",
+    }
+    assert space.fixed == {"max_model_len": 2048}
+
+
+def test_every_sampled_trial_is_a_valid_config_and_conditionals_hold() -> None:
+    space = build_space(max_model_len=3000)
+    seen_policies, seen_gate = set(), set()
+    for params, config in sample(space, 300):
+        seen_policies.add(config.policy)
+        assert config.max_model_len == 3000
+        assert config.max_num_batched_tokens % 128 == 0
+        assert config.block_size in (8, 16, 32, 64, 128, 256)
+        assert 8 <= config.max_num_seqs <= 1024
+        if config.policy == "prefill_first":
+            # the threshold is not even asked for, and the budget holds a whole prompt
+            assert "long_prefill_token_threshold" not in params
+            assert THRESHOLD_GATE not in params
+            assert config.long_prefill_token_threshold == 0
+            assert config.max_num_batched_tokens >= 3000
+        else:
+            seen_gate.add(params[THRESHOLD_GATE])
+            if not params[THRESHOLD_GATE]:
+                assert "long_prefill_token_threshold" not in params
+                assert config.long_prefill_token_threshold == 0
+            else:
+                t = config.long_prefill_token_threshold
+                assert t == 0 or 64 <= t < config.max_num_batched_tokens
+    assert seen_policies == {"chunked", "prefill_first"}
+    assert seen_gate == {True, False}
+
+
+def test_threshold_at_or_above_the_budget_is_off() -> None:
+    space = build_space(max_model_len=2048)
+    config = space.config_from_params({
+        "policy": "chunked", "max_num_batched_tokens": 1024, THRESHOLD_GATE: True,
+        "long_prefill_token_threshold": 4096, "block_size": 16, "max_num_seqs": 64,
+        "preemption_mode": "recompute", "prefix_caching": "hash",
+    })
+    assert config.long_prefill_token_threshold == 0
+
+
+def test_prefill_first_is_dropped_when_no_budget_can_hold_a_prompt() -> None:
+    space = build_space(max_model_len=8000,
+                        overrides={"max_num_batched_tokens": {"low": 256, "high": 4096}})
+    assert space.params["policy"].values == ("chunked",)
+    with pytest.raises(SearchSpaceError, match="prefill_first"):
+        build_space(max_model_len=8000, overrides={
+            "max_num_batched_tokens": {"high": 4096}, "policy": "prefill_first"})
+
+
+def test_overrides_fix_narrow_and_choose() -> None:
+    space = build_space(max_model_len=2048, overrides={
+        "max_num_batched_tokens": {"low": 1000, "high": 5000},
+        "block_size": 32,
+        "prefix_caching": ["hash", "radix"],
+        "long_prefill_token_threshold": "off",
+        "gpu_memory_utilization": 0.8,
+    })
+    budget = space.params["max_num_batched_tokens"]
+    assert (budget.low, budget.high, budget.step, budget.log) == (1024, 4992, 128, True)
+    assert space.params["block_size"].is_fixed
+    assert space.fixed["gpu_memory_utilization"] == 0.8
+    for params, config in sample(space, 60):
+        assert 1024 <= config.max_num_batched_tokens <= 4992
+        assert config.block_size == 32
+        assert config.prefix_caching in ("hash", "radix")
+        assert config.long_prefill_token_threshold == 0
+        assert config.gpu_memory_utilization == 0.8
+        assert "block_size" not in params
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batch": 4}, "unknown parameter 'batch'"),
+        ({"block_size": 24}, "not a power of two"),
+        ({"policy": "fifo"}, "not one of"),
+        ({"max_num_seqs": {"low": 64, "high": 8}}, "empty range"),
+        ({"max_num_seqs": {"lo": 8}}, "unknown key"),
+        ({"prefix_caching": []}, "empty list"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ],
+)
+def test_bad_overrides_name_the_problem(overrides: dict, message: str) -> None:
+    with pytest.raises(SearchSpaceError, match=message):
+        build_space(max_model_len=2048, overrides=overrides, where="s.yaml")
+
+
+def test_empty_search_space_is_an_error() -> None:
+    everything_fixed = {
+        "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 0, "block_size": 16,
+        "preemption_mode": "recompute", "max_num_seqs": 256, "prefix_caching": "hash",
+        "policy": "chunked",
+    }
+    with pytest.raises(SearchSpaceError, match="empty search space"):
+        build_space(max_model_len=1024, overrides=everything_fixed)
+
+
+def test_search_file_yaml_and_json(tmp_path) -> None:
+    y = tmp_path / "s.yaml"
+    y.write_text("block_size: [16, 32]\nlong_prefill_token_threshold: off\n")
+    assert load_search_file(y) == {"block_size": [16, 32], "long_prefill_token_threshold": False}
+    j = tmp_path / "s.json"
+    j.write_text(json.dumps({"max_num_seqs": {"high": 128}}))
+    assert load_search_file(j) == {"max_num_seqs": {"high": 128}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(SearchSpaceError, match="mapping"):
+        load_search_file(bad)
+
+
+def test_grid_holds_distinct_valid_configs() -> None:
+    space = build_space(max_model_len=2048, overrides={
+        "max_num_batched_tokens": [1024, 4096], "block_size": [16, 32],
+        "max_num_seqs": [64, 256], "preemption_mode": "recompute", "prefix_caching": "hash",
+        "long_prefill_token_threshold": {"low": 256, "high": 2048},
+    })
+    grid = space.grid()
+    configs = [space.config_from_params(p) for p in grid]
+    keys = {json.dumps(c.to_dict(), sort_keys=True) for c in configs}
+    assert len(keys) == len(grid)
+    chunked = [c for c in configs if c.policy == "chunked"]
+    # budget 1024: threshold off, 256, 512; budget 4096: off, 256, 512, 1024, 2048
+    assert len(chunked) == (3 + 5) * 2 * 2
+    assert {c.max_num_batched_tokens for c in configs if c.policy == "prefill_first"} == {2048, 4096}
+
+
+def test_space_round_trips_through_a_dict_and_finds_the_baseline() -> None:
+    space = build_space(max_model_len=2048, overrides={"max_num_seqs": {"high": 2048}})
+    again = SearchSpace.from_dict(json.loads(json.dumps(space.to_dict())))
+    assert again == space
+
+    class H100:
+        name, memory_gib = "h100", 80
+
+    base = vllm_defaults(H100(), max_model_len=2048)
+    params = again.params_for(base)
+    assert params is not None and params[THRESHOLD_GATE] is False
+    assert again.config_from_params(params) == base
+    narrow = build_space(max_model_len=2048, overrides={"block_size": [32, 64]})
+    assert narrow.params_for(base) is None

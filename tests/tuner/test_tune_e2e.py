@@ -1,0 +1,136 @@
+"""``slotune tune`` end to end on small simulated studies, resume, and export."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from slotune.cli.app import app
+from slotune.engine.config import EngineConfig
+
+runner = CliRunner()
+SMALL = ["tune", "--gpu", "h100", "--slo", "ttft=300ms,tpot=50ms", "--num-requests", "30"]
+
+
+def tune(*args: str) -> str:
+    result = runner.invoke(app, [*SMALL, *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def load_study(out: Path) -> optuna.Study:
+    best = json.loads((out / "best.json").read_text())
+    return optuna.load_study(study_name=best["study_name"], storage=f"sqlite:///{out}/study.db")
+
+
+def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    output = tune("--objective", "weighted", "--rate", "4", "--trials", "4", "--out", str(out))
+    assert "Recommended vs vLLM defaults" in output
+    best = json.loads((out / "best.json").read_text())
+    for key in ("config", "metrics", "objective", "objective_value", "slo", "gpu", "model", "tp",
+                "trace", "baseline", "seed", "sampler", "study_name", "date",
+                "slotune_version", "commands"):
+        assert key in best, key
+    assert best["objective"] == "weighted" and best["trace"]["name"] == "sharegpt-like"
+    assert best["trace"]["stats"]["requests"] == 30
+    EngineConfig.from_dict(best["config"])
+    assert best["baseline"]["config"]["max_num_batched_tokens"] == 8192
+    assert best["commands"]["vllm"].splitlines()[-1].startswith("vllm serve ")
+    with open(out / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4
+    assert {"number", "state", "value", "config_max_num_batched_tokens", "ttft_ms_p99",
+            "slo_attainment", "user_attrs_feasible"} <= set(rows[0])
+    for run in ("best", "baseline"):
+        for name in ("summary.json", "requests.csv", "steps.csv"):
+            assert (out / "runs" / run / name).is_file(), (run, name)
+    summary = json.loads((out / "runs" / "best" / "summary.json").read_text())
+    assert summary["config"] == best["config"] and summary["num_requests"] == 30
+    # the baseline is the first trial, so the tuner never recommends worse than it
+    study = load_study(out)
+    first = study.trials[0]
+    assert first.user_attrs.get("baseline") is True
+    assert best["score"] <= best["baseline"]["score"] + 1e-9 or not first.user_attrs["feasible"]
+    exported = runner.invoke(app, ["export", str(out / "best.json"), "--format", "sglang"])
+    assert exported.exit_code == 0 and "sglang.launch_server" in exported.output
+
+
+def test_resume_continues_the_study_without_rerunning(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["--objective", "weighted", "--rate", "4", "--out", str(out), "--study-name", "s"]
+    tune(*args, "--trials", "3")
+    before = {t.number: (t.datetime_start, t.user_attrs["config"]) for t in load_study(out).trials}
+    output = tune(*args, "--trials", "5", "--resume")
+    assert "Resuming study s (3 finished trials)" in output
+    study = load_study(out)
+    finished = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(finished) == 5
+    for t in study.trials[:3]:
+        assert (t.datetime_start, t.user_attrs["config"]) == before[t.number]
+    again = runner.invoke(app, [*SMALL, *args, "--trials", "5"])
+    assert again.exit_code == 2 and "already exists" in again.output
+    other = runner.invoke(app, [*SMALL, *args, "--trials", "6", "--resume", "--rate", "9"])
+    assert other.exit_code == 2 and "load.rate" in other.output
+
+
+def test_goodput_is_the_default_without_timestamps_or_rate(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    output = tune("--trials", "3", "--out", str(out))
+    assert "objective goodput" in output
+    best = json.loads((out / "best.json").read_text())
+    assert best["objective"] == "goodput"
+    assert best["baseline"]["goodput_rps"] > 0
+    assert best["goodput_rps"] >= best["baseline"]["goodput_rps"]
+    study = load_study(out)
+    for t in study.trials:
+        assert t.user_attrs["probes"], "every trial records its rate probes"
+        feasible = [r for r, a in t.user_attrs["probes"] if a >= 0.99]
+        assert t.user_attrs["goodput_rps"] == (max(feasible) if feasible else 0.0)
+
+
+def test_pareto_reports_the_front(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    tune("--objective", "pareto", "--trials", "4", "--out", str(out))
+    best = json.loads((out / "best.json").read_text())
+    assert best["sampler"] == "nsga2" and best["directions"] == ["maximize", "minimize"]
+    front = best["pareto_front"]
+    assert front and best["trial"] in {p["trial"] for p in front}
+    for a in front:
+        assert not any(b["goodput_rps"] >= a["goodput_rps"] and b["score"] <= a["score"]
+                       and (b["goodput_rps"], b["score"]) != (a["goodput_rps"], a["score"])
+                       for b in front)
+
+
+def test_tuner_beats_a_clearly_bad_baseline(tmp_path: Path) -> None:
+    """Long prompts on an A100: vLLM's 2048-token budget makes every decode wait behind
+    long prefill chunks, so inter-token latency blows through a 50 ms SLO."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "tune", "--gpu", "a100-80g", "--trace", "long-context", "--num-requests", "40",
+        "--rate", "2", "--slo", "ttft=2000ms,itl=50ms", "--objective", "weighted",
+        "--trials", "10", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    best = json.loads((out / "best.json").read_text())
+    assert best["baseline"]["score"] > 1.5
+    assert best["score"] < 0.7 * best["baseline"]["score"]
+
+
+def test_two_workers_on_sqlite_share_the_study(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    tune("--objective", "weighted", "--rate", "4", "--trials", "4", "--n-jobs", "2",
+         "--out", str(out))
+    trials = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
+    assert len(trials) == 4
+    assert {t.user_attrs["worker"] for t in trials} == {0, 1}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_optuna() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)

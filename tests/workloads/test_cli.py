@@ -1,0 +1,150 @@
+"""`slotune traces` and `slotune bench`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from slotune.cli.app import app
+from slotune.workloads import load_trace
+
+runner = CliRunner()
+
+
+def test_traces_list_shows_every_bundled_trace() -> None:
+    res = runner.invoke(app, ["traces", "list"])
+    assert res.exit_code == 0, res.output
+    for name in ("sharegpt-like", "agent", "shared-prefix", "long-context"):
+        assert name in res.output
+    data = json.loads(runner.invoke(app, ["traces", "list", "--json"]).output)
+    assert {d["name"] for d in data} == {"sharegpt-like", "agent", "shared-prefix", "long-context"}
+
+
+def test_traces_show_and_convert(tmp_path: Path) -> None:
+    csv = tmp_path / "burst.csv"
+    csv.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "1,ChatGPT,100,20,120,Conversation log\n2,ChatGPT,50,0,50,API log\n"
+        "4,GPT-4,70,30,100,API log\n"
+    )
+    res = runner.invoke(app, ["traces", "show", str(csv)])
+    assert res.exit_code == 0, res.output
+    assert "dropped 1 rows: 1 failed (Response tokens = 0)" in res.output
+    stats = json.loads(runner.invoke(app, ["traces", "show", str(csv), "--json"]).output)
+    assert stats["requests"] == 2 and stats["has_timestamps"]
+    out = tmp_path / "burst.jsonl"
+    res = runner.invoke(app, ["traces", "convert", str(csv), str(out)])
+    assert res.exit_code == 0, res.output
+    assert load_trace(out).requests == load_trace(csv).requests
+
+
+def test_traces_show_bad_file_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt_len": 3, "output_len": 2}\n{"id": "b", "prompt_len": 3}\n')
+    res = runner.invoke(app, ["traces", "show", str(bad)])
+    assert res.exit_code == 2
+    assert f"{bad}:line 2: missing field 'output_len'" in res.output
+
+
+def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "--gpu",
+            "h100",
+            "--model",
+            "llama-3-8b",
+            "--trace",
+            "sharegpt-like",
+            "--num-requests",
+            "40",
+            "--rate",
+            "10",
+            "--slo",
+            "ttft=300ms,tpot=50ms",
+            "--max-num-batched-tokens",
+            "1024",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    for key in (
+        "num_requests",
+        "completed",
+        "failed",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+        "ttft_ms",
+        "tpot_ms",
+        "itl_ms",
+        "e2el_ms",
+        "slo_attainment",
+        "goodput",
+        "num_preemptions",
+        "prefix_cache_hit_rate",
+        "config",
+    ):
+        assert key in summary, key
+    assert set(summary["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
+    assert summary["num_requests"] == summary["completed"] == 40
+    assert summary["config"]["max_num_batched_tokens"] == 1024
+    requests = pd.read_csv(out / "requests.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(requests) == 40 and len(steps) > 40
+    assert json.loads(requests["token_times"][0])
+    printed = json.loads(res.stdout[res.stdout.index("{") :])
+    assert printed["completed"] == 40
+
+
+def test_bench_table_output_and_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "best.json"
+    cfg.write_text(json.dumps({"config": {"max_num_batched_tokens": 512, "block_size": 32}}))
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "--trace",
+            "agent",
+            "--num-requests",
+            "30",
+            "--concurrency",
+            "4",
+            "--config",
+            str(cfg),
+            "--block-size",
+            "16",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output and "prefix-cache hit rate" in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--slo", "ttft=fast"], "--slo: SLO part 'ttft=fast'"),
+        (["--trace", "nope"], "not a bundled trace"),
+        (["--burstiness", "2"], "burstiness: needs a rate"),
+        (["--timestamps"], "has no timestamps"),
+        (["--block-size", "24"], "block_size: must be a power of two"),
+        (["--backend", "http"], "needs --url"),
+        (["--backend", "grpc"], "not one of sim, engine, http"),
+        (["--gpu", "abacus", "--num-requests", "5"], "abacus"),
+    ],
+)
+def test_bench_bad_input_exits_2(args: list[str], fragment: str) -> None:
+    res = runner.invoke(app, ["bench", *args])
+    assert res.exit_code == 2, res.output
+    assert fragment in res.output
