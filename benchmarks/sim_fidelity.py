@@ -66,23 +66,23 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--load", type=float, default=1.0, help="arrival rate / capacity")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (0: the executor's default)"
+    )
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parser.parse_args()
 
-    import torch
-
     from slotune.engine import Engine
+    from slotune.engine.model import TorchExecutor
     from slotune.engine.model.calibrate import calibrate, profile_json
     from slotune.engine.model.init_model import init_model
     from slotune.workloads import ArrivalSpec, run_engine, run_simulated, summarize
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or None
     work = Path(tempfile.mkdtemp(prefix="sim_fidelity_"))
     model = Path(args.model) if args.model else init_model(work / "small", "small")
     t0 = time.perf_counter()
-    result = calibrate(model, device=args.device, progress=print)
+    result = calibrate(model, device=args.device, progress=print, threads=threads)
     profile = work / "profile.json"
     profile.write_text(json.dumps(profile_json(result), indent=2))
     errs = sorted(abs(e) for e in result.errors_pct())
@@ -102,7 +102,8 @@ def main() -> None:
         arrivals = ArrivalSpec(rate=rate)
         sim = run_simulated(config, trace, gpu=str(profile), model=config_json, arrivals=arrivals)
         t1 = time.perf_counter()
-        engine = Engine.local(config, model=str(model), device=args.device, attention="auto")
+        executor = TorchExecutor(model, device=args.device, threads=threads)
+        engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
         real = run_engine(engine, trace, arrivals)
         print(f"{name}: rate {rate:.2f} req/s, real run {time.perf_counter() - t1:.0f} s")
         rows[name] = {

@@ -57,7 +57,7 @@ def evaluate_grid(objective: Any, space: Any, baseline: dict[str, Any]) -> list[
 
 def best_value(records: list[dict[str, Any]], kind: str) -> float:
     if kind == "goodput":
-        return max(r["goodput_rps"] for r in records)
+        return max(r["goodput_value"] for r in records)
     feasible = [r["score"] for r in records if r["feasible"]]
     return min(feasible) if feasible else float("nan")
 
@@ -105,7 +105,7 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
     grid_s = time.perf_counter() - t0
     sims_grid = evaluator.runs
     grid_best = best_value(records, objective_name)
-    base_value = (baseline["goodput_rps"] if objective_name == "goodput" else baseline["score"])
+    base_value = baseline["goodput_value"] if objective_name == "goodput" else baseline["score"]
     tuner_values = []
     t1 = time.perf_counter()
     for seed in range(args.seeds):
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--slo", default="ttft=300ms,tpot=50ms")
-    parser.add_argument("--json", action="store_true", help="print JSON rows only")
+    parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args()
 
     from slotune.tuner.study import quiet_optuna
@@ -156,10 +156,9 @@ def main() -> None:
             for objective in args.objectives:
                 row = one_case(trace, objective, args, Path(tmp))
                 rows.append(row)
-                if not args.json:
-                    print(_line(row), flush=True)
+                print(_line(row), flush=True)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps(rows, indent=2))
 
 
 def _line(r: dict[str, Any]) -> str:

@@ -50,7 +50,7 @@ def calibrate_command(
     ] = "auto",
     block_size: Annotated[int, typer.Option("--block-size", help="KV block size.")] = 16,
     threads: Annotated[
-        int, typer.Option("--threads", help="CPU threads for torch (0: torch's default).")
+        int, typer.Option("--threads", help="CPU threads for torch (0: the executor's default).")
     ] = 0,
 ) -> None:
     """Profile the real model on this machine and fit a GPU profile for the simulator.
@@ -67,12 +67,8 @@ def calibrate_command(
     import json
     import statistics
 
-    import torch
-
     from slotune.engine.model.calibrate import calibrate, profile_json
 
-    if threads > 0:
-        torch.set_num_threads(threads)
     try:
         result = calibrate(
             model,
@@ -80,6 +76,7 @@ def calibrate_command(
             attention=attention,
             block_size=block_size,
             progress=lambda msg: console.print(f"[dim]{msg}[/]"),
+            threads=threads or None,
         )
     except ValueError as e:
         console.print(f"[red]error:[/] {e}")

@@ -34,7 +34,7 @@ def tune(
     trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
     format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
     num_requests: Annotated[int | None, _opt("--num-requests",
-                                             "Requests per trial (default: 200 (sim)).")] = None,
+                                             "Requests per trial (default: 200; 32 real).")] = None,
     rate: Annotated[float | None, _opt("--rate", "Poisson request rate (req/s).")] = None,
     burstiness: Annotated[float, _opt("--burstiness", "Gamma arrival shape; needs --rate.")] = 1.0,
     concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,

@@ -64,6 +64,7 @@ class Scheduler:
         self.max_step_tokens = 0
 
     def add_request(self, request: Request) -> None:
+        request.max_num_tokens = min(request.max_num_tokens, self.max_model_len)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -112,6 +113,8 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache
         req_blocks = kv.req_blocks
+        cow_pending = kv.cow_pending
+        bs = self.block_size
         scheduled = out.num_scheduled_tokens
         samples = out.num_samples
         prefill = 0
@@ -122,9 +125,9 @@ class Scheduler:
             total = len(req.all_token_ids)
             n = total - computed
             rid = req.request_id
-            rb = req_blocks[rid]
             if n == 1 and req.output_token_ids:  # a decode: the hot path
-                if (computed >= rb.num_slots or rb.check_cow) and not (
+                # only a block boundary (or a fork's shared block) can need the allocator
+                if (computed % bs == 0 or cow_pending) and not (
                     kv.allocate_slots(req, 1) or self._make_room(req, 1, out)
                 ):
                     break
@@ -135,7 +138,7 @@ class Scheduler:
             if n > 1:
                 n = min(n, self.threshold, budget, self.max_model_len - computed)
             if (
-                (computed + n > rb.num_slots or rb.check_cow)
+                (computed + n > req_blocks[rid].num_slots or cow_pending)
                 and not kv.allocate_slots(req, n)
                 and not self._make_room(req, n, out)
             ):
@@ -270,19 +273,18 @@ class Scheduler:
         outputs = self.pending_outputs
         self.pending_outputs = []
         requests = out.requests
-        kv = self.kv_cache
+        uncommitted = self.kv_cache.uncommitted
         bs = self.block_size
-        caching = kv.cache is not None
+        caching = self.kv_cache.cache is not None
         sampled = result.sampled_token_ids
         logprobs = result.logprobs
-        max_model_len = self.max_model_len
         finished: list[tuple[Request, RequestStatus]] = []
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             if caching and computed % bs < n:
-                kv.commit(req)
+                uncommitted[rid] = req  # it filled a block: cache it before the next lookup
             all_ids = req.all_token_ids
             if computed != len(all_ids):
                 continue
@@ -294,11 +296,10 @@ class Scheduler:
             tok = tokens[0]
             out_ids.append(tok)
             all_ids.append(tok)
-            sp = req.sampling_params
-            if (tok == req.eos_token_id and not sp.ignore_eos) or tok in sp.stop_token_ids:
+            if tok in req.stop_ids:
                 finished.append((req, RequestStatus.FINISHED_STOPPED))
                 reason: str | None = "stop"
-            elif len(out_ids) >= sp.max_tokens or len(all_ids) >= max_model_len:
+            elif len(all_ids) >= req.max_num_tokens:
                 finished.append((req, RequestStatus.FINISHED_LENGTH))
                 reason = "length"
             else:
@@ -342,13 +343,9 @@ class Scheduler:
             tok = tokens[index]
             member.output_token_ids.append(tok)
             member.all_token_ids.append(tok)
-            sp = member.sampling_params
-            if (tok == member.eos_token_id and not sp.ignore_eos) or tok in sp.stop_token_ids:
+            if tok in member.stop_ids:
                 status: RequestStatus | None = RequestStatus.FINISHED_STOPPED
-            elif (
-                len(member.output_token_ids) >= sp.max_tokens
-                or len(member.all_token_ids) >= self.max_model_len
-            ):
+            elif len(member.all_token_ids) >= member.max_num_tokens:
                 status = RequestStatus.FINISHED_LENGTH
             else:
                 status = None
@@ -386,6 +383,7 @@ class Scheduler:
                 num_preemptions=parent.num_preemptions,
                 status=RUNNING,
             )
+            child.max_num_tokens = parent.max_num_tokens
             self.kv_cache.fork(parent, child)
             self.requests[child.request_id] = child
             self.running.append(child)

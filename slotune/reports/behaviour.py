@@ -87,8 +87,11 @@ def latency_cdf_figure(runs: list[RunData], metric: str, slo_ms: float | None) -
     return finish(fig, f"{name} distribution (CDF)")
 
 
-def itl_figure(runs: list[RunData], slo_tpot_ms: float | None = None) -> go.Figure | None:
-    """Histogram of inter-token latencies, shared bins up to the largest p99.5."""
+def itl_figure(
+    runs: list[RunData], slo_ms: float | None = None, slo_name: str = "ITL"
+) -> go.Figure | None:
+    """Histogram of inter-token latencies, shared bins up to the largest p99.5; the SLO line
+    is the ITL target, or the TPOT target (the mean pace a request must keep) without one."""
     samples = [r.itl_ms[np.isfinite(r.itl_ms)] for r in runs]
     if not any(s.size for s in samples):
         return None
@@ -109,7 +112,7 @@ def itl_figure(runs: list[RunData], slo_tpot_ms: float | None = None) -> go.Figu
                 hovertemplate=f"{run.label}: %{{y:.1%}} of gaps near %{{x:.1f}} ms<extra></extra>",
             )
         )
-    _slo_marker(fig, slo_tpot_ms, "TPOT")
+    _slo_marker(fig, slo_ms, slo_name)
     fig.update_layout(barmode="overlay", bargap=0)
     fig.update_xaxes(title_text="inter-token latency (ms; last bin holds the tail)")
     fig.update_yaxes(title_text="share of token gaps", tickformat=".0%")

@@ -10,10 +10,10 @@ from typing import Any
 import plotly.graph_objects as go
 
 from slotune import __version__
-from slotune.reports import behaviour, search
+from slotune.reports import behaviour, fmt, search
 from slotune.reports.best import section, slo_targets_ms, slo_text
 from slotune.reports.diagnostics import diagnose
-from slotune.reports.html import definition_list, figure_block, note, page
+from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
 from slotune.reports.runs import RunData, load_run, read_json
 from slotune.reports.sections import (
@@ -40,9 +40,9 @@ def _blocks(figures: list[tuple[str, go.Figure | None]], pair: bool = False) -> 
 
 
 def load_trials(out_dir: Path, best: dict[str, Any]) -> TrialsData:
-    objective = best.get("objective") if isinstance(best.get("objective"), str) else None
     """The study (``study.db``, else the storage URL in best.json), else ``trials.csv``,
     else no trials, with the reason."""
+    objective = best.get("objective") if isinstance(best.get("objective"), str) else None
     sources: list[str | Path] = []
     if (out_dir / "study.db").is_file():
         sources.append(out_dir / "study.db")
@@ -108,7 +108,7 @@ def behaviour_html(runs: list[RunData], slo: dict[str, float]) -> str:
             ),
             _blocks(
                 [
-                    ("itl", behaviour.itl_figure(runs, slo.get("tpot"))),
+                    ("itl", _itl_figure(runs, slo)),
                     ("kv", behaviour.kv_figure(runs)),
                 ],
                 pair=True,
@@ -118,6 +118,12 @@ def behaviour_html(runs: list[RunData], slo: dict[str, float]) -> str:
             _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))]),
         ]
     )
+
+
+def _itl_figure(runs: list[RunData], slo: dict[str, float]) -> go.Figure | None:
+    if "itl" in slo:
+        return behaviour.itl_figure(runs, slo["itl"], "ITL")
+    return behaviour.itl_figure(runs, slo.get("tpot"), "TPOT")
 
 
 def _has_data(run: RunData) -> bool:
@@ -131,9 +137,9 @@ def _diagnostics_block(runs: list[RunData], trace_stats: dict[str, Any]) -> str:
     for i, run in enumerate(runs):
         items = diagnostics_html(diagnose(run, trace_stats))
         if i == 0:
-            parts.append(f"<h3>{run.label}</h3>{items}")
+            parts.append(f"<h3>{e(run.label)}</h3>{items}")
         else:
-            parts.append(f"<details><summary>{run.label}</summary>{items}</details>")
+            parts.append(f"<details><summary>{e(run.label)}</summary>{items}</details>")
     return "\n".join(parts)
 
 
@@ -173,8 +179,8 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         ),
     ]
     subtitle = (
-        f"{best.get('model', 'n/a')} on {best.get('gpu', 'n/a')} · SLO {slo_text(best) or 'n/a'}"
-        f" · objective {best.get('objective', 'n/a')}"
+        f"{fmt.text(best.get('model'))} on {fmt.text(best.get('gpu'))} · "
+        f"SLO {fmt.text(slo_text(best))} · objective {fmt.text(best.get('objective'))}"
     )
     path = Path(output) if output is not None else out_dir / REPORT_NAME
     path.write_text(page("slotune tuning report", subtitle, sections), encoding="utf-8")
@@ -194,7 +200,9 @@ def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) 
     trace = section(summary, "trace")
     sections = [
         html_section("summary", "Summary", bench_summary_html(summary, run.config, slo)),
-        html_section("diagnostics", "Diagnostics", _diagnostics_block([run], trace.get("stats"))),
+        html_section(
+            "diagnostics", "Diagnostics", _diagnostics_block([run], section(trace, "stats"))
+        ),
         html_section("behaviour", "Behaviour", behaviour_html([run], slo)),
         html_section(
             "provenance",
@@ -202,10 +210,10 @@ def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) 
             definition_list(bench_provenance_items(summary, __version__)),
         ),
     ]
-    target = summary.get("gpu") or summary.get("url") or summary.get("backend") or "n/a"
+    target = summary.get("gpu") or summary.get("url") or summary.get("backend")
     subtitle = (
-        f"{summary.get('model', 'n/a')} on {target} · SLO {slo_text(summary) or 'n/a'}"
-        f" · {summary.get('arrivals') or 'load n/a'}"
+        f"{fmt.text(summary.get('model'))} on {fmt.text(target)} · "
+        f"SLO {fmt.text(slo_text(summary))} · load {fmt.text(summary.get('arrivals'))}"
     )
     path = Path(output) if output is not None else bench_dir / REPORT_NAME
     path.write_text(page("slotune bench report", subtitle, sections), encoding="utf-8")

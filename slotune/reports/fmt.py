@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 NA = "n/a"
 
 
 def is_number(value: Any) -> bool:
+    """A finite real number, numpy scalars included, booleans excluded."""
     return (
-        isinstance(value, (int, float))
+        isinstance(value, numbers.Real)
         and not isinstance(value, bool)
         and math.isfinite(float(value))
     )

@@ -99,17 +99,18 @@ h2{margin-top:4px;font-size:19px}h3{font-size:16px;margin:18px 0 8px}h4{margin:1
 p.lead{font-size:16px;line-height:1.5}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 th,td{border-bottom:1px solid #e5e7eb;padding:4px 10px;text-align:left;white-space:nowrap}
-th{background:#f3f4f6}
+th{background:#f3f4f6;white-space:normal;vertical-align:bottom}
 td.changed{font-weight:600;color:#1d4ed8}td.met{color:#047857}td.missed{color:#b91c1c;
 font-weight:600}
 td.infeasible{color:#6b7280}td.chosen{font-weight:700;background:#fef9c3}
-.grid{display:flex;flex-wrap:wrap;gap:24px}.grid>div{flex:1 1 420px;min-width:0}
+.grid{display:flex;flex-wrap:wrap;gap:24px}.grid>div{flex:1 1 420px;min-width:0;overflow-x:auto}
+.grid>div.wide{flex-grow:1.4}
 .figure{min-height:200px;margin:8px 0}
 .pair{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .pair>.figure{min-width:0}
 pre{background:#111827;color:#e5e7eb;padding:12px;border-radius:6px;white-space:pre-wrap;
-word-break:break-all;font-size:13px}
-.command{position:relative}
+overflow-wrap:anywhere;font-size:13px}
+.command{position:relative}.command pre{padding-right:84px}
 button.copy{position:absolute;right:8px;top:36px;background:#2563eb;color:#fff;border:0;
 border-radius:4px;padding:4px 10px;cursor:pointer}
 ul.diagnostics{list-style:none;padding:0}

@@ -49,7 +49,13 @@ def parse_token_times(cell: Any) -> list[float]:
         return []
     if isinstance(cell, (int, float)):
         return [float(cell)]
-    text = str(cell).strip().strip("[]()").strip()
+    text = str(cell).strip()
+    if text.startswith("["):
+        try:
+            return [float(x) for x in json.loads(text)]
+        except (ValueError, TypeError):
+            pass
+    text = text.strip("[]()").strip()
     if not text:
         return []
     out: list[float] = []

@@ -125,8 +125,11 @@ def _slo_cell(value: float | None, target: float | None) -> Cell:
 def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float]) -> str:
     """Latency percentiles against the SLO lines, attainment, goodput, throughput."""
     rows: list[list[Cell | str]] = []
-    for metric, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms")):
-        target = slo.get(key.removesuffix("_ms"))
+    latencies = [("TTFT", "ttft_ms", "ttft"), ("TPOT", "tpot_ms", "tpot"), ("ITL", "itl_ms", "itl")]
+    if "e2e" in slo:
+        latencies.append(("E2E", "e2el_ms", "e2e"))
+    for metric, key, slo_key in latencies:
+        target = slo.get(slo_key)
         for p in _PERCENTILES:
             cells = [_slo_cell(stat(s, key, p), target) for _, s in runs]
             rows.append([f"{metric} {p}", fmt.ms(target) if target else "—", *cells])
@@ -183,7 +186,7 @@ def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
         + _notes(best)
         + '<div class="grid">'
         f"<div><h3>Configuration</h3>{_config_table(config, section(base, 'config'))}</div>"
-        f"<div><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>"
+        f'<div class="wide"><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>'
         "<h3>Run it</h3>"
         + command_block("vllm", "vLLM", commands.get("vllm"))
         + command_block("sglang", "SGLang", commands.get("sglang"))

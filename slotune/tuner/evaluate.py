@@ -16,7 +16,6 @@ from slotune.tuner.objectives import (
     RateLadder,
     RateSearch,
     attainment,
-    percentile_key,
     weighted_score,
 )
 from slotune.tuner.setup import TuneSetup
@@ -47,8 +46,12 @@ class Measurement:
 
 @dataclass(frozen=True)
 class GoodputResult:
-    """The highest ladder rate meeting the attainment target (None: not even the lowest),
-    the measurement there (or at the lowest rate probed), and every probe's attainment."""
+    """The goodput search of one config.
+
+    ``rate``: the highest ladder rate meeting the attainment target, when the config met it
+    at the search's start (None otherwise); ``at``: the measurement there, or at the start
+    when it missed; ``probes``: every rate run, with its attainment.
+    """
 
     rate: float | None
     rung: int | None
@@ -56,8 +59,12 @@ class GoodputResult:
     probes: dict[float, float]
 
     @property
-    def goodput(self) -> float:
-        return self.rate or 0.0
+    def value(self) -> float:
+        """The objective: the rate found, or else the goodput (req/s meeting the SLO) at the
+        start rate, ``rate x attainment``, which is below any rate found there."""
+        if self.rate is not None:
+            return self.rate
+        return (self.at.rate or 0.0) * self.at.attainment
 
 
 class Evaluator:
@@ -87,8 +94,15 @@ class Evaluator:
 
             engine = Engine.local(config, model=self.setup.model)
             return run_engine(engine, self.trace, arrivals, seed=self.setup.seed)
-        return run_simulated(config, self.trace, gpu=self.setup.gpu, model=self.setup.model,
-                             tp=self.setup.tp, arrivals=arrivals, seed=self.setup.seed)
+        return run_simulated(
+            config,
+            self.trace,
+            gpu=self.setup.gpu,
+            model=self.setup.model,
+            tp=self.setup.tp,
+            arrivals=arrivals,
+            seed=self.setup.seed,
+        )
 
     def summarize(self, result: Any) -> dict[str, Any]:
         from slotune.workloads import summarize
@@ -106,12 +120,12 @@ class Evaluator:
 
     def measurement(self, summary: dict[str, Any], rate: float | None) -> Measurement:
         att = attainment(summary)
-        score = weighted_score(summary, self.targets_ms, self.setup.weights,
-                               self.setup.percentile)
+        score = weighted_score(summary, self.targets_ms, self.setup.weights, self.setup.percentile)
         return Measurement(rate, summary, score, att, att >= self.setup.attainment)
 
-    def goodput(self, config: EngineConfig, start_rung: int, *, exact: bool = False
-                ) -> GoodputResult:
+    def goodput(
+        self, config: EngineConfig, start_rung: int, *, exact: bool = False
+    ) -> GoodputResult:
         """The rate search of the goodput objective, starting at ``start_rung``."""
         if self.ladder is None:
             raise ValueError("this study has no rate ladder: goodput needs an open-loop load")
@@ -122,8 +136,10 @@ class Evaluator:
 
         search = RateSearch(feasible, ladder, exact=exact)
         rung = search.run(start_rung)
-        probes = {ladder.rate(k): self.measure(config, ladder.rate(k)).attainment
-                  for k in sorted(search.probes)}
+        probes = {
+            ladder.rate(k): self.measure(config, ladder.rate(k)).attainment
+            for k in sorted(search.probes)
+        }
         at_rung = rung if rung is not None else min(search.probes)
         at = self.measure(config, ladder.rate(at_rung))
         rate = ladder.rate(rung) if rung is not None else None
@@ -133,30 +149,26 @@ class Evaluator:
 def load_setup_trace(setup: TuneSetup) -> Any:
     from slotune.workloads import load_trace
 
-    return load_trace(setup.trace, format=setup.trace_format, num_requests=setup.num_requests,
-                      seed=setup.seed)
-
-
-def latency(summary: dict[str, Any], metric_key: str, percentile: float) -> float:
-    value = summary.get(metric_key, {}).get(percentile_key(percentile))
-    return float(value) if value is not None else math.nan
+    return load_trace(
+        setup.trace, format=setup.trace_format, num_requests=setup.num_requests, seed=setup.seed
+    )
 
 
 def _plain(value: Any) -> Any:
-    """JSON-safe copy (numpy scalars to floats, NaN kept as None) for Optuna user attrs."""
+    """JSON-safe copy for Optuna user attributes: numpy scalars to Python numbers, NaN and
+    infinities to None."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, int):
         return value
     try:
-        f = float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return str(value)
-    if not math.isfinite(f):
-        return None
-    if isinstance(value, int) or (hasattr(value, "is_integer") and f.is_integer()
-                                  and "int" in type(value).__name__):
-        return int(f)
-    return f
+    return number if math.isfinite(number) else None

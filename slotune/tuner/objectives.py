@@ -30,9 +30,7 @@ def parse_weights(text: str) -> dict[str, float]:
         if not sep:
             raise ValueError(f"--weights: {part!r} is not METRIC=WEIGHT (e.g. ttft=0.5,tpot=0.5)")
         if name not in METRIC_KEYS:
-            raise ValueError(
-                f"--weights: unknown metric {name!r}; use {', '.join(METRIC_KEYS)}"
-            )
+            raise ValueError(f"--weights: unknown metric {name!r}; use {', '.join(METRIC_KEYS)}")
         try:
             weight = float(value)
         except ValueError:
@@ -118,28 +116,29 @@ class RateLadder:
         return round(math.log(rate / self.base) / math.log(self.ratio))
 
     def to_dict(self) -> dict[str, float]:
-        return {"base": self.base, "ratio": self.ratio, "lowest": self.lowest,
-                "highest": self.highest}
+        return {
+            "base": self.base,
+            "ratio": self.ratio,
+            "lowest": self.lowest,
+            "highest": self.highest,
+        }
 
 
 @dataclass
 class RateSearch:
     """The highest ladder rung where a config meets its attainment target.
 
-    From ``start`` (the best goodput so far) a trial gallops upward (1, 2, 4, ... rungs)
-    and bisects, so an improvement or a tie is found exactly. A config that fails at
-    ``start`` cannot win, so below it the search is coarse: down 4, 8, 16, ... rungs, a
-    bisection to 2 rungs only within 16 rungs of the start, and nothing below
-    ``floor_rungs`` under the start (1/8 of the best rate: goodput 0 there). That keeps a
-    value good enough to guide the sampler without spending slow low-rate simulations on
-    precision nobody uses. ``exact`` (the baseline, whose rate is not known at all) gallops
-    16, 32, 64, ... rungs either way and bisects to the rung.
+    A trial starts at the best rung so far: when it meets the target there, it gallops
+    upward (1, 2, 4, ... rungs) and bisects, so an improvement or a tie is found exactly.
+    When it misses, it cannot win, and the search stops after that one run (``run`` returns
+    None; the objective then ranks the config by its goodput at that rate). ``exact`` (the
+    baseline, whose rate nobody knows yet) gallops 16, 32, 64, ... rungs either way and
+    bisects to the rung.
     """
 
     feasible: Callable[[int], bool]
     ladder: RateLadder
     exact: bool = False
-    floor_rungs: int = 105
     probes: dict[int, bool] = field(default_factory=dict)
 
     def probe(self, k: int) -> bool:
@@ -148,43 +147,33 @@ class RateSearch:
         return self.probes[k]
 
     def run(self, start: int) -> int | None:
-        """The best feasible rung found, or None when even the lowest rung fails."""
+        """The best feasible rung, or None (missed at ``start``; exact: at every rung)."""
         lo, hi = self.ladder.lowest, self.ladder.highest
         start = min(max(start, lo), hi)
         if self.probe(start):
             return self._up(start, hi)
-        return self._down(start, lo if self.exact else max(lo, start - self.floor_rungs))
+        return self._down(start, lo) if self.exact else None
 
     def _up(self, ok: int, hi: int) -> int:
         step = 16 if self.exact else 1
-        bad: int | None = None
         while ok < hi:
             k = min(ok + step, hi)
-            if self.probe(k):
-                ok, step = k, step * 2
-            else:
-                bad = k
-                break
-        if bad is None:
-            return ok
-        return self._bisect(ok, bad, 1)
+            if not self.probe(k):
+                return self._bisect(ok, k)
+            ok, step = k, step * 2
+        return ok
 
-    def _down(self, start: int, lo: int) -> int | None:
-        step = 16 if self.exact else 4
-        bad = start
+    def _down(self, bad: int, lo: int) -> int | None:
+        step = 16
         while bad > lo:
             k = max(bad - step, lo)
             if self.probe(k):
-                if self.exact:
-                    return self._bisect(k, bad, 1)
-                if start - k <= 16:
-                    return self._bisect(k, bad, 2)
-                return k
+                return self._bisect(k, bad)
             bad, step = k, step * 2
         return None
 
-    def _bisect(self, ok: int, bad: int, precision: int) -> int:
-        while bad - ok > precision:
+    def _bisect(self, ok: int, bad: int) -> int:
+        while bad - ok > 1:
             mid = (ok + bad) // 2
             if self.probe(mid):
                 ok = mid

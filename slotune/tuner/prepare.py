@@ -20,9 +20,10 @@ from slotune.tuner.setup import LoadSpec, TuneSetup
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
 from slotune.tuner.study import SAMPLERS, StudyError, default_storage, study_names
 
-DEFAULT_NUM_REQUESTS = 200
-"""Requests per simulated trial by default: enough for a stable p99 on a 2-core machine,
-few enough that the default 50-trial study finishes well under a minute."""
+DEFAULT_NUM_REQUESTS = {"sim": 200, "engine": 32}
+"""Requests per trial by default. Simulated: enough for a meaningful p99, few enough that
+the default 50-trial study finishes well under a minute on 2 cores. Real engine: every
+request is real compute on this machine."""
 DEFAULT_OUT_ROOT = Path("slotune-out")
 
 
@@ -73,31 +74,45 @@ def check_options(o: TuneOptions) -> None:
     if o.backend not in ("sim", "engine"):
         raise TuneInputError(f"--backend: unknown backend {o.backend!r}; use sim or engine")
     if o.backend == "sim" and not o.gpu:
-        raise TuneInputError("--gpu is required with the simulated backend (e.g. --gpu h100; "
-                             "`slotune gpus` lists the GPUs)")
+        raise TuneInputError(
+            "--gpu is required with the simulated backend (e.g. --gpu h100; "
+            "`slotune gpus` lists the GPUs)"
+        )
     if o.objective is not None and o.objective not in OBJECTIVES:
-        raise TuneInputError(f"--objective: unknown objective {o.objective!r}; use one of "
-                             f"{', '.join(OBJECTIVES)}")
+        raise TuneInputError(
+            f"--objective: unknown objective {o.objective!r}; use one of {', '.join(OBJECTIVES)}"
+        )
     if o.sampler is not None and o.sampler not in SAMPLERS:
-        raise TuneInputError(f"--sampler: unknown sampler {o.sampler!r}; use one of "
-                             f"{', '.join(SAMPLERS)}")
+        raise TuneInputError(
+            f"--sampler: unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}"
+        )
     checks = [
         (o.tp >= 1, f"--tp must be at least 1 (got {o.tp})"),
         (o.trials >= 1, f"--trials must be at least 1 (got {o.trials})"),
         (o.n_jobs >= 1, f"--n-jobs must be at least 1 (got {o.n_jobs})"),
-        (o.timeout is None or o.timeout > 0,
-         f"--timeout must be positive seconds (got {o.timeout})"),
-        (o.num_requests is None or o.num_requests >= 1,
-         f"--num-requests must be at least 1 (got {o.num_requests})"),
-        (o.rate is None or (o.rate > 0 and math.isfinite(o.rate)),
-         f"--rate must be a positive number of requests/s (got {o.rate})"),
+        (
+            o.timeout is None or o.timeout > 0,
+            f"--timeout must be positive seconds (got {o.timeout})",
+        ),
+        (
+            o.num_requests is None or o.num_requests >= 1,
+            f"--num-requests must be at least 1 (got {o.num_requests})",
+        ),
+        (
+            o.rate is None or (o.rate > 0 and math.isfinite(o.rate)),
+            f"--rate must be a positive number of requests/s (got {o.rate})",
+        ),
         (o.burstiness > 0, f"--burstiness must be positive (got {o.burstiness})"),
-        (o.concurrency is None or o.concurrency >= 1,
-         f"--concurrency must be at least 1 (got {o.concurrency})"),
+        (
+            o.concurrency is None or o.concurrency >= 1,
+            f"--concurrency must be at least 1 (got {o.concurrency})",
+        ),
         (0 < o.percentile <= 100, f"--percentile must be in (0, 100] (got {o.percentile:g})"),
         (0 < o.attainment <= 1, f"--attainment must be a share in (0, 1] (got {o.attainment:g})"),
-        (o.burstiness == 1.0 or o.rate is not None or o.concurrency is None,
-         "--burstiness needs --rate (the mean gap between requests is 1/rate)"),
+        (
+            o.burstiness == 1.0 or o.rate is not None or o.concurrency is None,
+            "--burstiness needs --rate (the mean gap between requests is 1/rate)",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -114,12 +129,13 @@ def prepare(o: TuneOptions) -> Prepared:
     except ValueError as e:
         raise TuneInputError(f"--slo: {e}") from None
     try:
-        weights = resolve_weights(parse_weights(o.weights) if o.weights else None,
-                                  list(slo.metrics))
+        weights = resolve_weights(
+            parse_weights(o.weights) if o.weights else None, list(slo.metrics)
+        )
     except ValueError as e:
         raise TuneInputError(str(e)) from None
     gpu = _check_hardware(o)
-    num_requests = o.num_requests or (DEFAULT_NUM_REQUESTS if o.backend == "sim" else None)
+    num_requests = o.num_requests or DEFAULT_NUM_REQUESTS[o.backend]
     try:
         trace = load_trace(o.trace, format=o.format, num_requests=num_requests, seed=o.seed)
     except (ValueError, OSError) as e:
@@ -127,32 +143,54 @@ def prepare(o: TuneOptions) -> Prepared:
     where = f"--search {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
-        space = build_space(max_model_len=longest_request(trace), overrides=overrides,
-                            where=where)
+        space = build_space(max_model_len=longest_request(trace), overrides=overrides, where=where)
     except SearchSpaceError as e:
         raise TuneInputError(str(e)) from None
     objective = o.objective or _default_objective(o, trace)
     if objective in ("goodput", "pareto") and o.concurrency is not None:
-        raise TuneInputError(f"--objective {objective} searches the request rate, which a "
-                             "closed loop (--concurrency) does not have; use --objective weighted")
+        raise TuneInputError(
+            f"--objective {objective} searches the request rate, which a "
+            "closed loop (--concurrency) does not have; use --objective weighted"
+        )
     load = _load(o, trace)
     if objective in ("goodput", "pareto") and load.timestamps and not load.native_rate:
-        raise TuneInputError(f"--objective {objective}: the trace's timestamps span no time, "
-                             "so they cannot be scaled to other rates; give --rate instead")
-    reference_from_baseline = (load.rate is None and load.concurrency is None
-                               and not load.timestamps and objective != "goodput")
+        raise TuneInputError(
+            f"--objective {objective}: the trace's timestamps span no time, "
+            "so they cannot be scaled to other rates; give --rate instead"
+        )
+    reference_from_baseline = (
+        load.rate is None
+        and load.concurrency is None
+        and not load.timestamps
+        and objective != "goodput"
+    )
     needs_ladder = objective in ("goodput", "pareto") or reference_from_baseline
     ladder = RateLadder(base=o.rate or load.native_rate or 1.0) if needs_ladder else None
     notes = []
     if objective == "goodput" and o.rate is not None:
         notes.append(f"--rate {o.rate:g} starts the goodput search; the searched rate varies")
+    if any(r.session_id is not None for r in trace.requests) and load.timestamps is False:
+        notes.append("the trace has sessions: a rate counts new sessions per second; later "
+                     "turns follow when the previous answer (and the tool time) is done")
     setup = TuneSetup(
-        gpu=o.gpu or "local", model=o.model, slo=str(slo), objective=objective, weights=weights,
-        percentile=o.percentile, attainment=o.attainment, space=space.to_dict(), load=load,
-        tp=o.tp, backend=o.backend, trace=o.trace, trace_format=o.format,
-        num_requests=num_requests, seed=o.seed,
+        gpu=o.gpu or "local",
+        model=o.model,
+        slo=str(slo),
+        objective=objective,
+        weights=weights,
+        percentile=o.percentile,
+        attainment=o.attainment,
+        space=space.to_dict(),
+        load=load,
+        tp=o.tp,
+        backend=o.backend,
+        trace=o.trace,
+        trace_format=o.format,
+        num_requests=num_requests,
+        seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
-        ladder=ladder.to_dict() if ladder else None, notes=tuple(notes),
+        ladder=ladder.to_dict() if ladder else None,
+        notes=tuple(notes),
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -171,8 +209,10 @@ def _check_hardware(o: TuneOptions) -> Any | None:
     except ValueError as e:
         raise TuneInputError(f"--model: {e}") from None
     if o.backend == "engine" and not Path(o.model).is_dir():
-        raise TuneInputError(f"--model: --backend engine needs a local checkpoint folder "
-                             f"(got {o.model!r}; `slotune init-model DIR` makes one)")
+        raise TuneInputError(
+            f"--model: --backend engine needs a local checkpoint folder "
+            f"(got {o.model!r}; `slotune init-model DIR` makes one)"
+        )
     try:
         model.check_tp(o.tp)
     except ValueError as e:
@@ -216,19 +256,29 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
     baseline: dict[str, Any] = {"config": config.to_dict()}
     if evaluator.ladder is not None:
         found = evaluator.goodput(config, _first_rung(evaluator), exact=True)
-        baseline.update(goodput_rps=found.goodput, goodput_rung=found.rung,
-                        probes=[[r, a] for r, a in sorted(found.probes.items())])
+        baseline.update(
+            goodput_rps=found.rate,
+            goodput_rung=found.rung,
+            goodput_value=found.value,
+            probes=[[r, a] for r, a in sorted(found.probes.items())],
+        )
         if p.reference_from_baseline:
             rate = found.rate or evaluator.ladder.base
-            why = ("the highest rate vLLM's defaults sustain" if found.rate else
-                   "vLLM's defaults miss the SLO at every rate tried")
-            setup = replace(setup, load=replace(setup.load, rate=rate),
-                            notes=(*setup.notes, f"load {rate:.3g} req/s: {why} (set --rate "
-                                                 "to choose)"))
+            why = (
+                "the highest rate vLLM's defaults sustain"
+                if found.rate
+                else "vLLM's defaults miss the SLO at every rate tried"
+            )
+            setup = replace(
+                setup,
+                load=replace(setup.load, rate=rate),
+                notes=(*setup.notes, f"load {rate:.3g} req/s: {why} (set --rate to choose)"),
+            )
             evaluator.setup = setup
     m = evaluator.measure(config)
-    baseline.update(metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment,
-                    feasible=m.feasible)
+    baseline.update(
+        metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment, feasible=m.feasible
+    )
     return setup, baseline
 
 
@@ -257,6 +307,7 @@ class StudyPlace:
 def place_study(o: TuneOptions, objective: str) -> StudyPlace:
     """Where the study lives. Without ``--study-name``, a new run takes the first free name
     of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one."""
+
     def where(name: str) -> tuple[str, Path]:
         out = Path(o.out) if o.out else DEFAULT_OUT_ROOT / name
         return (o.storage or default_storage(out)), out
@@ -272,9 +323,11 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
         name = o.study_name
         exists = taken(name)
         if exists and not o.resume:
-            raise TuneInputError(f"--study-name: study {name!r} already exists in "
-                                 f"{where(name)[0]}; add --resume to continue it, or pick "
-                                 "another name")
+            raise TuneInputError(
+                f"--study-name: study {name!r} already exists in "
+                f"{where(name)[0]}; add --resume to continue it, or pick "
+                "another name"
+            )
         if o.resume and not exists:
             raise TuneInputError(f"--resume: no study named {name!r} in {where(name)[0]}")
     else:
@@ -287,8 +340,10 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
             used.append(cand)
         if o.resume:
             if not used:
-                raise TuneInputError(f"--resume: no study {base!r} to resume in "
-                                     f"{where(base)[0]}; give --study-name (and --storage)")
+                raise TuneInputError(
+                    f"--resume: no study {base!r} to resume in "
+                    f"{where(base)[0]}; give --study-name (and --storage)"
+                )
             name, exists = used[-1], True
         else:
             name, exists = cand, False

@@ -31,8 +31,11 @@ class Outputs:
 def finished(study: Any) -> list[Any]:
     from optuna.trial import TrialState
 
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "config" in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if "config" in t.user_attrs
+    ]
 
 
 def _score(t: Any) -> float:
@@ -41,7 +44,7 @@ def _score(t: Any) -> float:
 
 
 def _goodput(t: Any) -> float:
-    return float(t.user_attrs.get("goodput_rps") or 0.0)
+    return float(t.user_attrs.get("goodput_value") or 0.0)
 
 
 def _violation(t: Any) -> float:
@@ -49,7 +52,7 @@ def _violation(t: Any) -> float:
 
 
 def pareto_front(trials: list[Any]) -> list[Any]:
-    """Trials no other trial beats on both goodput (higher) and score (lower)."""
+    """Trials no other trial beats on both goodput (higher ``goodput_value``) and score."""
     front = []
     for t in trials:
         g, s = _goodput(t), _score(t)
@@ -92,7 +95,8 @@ def trials_frame(study: Any) -> Any:
             row["value"] = t.value if t.values else math.nan
         row["duration_s"] = t.duration.total_seconds() if t.duration else math.nan
         row["user_attrs_feasible"] = t.user_attrs.get("feasible")
-        for key in ("score", "attainment", "rate", "goodput_rps", "reused_from"):
+        for key in ("score", "attainment", "rate", "goodput_rps", "goodput_value",
+                    "reused_from"):
             if key in t.user_attrs:
                 row[key] = t.user_attrs[key]
         for name, value in t.params.items():
@@ -116,8 +120,14 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_run(out: Path, result: Any, summary: dict[str, Any], config: dict[str, Any],
-              rate: float | None, label: str) -> None:
+def write_run(
+    out: Path,
+    result: Any,
+    summary: dict[str, Any],
+    config: dict[str, Any],
+    rate: float | None,
+    label: str,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     result.save(out)
     data = {**summary, "config": config, "rate": rate, "label": label}
@@ -144,15 +154,19 @@ def report_rate(setup: Any, best: Any, baseline: dict[str, Any]) -> float | None
     recommendation's goodput (where it just meets the SLO and the baseline is shown at)."""
     if setup.objective != "goodput":
         return setup.load.rate
-    for rate in (best.user_attrs.get("goodput_rps"), baseline.get("goodput_rps"),
-                 (setup.ladder or {}).get("base")):
+    for rate in (
+        best.user_attrs.get("goodput_rps"),
+        baseline.get("goodput_rps"),
+        (setup.ladder or {}).get("base"),
+    ):
         if rate:
             return float(rate)
     return setup.load.rate
 
 
-def write_outputs(*, out_dir: Path, study: Any, setup: Any, baseline: dict[str, Any],
-                  evaluator: Any, storage: str) -> Outputs:
+def write_outputs(
+    *, out_dir: Path, study: Any, setup: Any, baseline: dict[str, Any], evaluator: Any, storage: str
+) -> Outputs:
     """Select the recommendation, rerun it and the baseline once at the report load into
     ``runs/``, and write ``trials.csv`` and ``best.json``."""
     from slotune import __version__
@@ -167,8 +181,10 @@ def write_outputs(*, out_dir: Path, study: Any, setup: Any, baseline: dict[str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     rate = report_rate(setup, best, baseline)
     runs: dict[str, dict[str, Any]] = {}
-    for label, config_dict in (("best", best.user_attrs["config"]),
-                               ("baseline", baseline["config"])):
+    for label, config_dict in (
+        ("best", best.user_attrs["config"]),
+        ("baseline", baseline["config"]),
+    ):
         config = EngineConfig.from_dict(config_dict)
         result = evaluator.run(config, rate)
         summary = evaluator.summarize(result)
@@ -193,8 +209,12 @@ def write_outputs(*, out_dir: Path, study: Any, setup: Any, baseline: dict[str, 
         "metrics": runs["best"]["summary"],
         "score": runs["best"]["score"],
         "goodput_rps": best.user_attrs.get("goodput_rps"),
-        "load": {"rate": rate, "description": setup.load.describe()
-                 if rate == setup.load.rate else f"Poisson at {rate:.3g} req/s"},
+        "load": {
+            "rate": rate,
+            "description": setup.load.describe()
+            if rate == setup.load.rate
+            else f"Poisson at {rate:.3g} req/s",
+        },
         "slo": setup.slo,
         "slo_targets": dict(evaluator.targets_ms),
         "weights": setup.weights,
@@ -225,14 +245,20 @@ def write_outputs(*, out_dir: Path, study: Any, setup: Any, baseline: dict[str, 
     }
     if setup.objective == "pareto":
         data["pareto_front"] = [
-            {"trial": t.number, "goodput_rps": _goodput(t), "score": _score(t),
-             "attainment": t.user_attrs.get("attainment"), "config": t.user_attrs["config"]}
+            {
+                "trial": t.number,
+                "goodput_rps": _goodput(t),
+                "score": _score(t),
+                "attainment": t.user_attrs.get("attainment"),
+                "config": t.user_attrs["config"],
+            }
             for t in pareto_front(trials)
         ]
     best_json = out_dir / "best.json"
     write_json(best_json, data)
-    return Outputs(best_json, trials_csv, out_dir / "runs" / "best",
-                   out_dir / "runs" / "baseline", data)
+    return Outputs(
+        best_json, trials_csv, out_dir / "runs" / "best", out_dir / "runs" / "baseline", data
+    )
 
 
 def _baseline_value(objective: str, baseline: dict[str, Any]) -> Any:

@@ -34,7 +34,7 @@ class StudyError(ValueError):
 def quiet_optuna() -> None:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message=".*SQLite.*")

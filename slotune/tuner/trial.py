@@ -7,8 +7,10 @@ comparisons read the study and never rerun it:
   ``rate``: the request rate of that run (None: the load's own arrivals);
 - ``score`` (weighted score), ``attainment``, ``feasible``;
 - ``worker``: the index of the worker process that ran it;
-- goodput and pareto studies also ``goodput_rps``, ``goodput_rung`` and ``probes``
-  (``[[rate, attainment], ...]``, every rate the search ran).
+- goodput and pareto studies also ``goodput_value`` (the objective), ``goodput_rps`` and
+  ``goodput_rung`` (the highest rate meeting the attainment target, found exactly for
+  configs that meet it at the best rate so far; None for the others, whose value is their
+  goodput at that rate) and ``probes`` (``[[rate, attainment], ...]``, every rate run).
 
 A configuration already measured in the study is not run again: its record is copied.
 """
@@ -21,12 +23,20 @@ from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config
 from slotune.tuner.setup import TuneSetup
 from slotune.tuner.space import SearchSpace
 
-RECORD_KEYS = ("metrics", "rate", "score", "attainment", "feasible", "goodput_rps",
-               "goodput_rung", "probes")
+RECORD_KEYS = (
+    "metrics",
+    "rate",
+    "score",
+    "attainment",
+    "feasible",
+    "goodput_rps",
+    "goodput_rung",
+    "probes",
+)
 METRIC_NAMES = {
     "weighted": ("weighted_score",),
-    "goodput": ("goodput_rps",),
-    "pareto": ("goodput_rps", "weighted_score"),
+    "goodput": ("goodput",),
+    "pareto": ("goodput", "weighted_score"),
 }
 DIRECTIONS = {
     "weighted": ("minimize",),
@@ -36,8 +46,14 @@ DIRECTIONS = {
 
 
 class TrialObjective:
-    def __init__(self, setup: TuneSetup, evaluator: Evaluator, space: SearchSpace,
-                 baseline_rung: int | None = None, worker: int = 0) -> None:
+    def __init__(
+        self,
+        setup: TuneSetup,
+        evaluator: Evaluator,
+        space: SearchSpace,
+        baseline_rung: int | None = None,
+        worker: int = 0,
+    ) -> None:
         self.setup = setup
         self.evaluator = evaluator
         self.space = space
@@ -71,8 +87,11 @@ class TrialObjective:
     def _start_rung(self, trial: Any) -> int:
         if self.setup.objective == "weighted":
             return 0
-        rungs = [t.user_attrs["goodput_rung"] for t in _complete(trial.study)
-                 if t.user_attrs.get("goodput_rung") is not None]
+        rungs = [
+            t.user_attrs["goodput_rung"]
+            for t in _complete(trial.study)
+            if t.user_attrs.get("goodput_rung") is not None
+        ]
         if self.baseline_rung is not None:
             rungs.append(self.baseline_rung)
         return max(rungs, default=0)
@@ -90,8 +109,8 @@ def values_of(objective: str, record: dict[str, Any]) -> float | tuple[float, ..
     if objective == "weighted":
         return float(record["score"])
     if objective == "goodput":
-        return float(record["goodput_rps"])
-    return float(record["goodput_rps"]), float(record["score"])
+        return float(record["goodput_value"])
+    return float(record["goodput_value"]), float(record["score"])
 
 
 def config_key_of(config: dict[str, Any]) -> str:
@@ -101,14 +120,20 @@ def config_key_of(config: dict[str, Any]) -> str:
 
 
 def _record(m: Measurement) -> dict[str, Any]:
-    return {"metrics": m.summary, "rate": m.rate, "score": m.score,
-            "attainment": m.attainment, "feasible": m.feasible}
+    return {
+        "metrics": m.summary,
+        "rate": m.rate,
+        "score": m.score,
+        "attainment": m.attainment,
+        "feasible": m.feasible,
+    }
 
 
 def _goodput_fields(found: GoodputResult) -> dict[str, Any]:
     return {
-        "goodput_rps": found.goodput,
+        "goodput_rps": found.rate,
         "goodput_rung": found.rung,
+        "goodput_value": found.value,
         "probes": [[rate, att] for rate, att in sorted(found.probes.items())],
         "feasible": found.rate is not None,
     }

@@ -65,6 +65,8 @@ def check_scheduler(engine: Engine) -> None:
             assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert req.num_computed_tokens == 0
     assert set(kv.swapped) <= waiting
+    assert set(kv.uncommitted) <= running
+    assert kv.cow_pending <= running
 
 
 def check_step(engine: Engine, so: SchedulerOutput) -> None:
@@ -94,6 +96,6 @@ def check_drained(engine: Engine) -> None:
     assert kv.num_free_blocks == kv.num_gpu_blocks
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
     assert kv.num_free_cpu_blocks == kv.num_cpu_blocks
-    assert not kv.req_blocks and not kv.swapped
+    assert not kv.req_blocks and not kv.swapped and not kv.uncommitted and not kv.cow_pending
     assert engine.scheduler.fork_seats == 0
     check_all(engine, None)

@@ -79,6 +79,9 @@ def check_model() -> None:
     )  # fmt: skip
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.1)
     ids = torch.randint(0, 128, (2, 50)).tolist()
     schedule = [[("a", ids[0][:20])], [("a", ids[0][20:45]), ("b", ids[1][:33])]]
     schedule += [[("a", [ids[0][i]]), ("b", [ids[1][i - 12]])] for i in range(45, 50)]

@@ -183,3 +183,17 @@ def test_cli_report_rejects_folders_that_are_not_results(tmp_path: Path, make: s
     result = CliRunner().invoke(app, ["report", str(folder)])
     assert result.exit_code == 2
     assert "error:" in result.output
+
+
+def test_e2e_and_itl_targets_get_their_own_slo_lines(tmp_path: Path, tune_dir: Path) -> None:
+    from slotune.reports.sections import metrics_table
+
+    html = metrics_table([("run", {"e2el_ms": {"p99": 900.0}})], {"e2e": 800.0, "ttft": 300.0})
+    assert "E2E p99" in html and 'class="missed">900 ms' in html
+    assert "E2E" not in metrics_table([("run", {})], {"ttft": 300.0})
+    out = tmp_path / "out"
+    shutil.copytree(tune_dir, out)
+    best = json.loads((out / "best.json").read_text())
+    (out / "best.json").write_text(json.dumps({**best, "slo": "ttft=300ms,itl=40ms"}))
+    html = build_report(out).read_text()
+    assert "SLO ITL 40 ms" in html

@@ -5,6 +5,7 @@ Needs a PostgreSQL server; ``.ci/run`` starts one and sets ``SLOTUNE_TEST_POSTGR
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -46,7 +47,5 @@ def test_two_worker_processes_share_a_postgres_study(tmp_path: Path) -> None:
         study = optuna.load_study(study_name=name, storage=open_storage(URL))
         assert sum(t.state.name == "COMPLETE" for t in study.trials) == 8
     finally:
-        try:
+        with contextlib.suppress(KeyError):
             optuna.delete_study(study_name=name, storage=open_storage(URL))
-        except KeyError:
-            pass

@@ -160,7 +160,8 @@ def test_grid_holds_distinct_valid_configs() -> None:
     chunked = [c for c in configs if c.policy == "chunked"]
     # budget 1024: threshold off, 256, 512; budget 4096: off, 256, 512, 1024, 2048
     assert len(chunked) == (3 + 5) * 2 * 2
-    assert {c.max_num_batched_tokens for c in configs if c.policy == "prefill_first"} == {2048, 4096}
+    prefill_first = {c.max_num_batched_tokens for c in configs if c.policy == "prefill_first"}
+    assert prefill_first == {2048, 4096}
 
 
 def test_space_round_trips_through_a_dict_and_finds_the_baseline() -> None:

@@ -84,7 +84,9 @@ def test_goodput_selection_breaks_ties_by_score() -> None:
     study = optuna.create_study(direction="maximize")
     for goodput, score in ((5.0, 0.9), (7.0, 0.8), (7.0, 0.6), (3.0, 0.1)):
         study.add_trial(optuna.trial.create_trial(
-            value=goodput, user_attrs={"config": {}, "goodput_rps": goodput, "score": score}))
+            value=goodput,
+            user_attrs={"config": {}, "goodput_value": goodput, "goodput_rps": goodput,
+                        "score": score}))
     best = select_best(finished(study), "goodput", 0.99)
     assert (best.user_attrs["goodput_rps"], best.user_attrs["score"]) == (7.0, 0.6)
     front = pareto_front(finished(study))

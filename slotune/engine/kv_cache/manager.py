@@ -1,7 +1,10 @@
 """The KV-cache manager: block tables per request, prefix-cache hits, forks and swapping.
 
 The scheduler asks it for slots before it schedules tokens (``allocate_slots``) and tells
-it when tokens have been computed (``commit``), so full blocks can enter the prefix cache.
+it which requests filled blocks (``uncommitted``). Those blocks enter the prefix cache
+lazily, in one batch before the next prefix lookup or when the request lets its blocks
+go: no lookup can tell the difference, and a decode step pays one dict write instead of a
+hash per filled block.
 Block copies a step needs (copy-on-write here, swap lists from ``swap_out``/``swap_in``)
 are handed back to the scheduler, which lists them in its output for the executor.
 """
@@ -20,14 +23,13 @@ BlockCopy = tuple[int, int]
 class RequestBlocks:
     """One request's GPU blocks. ``block_ids`` is the live table executors read."""
 
-    __slots__ = ("block_ids", "blocks", "cache_state", "check_cow", "num_slots")
+    __slots__ = ("block_ids", "blocks", "cache_state", "num_slots")
 
     def __init__(self, blocks: list[KVCacheBlock], cache_state: object, block_size: int) -> None:
         self.blocks = blocks
         self.block_ids = [b.block_id for b in blocks]
         self.num_slots = len(blocks) * block_size
         self.cache_state = cache_state
-        self.check_cow = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ class KVCacheManager:
         self.req_blocks: dict[str, RequestBlocks] = {}
         self.block_tables: dict[str, list[int]] = {}  # live: rid -> req_blocks[rid].block_ids
         self.swapped: dict[str, list[int]] = {}
+        self.uncommitted: dict[str, Request] = {}  # filled blocks not yet in the prefix cache
+        self.cow_pending: set[str] = set()  # forks whose next write may hit a shared block
         self.pending_copy_on_write: list[BlockCopy] = []
         self.prefix_cache_queries_tokens = 0
         self.prefix_cache_hit_tokens = 0
@@ -88,6 +92,8 @@ class KVCacheManager:
         cache = self.cache
         if cache is None:
             return None
+        if self.uncommitted:
+            self.commit_all()
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks, state = cache.match(request.all_token_ids, max_blocks)
         return ComputedBlocks(blocks, len(blocks) * self.block_size, request.num_tokens, state)
@@ -101,10 +107,12 @@ class KVCacheManager:
         first write into a block shared with a fork is redirected to a copy (copy-on-write).
         On False nothing has changed.
         """
-        rb = self.req_blocks.get(request.request_id)
+        rid = request.request_id
+        rb = self.req_blocks.get(rid)
         needed = request.num_computed_tokens + num_new_tokens
+        check_cow = bool(self.cow_pending) and rid in self.cow_pending
         if rb is not None:
-            if needed <= rb.num_slots and not rb.check_cow:
+            if needed <= rb.num_slots and not check_cow:
                 return True
             held = len(rb.blocks)
             hit: list[KVCacheBlock] = []
@@ -114,7 +122,7 @@ class KVCacheManager:
             if computed is not None:
                 needed += computed.num_tokens
         num_new = self.blocks_needed(needed) - held - len(hit)
-        cow = self._needs_cow(rb, request.num_computed_tokens)
+        cow = check_cow and self._needs_cow(rb, request.num_computed_tokens)
         pool = self.pool
         reusable = sum(1 for b in hit if b.ref_cnt == 0)
         if num_new + cow > pool.num_free_blocks - reusable:
@@ -123,14 +131,15 @@ class KVCacheManager:
             pool.touch(hit)
             state = computed.cache_state if computed is not None else self._new_cache_state()
             rb = RequestBlocks(list(hit), state, self.block_size)
-            self.req_blocks[request.request_id] = rb
-            self.block_tables[request.request_id] = rb.block_ids
+            self.req_blocks[rid] = rb
+            self.block_tables[rid] = rb.block_ids
             if computed is not None:
                 self.prefix_cache_queries_tokens += computed.num_query_tokens
                 self.prefix_cache_hit_tokens += computed.num_tokens
-        if cow:
-            self._copy_on_write(rb, request.num_computed_tokens // self.block_size)
-        rb.check_cow = False
+        if check_cow:
+            self.cow_pending.discard(rid)
+            if cow:
+                self._copy_on_write(rb, request.num_computed_tokens // self.block_size)
         if num_new > 0:
             new = pool.get_new_blocks(num_new)
             rb.blocks.extend(new)
@@ -142,7 +151,7 @@ class KVCacheManager:
         return self.cache.new_state() if self.cache is not None else None
 
     def _needs_cow(self, rb: RequestBlocks | None, num_computed: int) -> int:
-        if rb is None or not rb.check_cow or num_computed % self.block_size == 0:
+        if rb is None or num_computed % self.block_size == 0:
             return 0
         index = num_computed // self.block_size
         return int(index < len(rb.blocks) and rb.blocks[index].ref_cnt > 1)
@@ -161,8 +170,17 @@ class KVCacheManager:
         self.pending_copy_on_write = []
         return copies
 
+    def commit_all(self) -> None:
+        for request in self.uncommitted.values():
+            self.commit(request)
+        self.uncommitted.clear()
+
+    def _commit_pending(self, request: Request) -> None:
+        if self.uncommitted.pop(request.request_id, None) is not None:
+            self.commit(request)
+
     def commit(self, request: Request) -> None:
-        """Register the request's full, computed blocks in the prefix cache."""
+        """Register the request's full, computed blocks in the prefix cache now."""
         cache = self.cache
         if cache is None:
             return
@@ -184,6 +202,9 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's GPU blocks (tail first, so tails are evicted first) or CPU copy."""
         rid = request.request_id
+        if self.uncommitted:
+            self._commit_pending(request)
+        self.cow_pending.discard(rid)
         rb = self.req_blocks.pop(rid, None)
         if rb is not None:
             del self.block_tables[rid]
@@ -195,12 +216,15 @@ class KVCacheManager:
     def fork(self, parent: Request, child: Request) -> None:
         """``child`` shares all of ``parent``'s blocks; a shared partial block is copied on
         first write."""
+        if self.uncommitted:
+            self._commit_pending(parent)
         rb = self.req_blocks[parent.request_id]
         self.pool.touch(rb.blocks)
         cache_state = self.cache.copy_state(rb.cache_state) if self.cache is not None else None
         child_rb = RequestBlocks(list(rb.blocks), cache_state, self.block_size)
-        partial = parent.num_computed_tokens % self.block_size != 0
-        child_rb.check_cow = rb.check_cow = rb.check_cow or partial
+        if parent.num_computed_tokens % self.block_size:
+            self.cow_pending.add(parent.request_id)
+            self.cow_pending.add(child.request_id)
         self.req_blocks[child.request_id] = child_rb
         self.block_tables[child.request_id] = child_rb.block_ids
 
@@ -210,8 +234,11 @@ class KVCacheManager:
         rb = self.req_blocks[rid]
         if len(rb.blocks) > len(self._free_cpu):
             return None
+        if self.uncommitted:
+            self._commit_pending(request)
         copies = [(block.block_id, self._free_cpu.pop()) for block in rb.blocks]
         self.swapped[rid] = [cpu for _, cpu in copies]
+        self.cow_pending.discard(rid)
         del self.req_blocks[rid]
         del self.block_tables[rid]
         self.pool.free_blocks(rb.blocks[::-1])

@@ -379,9 +379,10 @@ def calibrate(
     grid: list[StepShape] | None = None,
     repeats: int = 3,
     progress: Callable[[str], None] | None = None,
+    threads: int | None = None,
 ) -> CalibrationResult:
     say = progress or (lambda _msg: None)
-    executor = TorchExecutor(model_path, device=device, attention=attention)
+    executor = TorchExecutor(model_path, device=device, attention=attention, threads=threads)
     shapes = grid if grid is not None else default_grid()
     capacity = KVCacheCapacity(
         num_gpu_blocks=blocks_needed(shapes, block_size) + 64, num_cpu_blocks=0

@@ -23,6 +23,7 @@ GIB = 1 << 30
 CPU_KV_SHARE = 0.1  # of physical memory, times gpu_memory_utilization, when running on the CPU
 CPU_KV_CAP_BYTES = 1 * GIB
 ACTIVATION_RESERVE_BYTES = 256 << 20
+SINGLE_THREAD_MAX_HIDDEN = 1024
 
 
 class TorchExecutor:
@@ -32,6 +33,11 @@ class TorchExecutor:
     (keys, values); swapped-out blocks live in a CPU pool of the same layout, pinned when
     the device is CUDA. ``attention`` is chosen when the cache is allocated, since the
     flash and triton backends depend on the block size.
+
+    On the CPU, ``threads`` sets torch's intra-op threads for the process. By default a
+    model of hidden size up to 1024 runs on one thread: its matrices are too small to gain
+    from splitting, and spinning worker threads slow down many-fold when other processes
+    share the cores. Larger models keep torch's default.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class TorchExecutor:
         device: str = "auto",
         attention: str = "auto",
         dtype: str = "auto",
+        threads: int | None = None,
     ) -> None:
         loaded = load_model(model_path, device=device, dtype=dtype)
         self.model = loaded.model
@@ -55,6 +62,11 @@ class TorchExecutor:
         self.sampler = Sampler()
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cpu_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.device.type == "cpu":
+            if threads is None and self.model_config.hidden_size <= SINGLE_THREAD_MAX_HIDDEN:
+                threads = 1
+            if threads:
+                torch.set_num_threads(threads)
 
     def block_bytes(self, block_size: int) -> int:
         c = self.model_config

@@ -97,10 +97,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """Built with uninitialised weights: ``loader.load_model`` fills them from a checkpoint."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given a weight, Embedding skips its random init, whose first call imports dynamo.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -154,6 +154,6 @@ class TritonAttention:
             BLOCK_SIZE=block_size,
             BLOCK_M=block_m,
             BLOCK_Q=block_q,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         )
         return out
