@@ -9,7 +9,9 @@ size 16, so each step schedules one token per request and crosses a block bounda
 ``Scheduler.schedule`` + ``Scheduler.update_from_output`` (which includes the KV-cache
 manager and building the step's ``RequestOutput``s); ``engine.step`` adds the engine's
 own bookkeeping on top. ``outputs`` is the cost of building that many ``RequestOutput``s
-alone (a part of ``update``): what the API's per-token objects cost. Times are this
+alone (a part of ``update``): what the API's per-token objects cost. ``stretch`` is the
+cost per step of 100 decode steps applied at once (``Scheduler.decode_stretch_limit`` +
+``advance_decodes``, the fast-forward's primitives; no ``RequestOutput``s). Times are this
 thread's CPU time, best of ``--repeats`` blocks, so other processes on a shared machine
 do not inflate them.
 """
@@ -24,6 +26,7 @@ from slotune.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.scheduler_output import SchedulerOutput
 
+STRETCH = 100  # decode steps applied at once by ``Scheduler.advance_decodes``
 clock = time.thread_time  # CPU time: time spent descheduled on a shared machine is not ours
 
 
@@ -48,7 +51,7 @@ def measure(
     num_running: int, steps: int, prefix_caching: str, repeats: int = 5, prompt_len: int = 128
 ) -> dict:
     ids = [f"req-{i}" for i in range(num_running)]
-    total_steps = 2 * steps * repeats + 64
+    total_steps = 2 * steps * repeats + STRETCH * repeats + 64
     blocks_per_req = (prompt_len + total_steps) // 16 + 2
     executor = ConstantExecutor(num_running * blocks_per_req, ids)
     config = EngineConfig(
@@ -91,6 +94,14 @@ def measure(
             for _ in range(steps):
                 engine.step()
             step_s = min(step_s, clock() - t0)
+        stretch_s = float("inf")
+        for _ in range(repeats):
+            t0 = clock()
+            k = scheduler.decode_stretch_limit(STRETCH)
+            scheduler.advance_decodes({rid: [7] * k for rid in ids}, k)
+            if k != STRETCH:
+                raise RuntimeError(f"expected a stretch of {STRETCH}, got {k}")
+            stretch_s = min(stretch_s, clock() - t0)
         outputs_s = float("inf")
         for _ in range(repeats):
             t0 = clock()
@@ -107,6 +118,7 @@ def measure(
         "total_ms": 1e3 * (sched_s + update_s) / steps,
         "engine_step_ms": 1e3 * step_s / steps,
         "outputs_ms": 1e3 * outputs_s / steps,
+        "stretch_ms": 1e3 * stretch_s / STRETCH,
     }
 
 
@@ -119,7 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"{'running':>8} {'cache':>6} {'schedule':>9} {'update':>9} "
-        f"{'sched+kv':>9} {'engine.step':>11} {'outputs':>8}   (ms of CPU per step)"
+        f"{'sched+kv':>9} {'engine.step':>11} {'outputs':>8} {'stretch':>8}   (ms of CPU per step)"
     )
     for n in args.running:
         for kind in args.prefix_caching:
@@ -127,7 +139,7 @@ def main() -> None:
             print(
                 f"{r['running']:>8} {r['prefix_caching']:>6} {r['schedule_ms']:>9.4f} "
                 f"{r['update_ms']:>9.4f} {r['total_ms']:>9.4f} {r['engine_step_ms']:>11.4f} "
-                f"{r['outputs_ms']:>8.4f}"
+                f"{r['outputs_ms']:>8.4f} {r['stretch_ms']:>8.4f}"
             )
 
 

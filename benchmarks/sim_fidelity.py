@@ -9,6 +9,14 @@ Poisson arrivals at a load that queues) through the real engine on the wall cloc
 through the simulator with the calibrated profile on its virtual clock, for a small and a
 large token budget. Prints p50/p90/p99 TTFT and TPOT and output throughput side by side
 with the simulator's relative error, as a Markdown table; ``--json`` writes the raw numbers.
+
+The real engine runs twice per budget: their spread is the noise floor of this machine
+(other work on the cores changes wall-clock step times, and near saturation queueing turns
+a few percent of speed into much more latency). Each real run also reports the cost
+model's error on that run's own steps (each step's measured time against the model's
+price of the same batch), which no queueing amplifies. ``--clock cpu`` measures everything (calibration, steps, the
+runner's clock) in this process's CPU time instead, which on a shared machine removes the
+other processes' share of the cores from the measurement.
 """
 
 from __future__ import annotations
@@ -60,40 +68,111 @@ def metrics(summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+class ProcessClock:
+    """The runner's clock in this process's CPU time, plus the idle waits it skips: the
+    wall clock as if no other process shared the cores (valid for a one-thread CPU run)."""
+
+    def __init__(self) -> None:
+        self._t0 = time.process_time()
+        self._skipped = 0.0
+
+    def now(self) -> float:
+        return time.process_time() - self._t0 + self._skipped
+
+    def advance(self, seconds: float) -> None:
+        """The step itself took the time."""
+
+    def wait_until(self, t: float) -> None:
+        self._skipped += max(0.0, t - self.now())
+
+
+class StepRecorder:
+    """Wraps an executor: every step's measured duration beside the cost model's price of
+    the very same step, which separates the cost model's error from queueing effects."""
+
+    def __init__(self, executor, cost_model) -> None:  # type: ignore[no-untyped-def]
+        self.executor, self.cost_model = executor, cost_model
+        self.measured: list[float] = []
+        self.predicted: list[float] = []
+        self._execute = executor.execute
+        executor.execute = self.execute
+
+    def execute(self, so):  # type: ignore[no-untyped-def]
+        out = self._execute(so)
+        decodes = [r for r, n in so.num_scheduled_tokens.items() if n == 1]
+        chunks = [
+            (n, so.requests[r].num_computed_tokens)
+            for r, n in so.num_scheduled_tokens.items()
+            if n > 1
+        ]
+        self.measured.append(out.duration_s)
+        self.predicted.append(
+            self.cost_model.step_seconds(
+                so.total_num_scheduled_tokens,
+                len(so.num_samples),
+                len(so.num_scheduled_tokens),
+                len(decodes),
+                sum(so.requests[r].num_computed_tokens + 1 for r in decodes),
+                chunks,
+            )
+        )
+        return out
+
+    def summary(self) -> dict[str, float]:
+        errors = sorted(
+            abs(p / m - 1) * 100 for p, m in zip(self.predicted, self.measured, strict=True)
+        )
+        return {
+            "steps": len(errors),
+            "total_error_pct": 100 * (sum(self.predicted) / sum(self.measured) - 1),
+            "median_abs_error_pct": errors[len(errors) // 2],
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="checkpoint folder (default: a fresh small preset)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--load", type=float, default=1.0, help="arrival rate / capacity")
+    parser.add_argument("--load", type=float, default=0.9, help="arrival rate / capacity")
+    parser.add_argument("--real-runs", type=int, default=2, help="real runs per budget")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (0: the executor's default)"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: time steps and the run in process CPU time (CPU device, one thread)",
+    )
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parser.parse_args()
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        parser.error("--clock cpu needs --device cpu and --threads 1")
 
     from slotune.engine import Engine
     from slotune.engine.model import TorchExecutor
     from slotune.engine.model.calibrate import calibrate, profile_json
     from slotune.engine.model.init_model import init_model
+    from slotune.engine.sim import CostModel, get_model, load_profile
     from slotune.workloads import ArrivalSpec, run_engine, run_simulated, summarize
+    from slotune.workloads.runner.engine_loop import drive_engine
+
+    timer = time.process_time if args.clock == "cpu" else time.perf_counter
 
     threads = args.threads or None
     work = Path(tempfile.mkdtemp(prefix="sim_fidelity_"))
     model = Path(args.model) if args.model else init_model(work / "small", "small")
     t0 = time.perf_counter()
-    result = calibrate(model, device=args.device, progress=print, threads=threads)
+    result = calibrate(model, device=args.device, progress=print, threads=threads, timer=timer)
     profile = work / "profile.json"
     profile.write_text(json.dumps(profile_json(result), indent=2))
-    errs = sorted(abs(e) for e in result.errors_pct())
-    print(
-        f"calibrated in {time.perf_counter() - t0:.0f} s; grid error median "
-        f"{errs[len(errs) // 2]:.1f}%, max {errs[-1]:.1f}%"
-    )
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s: {result.profile.note}")
 
     trace = scaled_trace(args.requests)
     config_json = str(model / "config.json")
-    rows: dict[str, dict[str, dict[str, float]]] = {}
+    spec = get_model(config_json)
+    rows: dict[str, dict[str, Any]] = {}
     for name, budget in BUDGETS.items():
         config = engine_config(budget)
         # Capacity from the simulator with everything queued at once; then a Poisson load.
@@ -101,31 +180,52 @@ def main() -> None:
         rate = args.load * len(trace) / burst.duration_s
         arrivals = ArrivalSpec(rate=rate)
         sim = run_simulated(config, trace, gpu=str(profile), model=config_json, arrivals=arrivals)
-        t1 = time.perf_counter()
-        executor = TorchExecutor(model, device=args.device, threads=threads)
-        engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
-        real = run_engine(engine, trace, arrivals)
-        print(f"{name}: rate {rate:.2f} req/s, real run {time.perf_counter() - t1:.0f} s")
+        reals, steps = [], []
+        for _ in range(args.real_runs):
+            executor = TorchExecutor(model, device=args.device, threads=threads, timer=timer)
+            cost = CostModel(load_profile(str(profile)), spec, 1, config.block_size)
+            recorder = StepRecorder(executor, cost)
+            engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
+            if args.clock == "cpu":
+                real = drive_engine(engine, trace, arrivals, ProcessClock())  # type: ignore[arg-type]
+            else:
+                real = run_engine(engine, trace, arrivals)
+            reals.append(metrics(summarize(real)))
+            steps.append(recorder.summary())
         rows[name] = {
-            "real": metrics(summarize(real)),
+            "rate": rate,
+            "clock": args.clock,
+            "real": reals,
             "sim": metrics(summarize(sim)),
-            "rate": {"req_per_s": rate},
+            "steps": steps,
         }
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps({"profile": profile_json(result), "runs": rows}, indent=2))
 
 
-def print_table(rows: dict[str, dict[str, dict[str, float]]]) -> None:
+def print_table(rows: dict[str, dict[str, Any]]) -> None:
     for name, r in rows.items():
-        print(f"\n{name}, Poisson at {r['rate']['req_per_s']:.2f} req/s\n")
-        print("| metric | real engine | simulator | error |")
-        print("|---|---:|---:|---:|")
-        for key, real in r["real"].items():
+        reals = r["real"]
+        print(f"\n{name}, Poisson at {r['rate']:.2f} req/s, {r['clock']} clock\n")
+        head = " | ".join(f"real run {i + 1}" for i in range(len(reals)))
+        print(f"| metric | {head} | simulator | error vs real mean | real spread |")
+        print("|---|" + "---:|" * (len(reals) + 3))
+        for key in reals[0]:
+            values = [x[key] for x in reals]
+            mean = sum(values) / len(values)
             sim = r["sim"][key]
+            err = 100.0 * (sim - mean) / mean if mean else float("nan")
+            spread = 100.0 * (max(values) - min(values)) / mean if mean else float("nan")
             unit = "tok/s" if key == "throughput" else "ms"
-            err = 100.0 * (sim - real) / real if real else float("nan")
-            print(f"| {key.replace('_', ' ')} ({unit}) | {real:.1f} | {sim:.1f} | {err:+.1f}% |")
+            cells = " | ".join(f"{v:.1f}" for v in values)
+            label = key.replace("_", " ")
+            print(f"| {label} ({unit}) | {cells} | {sim:.1f} | {err:+.1f}% | {spread:.0f}% |")
+        for i, st in enumerate(r["steps"]):
+            print(
+                f"\nreal run {i + 1}: cost model on its {st['steps']} steps: total "
+                f"{st['total_error_pct']:+.1f}%, median |error| {st['median_abs_error_pct']:.1f}%"
+            )
 
 
 if __name__ == "__main__":

@@ -55,11 +55,21 @@ def evaluate_grid(objective: Any, space: Any, baseline: dict[str, Any]) -> list[
     return rows
 
 
-def best_value(records: list[dict[str, Any]], kind: str) -> float:
+def best_record(records: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The selection rule of ``slotune tune`` (results.select_best) on plain records."""
     if kind == "goodput":
-        return max(r["goodput_value"] for r in records)
-    feasible = [r["score"] for r in records if r["feasible"]]
-    return min(feasible) if feasible else float("nan")
+        return min(records, key=lambda r: (-r["goodput_value"], r["score"]))
+    return min(records, key=lambda r: (not r["feasible"], r["score"]))
+
+
+def best_value(records: list[dict[str, Any]], kind: str) -> float:
+    best = best_record(records, kind)
+    return best["goodput_value"] if kind == "goodput" else best["score"]
+
+
+def served(record: dict[str, Any]) -> float:
+    """Goodput in vLLM's sense at the record's load: requests/s that met every SLO."""
+    return float(record["metrics"].get("goodput") or 0.0)
 
 
 def run_tuner(prepared: Any, setup: Any, baseline: dict[str, Any], evaluator: Any,
@@ -106,11 +116,13 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
     sims_grid = evaluator.runs
     grid_best = best_value(records, objective_name)
     base_value = baseline["goodput_value"] if objective_name == "goodput" else baseline["score"]
-    tuner_values = []
+    tuner_values, tuner_served = [], []
     t1 = time.perf_counter()
     for seed in range(args.seeds):
         trials = run_tuner(prepared, setup, baseline, evaluator, args.trials, seed, folder)
         tuner_values.append(best_value(trials, objective_name))
+        tuner_served.append(served(best_record(trials, objective_name)))
+    top = evaluator.ladder.rate(evaluator.ladder.highest) if evaluator.ladder else None
     gaps = [gap(objective_name, grid_best, v) for v in tuner_values]
     improve = [((v / base_value - 1) if objective_name == "goodput" else (1 - v / base_value))
                for v in tuner_values]
@@ -123,6 +135,9 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
         "baseline": base_value,
         "baseline_feasible": bool(baseline.get("feasible")),
         "tuner_best": tuner_values,
+        "served_rps": {"grid_best": served(best_record(records, objective_name)),
+                       "tuner_best": tuner_served, "baseline": served(baseline)},
+        "saturated": objective_name == "goodput" and top is not None and grid_best >= top,
         "gap_mean": statistics.mean(gaps),
         "gap_worst": max(gaps),
         "within_2pct": sum(g <= 0.02 for g in gaps),
@@ -164,6 +179,9 @@ def main() -> None:
 def _line(r: dict[str, Any]) -> str:
     unit = "req/s" if r["objective"] == "goodput" else "score"
     tuner = ", ".join(f"{v:.4g}" for v in r["tuner_best"])
+    s = r["served_rps"]
+    served_text = ", ".join(f"{v:.4g}" for v in s["tuner_best"])
+    flag = " SATURATED: feasible at the top of the rate ladder" if r["saturated"] else ""
     return (f"{r['trace']:14s} {r['objective']:8s} grid {r['grid_size']} configs best "
             f"{r['grid_best']:.4g} {unit}; tuner [{tuner}]; gap mean {100 * r['gap_mean']:.2f}% "
             f"worst {100 * r['gap_worst']:.2f}% ({r['within_2pct']}/{len(r['tuner_best'])} "
@@ -171,7 +189,9 @@ def _line(r: dict[str, Any]) -> str:
             f"{100 * r['gain_over_baseline_mean']:+.1f}% "
             f"(grid {100 * r['grid_gain_over_baseline']:+.1f}%); "
             f"load {r['load']}; grid {r['grid_wall_s']}s/{r['grid_simulations']} sims, "
-            f"tuner {r['tuner_wall_s']}s")
+            f"tuner {r['tuner_wall_s']}s; served within SLO at that load: grid best "
+            f"{s['grid_best']:.4g}, tuner [{served_text}], defaults {s['baseline']:.4g} "
+            f"req/s{flag}")
 
 
 if __name__ == "__main__":

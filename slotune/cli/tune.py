@@ -189,6 +189,8 @@ def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evalua
         except ValueError as e:
             _fail(str(e))
     _console.print(_comparison_table(outputs.best))
+    for note in outputs.best["notes"][len(setup.notes):]:
+        _console.print(f"note: {note}", highlight=False)
     paths = [outputs.best_json, outputs.trials_csv, outputs.best_run, outputs.baseline_run]
     if place.storage.startswith("sqlite:///"):
         paths.insert(2, Path(place.storage.split("///", 1)[1]))

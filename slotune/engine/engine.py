@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from slotune.engine.config import EngineConfig
@@ -26,11 +27,19 @@ class Engine:
     """
 
     def __init__(
-        self, config: EngineConfig, executor: Executor, *, eos_token_id: int | None = None
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        *,
+        eos_token_id: int | None = None,
+        extra_eos_token_ids: Sequence[int] = (),
     ) -> None:
+        """``extra_eos_token_ids``: more end-of-sequence tokens (Llama 3 has several); they
+        stop a request as ``eos_token_id`` does, unless it ignores eos."""
         self.config = config
         self.executor = executor
         self.eos_token_id = eos_token_id
+        self._extra_eos = frozenset(extra_eos_token_ids) - {eos_token_id}
         self.last_step: StepStats | None = None
         capacity = executor.determine_capacity(config)
         num_gpu_blocks = config.num_gpu_blocks or capacity.num_gpu_blocks
@@ -74,7 +83,12 @@ class Engine:
         from slotune.engine.model import TorchExecutor
 
         executor = TorchExecutor(model, device=device, attention=attention)
-        return cls(config, executor, eos_token_id=executor.eos_token_id)
+        return cls(
+            config,
+            executor,
+            eos_token_id=executor.eos_token_id,
+            extra_eos_token_ids=getattr(executor, "eos_token_ids", ()),
+        )
 
     # -- requests ------------------------------------------------------------------------
 
@@ -94,6 +108,8 @@ class Engine:
             arrival_time=arrival_time,
             eos_token_id=self.eos_token_id,
         )
+        if self._extra_eos and not params.ignore_eos:
+            request.stop_ids = request.stop_ids | self._extra_eos
         self._used_ids.add(request_id)
         if params.n > 1:
             self._num_completions[request_id] = params.n

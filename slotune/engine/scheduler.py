@@ -279,6 +279,7 @@ class Scheduler:
         sampled = result.sampled_token_ids
         logprobs = result.logprobs
         finished: list[tuple[Request, RequestStatus]] = []
+        new_output = RequestOutput
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             computed = req.num_computed_tokens + n
@@ -288,12 +289,17 @@ class Scheduler:
             all_ids = req.all_token_ids
             if computed != len(all_ids):
                 continue
-            tokens = sampled.get(rid)
             out_ids = req.output_token_ids
-            if tokens is None or (not out_ids and req.sampling_params.n > 1) or logprobs:
-                self._sample_slow(req, tokens, out.num_samples[rid], result, outputs, finished)
+            if not out_ids or logprobs:  # a first token (maybe a fork) or logprobs
+                self._sample_slow(
+                    req, sampled.get(rid), out.num_samples[rid], result, outputs, finished
+                )
                 continue
-            tok = tokens[0]
+            try:
+                tok = sampled[rid][0]
+            except (KeyError, IndexError):
+                self._sample_slow(req, sampled.get(rid), 1, result, outputs, finished)
+                continue
             out_ids.append(tok)
             all_ids.append(tok)
             if tok in req.stop_ids:
@@ -305,7 +311,7 @@ class Scheduler:
             else:
                 reason = None
             outputs.append(
-                RequestOutput(
+                new_output(
                     req.parent_id,
                     req.index,
                     [tok],
@@ -389,6 +395,92 @@ class Scheduler:
             self.running.append(child)
             family.append(child)
         return family
+
+    # -- decode fast-forward support ------------------------------------------------------
+
+    def decode_stretch_limit(self, max_steps: int) -> int:
+        """How many of the next steps (at most ``max_steps``) are certain to be plain decode
+        steps of exactly the current running requests: nothing admitted, preempted or
+        copied, no request finishing by length before the last of them. 0 if the next step
+        is not one. Stop tokens are the caller's to check: it knows the tokens to come.
+        """
+        running = self.running
+        num = len(running)
+        kv = self.kv_cache
+        budget = self.config.max_num_batched_tokens
+        if not num or num > budget or kv.cow_pending or max_steps < 1:
+            return 0
+        if self.waiting and num < budget:
+            head = self.waiting[0]
+            seats = head.sampling_params.n if _needs_fork(head) else 1
+            if num + self.fork_seats + seats <= self.max_num_seqs:
+                return 0  # the next step may admit it
+        k = max_steps
+        spare: list[int] = []  # slots each request holds beyond its next token
+        req_blocks = kv.req_blocks
+        for req in running:
+            total = len(req.all_token_ids)
+            if total - req.num_computed_tokens != 1 or not req.output_token_ids:
+                return 0
+            k = min(k, req.max_num_tokens - total)
+            spare.append(req_blocks[req.request_id].num_slots - req.num_computed_tokens)
+        free = kv.num_free_blocks
+        bs = self.block_size
+
+        def blocks_for(steps: int) -> int:
+            return sum(-(-(steps - s) // bs) for s in spare if steps > s)
+
+        if blocks_for(k) <= free:
+            return k
+        lo, hi = 0, k  # blocks_for(lo) fits, blocks_for(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks_for(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def advance_decodes(self, tokens: dict[str, list[int]], k: int) -> dict[str, str]:
+        """Apply ``k`` decode steps of every running request at once, exactly as ``k``
+        rounds of ``schedule`` and ``update_from_output`` would (``k`` at most
+        ``decode_stretch_limit(k)``). ``tokens[rid]`` holds the ``k`` tokens ``rid``
+        samples; only the last may stop it. Returns ``{request_id: finish_reason}`` for
+        those that finish with the last step (their blocks are freed; their ids reach the
+        executor with the next ``schedule``). No ``RequestOutput``s are built.
+        """
+        kv = self.kv_cache
+        bs = self.block_size
+        caching = kv.cache is not None
+        finished: dict[str, str] = {}
+        done: list[tuple[Request, RequestStatus]] = []
+        for req in self.running:
+            rid = req.request_id
+            toks = tokens[rid]
+            if len(toks) != k:
+                raise ValueError(f"advance_decodes: {len(toks)} tokens for {rid!r}, expected {k}")
+            if req.stop_ids and not req.stop_ids.isdisjoint(toks[:-1]):
+                raise ValueError(f"advance_decodes: {rid!r} would stop before the last step")
+            if not kv.allocate_slots(req, k):
+                raise RuntimeError("advance_decodes: no room for the stretch (see its limit)")
+            computed = req.num_computed_tokens
+            req.num_computed_tokens = computed + k
+            if caching and (computed + k) // bs != computed // bs:
+                kv.uncommitted[rid] = req
+            req.output_token_ids.extend(toks)
+            req.all_token_ids.extend(toks)
+            if toks[-1] in req.stop_ids:
+                done.append((req, RequestStatus.FINISHED_STOPPED))
+            elif len(req.all_token_ids) >= req.max_num_tokens:
+                done.append((req, RequestStatus.FINISHED_LENGTH))
+        self.steps += k
+        self.max_step_tokens = max(self.max_step_tokens, len(self.running))
+        if done:
+            for req, status in done:
+                finished[req.request_id] = status.value
+                self._finish(req, status)
+            self.running = [r for r in self.running if r.status is RUNNING]
+        return finished
 
     # -- leaving -------------------------------------------------------------------------
 

@@ -254,6 +254,7 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
     setup = p.setup
     config = baseline_config(p)
     baseline: dict[str, Any] = {"config": config.to_dict()}
+    found = None
     if evaluator.ladder is not None:
         found = evaluator.goodput(config, _first_rung(evaluator), exact=True)
         baseline.update(
@@ -275,7 +276,9 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
                 notes=(*setup.notes, f"load {rate:.3g} req/s: {why} (set --rate to choose)"),
             )
             evaluator.setup = setup
-    m = evaluator.measure(config)
+    # a goodput study has no load of its own: the defaults are described at their goodput
+    goodput_study = setup.objective == "goodput" and found is not None
+    m = found.at if goodput_study else evaluator.measure(config)
     baseline.update(
         metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment, feasible=m.feasible
     )

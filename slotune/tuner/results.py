@@ -241,13 +241,14 @@ def write_outputs(
             "vllm": command_line(config, "vllm", model=model, tp=setup.tp),
             "sglang": command_line(config, "sglang", model=model, tp=setup.tp),
         },
-        "notes": list(setup.notes),
+        "notes": [*setup.notes, *_saturation_note(setup, best)],
     }
     if setup.objective == "pareto":
         data["pareto_front"] = [
             {
                 "trial": t.number,
-                "goodput_rps": _goodput(t),
+                "goodput": _goodput(t),
+                "goodput_rps": t.user_attrs.get("goodput_rps"),
                 "score": _score(t),
                 "attainment": t.user_attrs.get("attainment"),
                 "config": t.user_attrs["config"],
@@ -259,6 +260,15 @@ def write_outputs(
     return Outputs(
         best_json, trials_csv, out_dir / "runs" / "best", out_dir / "runs" / "baseline", data
     )
+
+
+def _saturation_note(setup: Any, best: Any) -> list[str]:
+    rung = best.user_attrs.get("goodput_rung")
+    if not setup.ladder or rung is None or rung < setup.ladder["highest"]:
+        return []
+    return ["the recommendation meets the SLO at the highest rate searched: the trace is too "
+            "short (or its sessions too few) to load the engine fully, so its goodput is a "
+            "lower bound; use more requests or --objective weighted with a --rate"]
 
 
 def _baseline_value(objective: str, baseline: dict[str, Any]) -> Any:

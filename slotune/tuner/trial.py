@@ -31,6 +31,7 @@ RECORD_KEYS = (
     "feasible",
     "goodput_rps",
     "goodput_rung",
+    "goodput_value",
     "probes",
 )
 METRIC_NAMES = {

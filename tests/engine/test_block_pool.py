@@ -135,3 +135,16 @@ def test_radix_eviction_heap_stays_bounded() -> None:
     assert len(cache._heap) < 2 * 1500 + 8 * 2  # ~one entry per leaf, plus recent pushes
     got = pool.get_new_blocks(4096)
     assert len(got) == 4096 and cache.num_evictable == 0 and not cache.root.children
+
+
+def test_free_queue_pops_many_at_once() -> None:
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    queue = FreeKVCacheBlockQueue(blocks)
+    assert ids(queue.popleft_n(3)) == [0, 1, 2]
+    assert ids(queue.blocks()) == [3] and queue.num_free_blocks == 1
+    assert queue.popleft_n(0) == []
+    with pytest.raises(IndexError):
+        queue.popleft_n(2)
+    assert ids(queue.popleft_n(1)) == [3] and queue.blocks() == []
+    queue.append(blocks[1])
+    assert ids(queue.blocks()) == [1]

@@ -144,6 +144,21 @@ def test_eos_and_stop_tokens_stop_unless_eos_is_ignored() -> None:
     assert tokens(outs[("c", 0)])[-1] == stop and outs[("c", 0)][-1].finish_reason == "stop"
 
 
+def test_extra_eos_tokens_stop_too() -> None:
+    eos2 = token_for("a", 0, 4)  # the second generated token
+    engine = Engine(
+        EngineConfig(block_size=4),
+        DeterministicExecutor(),
+        eos_token_id=1,
+        extra_eos_token_ids=[1, eos2],
+    )
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=10))
+    engine.add_request("b", [5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
+    outs = drain(engine)
+    assert len(tokens(outs[("a", 0)])) == 2 and outs[("a", 0)][-1].finish_reason == "stop"
+    assert len(tokens(outs[("b", 0)])) == 10
+
+
 def test_generation_stops_at_max_model_len() -> None:
     engine = make(max_model_len=16)
     engine.add_request("a", [1] * 10, SamplingParams(max_tokens=100, ignore_eos=True))

@@ -71,3 +71,58 @@ def test_full_hit_still_computes_the_last_prompt_token() -> None:
     last = executor.outputs[-1]
     assert last.num_scheduled_tokens == {"b": 4}  # hit 4 of 8: the second block holds token 8
     assert engine.stats()["prefix_cache_hit_tokens"] == 4
+
+
+class ModelCheckingExecutor(DeterministicExecutor):
+    """Keeps the brute-force model (every block-aligned prefix whose KV any earlier step
+    computed) and checks each newly admitted request's hit against it."""
+
+    def __init__(self) -> None:
+        super().__init__(num_gpu_blocks=8192)
+        self.cached: set[tuple[int, ...]] = set()
+        self.checked = 0
+
+    def execute(self, so):  # type: ignore[no-untyped-def]
+        bs = self.block_size
+        for rid in so.new_request_ids:
+            req = so.requests[rid]
+            assert req.num_computed_tokens == expected_hit(self.cached, req.all_token_ids, bs)
+            self.checked += 1
+        result = super().execute(so)
+        for rid, n in so.num_scheduled_tokens.items():
+            req = so.requests[rid]
+            done = req.num_computed_tokens + n
+            toks = req.all_token_ids
+            self.cached.update(tuple(toks[: k * bs]) for k in range(1, done // bs + 1))
+        return result
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    prompts,
+    st.sampled_from((1, 2, 4)),
+    st.lists(st.integers(0, 4), min_size=12, max_size=12),
+    st.integers(4, 40),
+)
+def test_hits_match_the_model_with_concurrent_requests(plist, block_size, gaps, budget) -> None:
+    for kind in ("hash", "radix"):
+        config = EngineConfig(
+            block_size=block_size,
+            prefix_caching=kind,  # type: ignore[arg-type]
+            max_model_len=64,
+            max_num_batched_tokens=budget,
+        )
+        executor = ModelCheckingExecutor()
+        engine = Engine(config, executor)
+        pending = list(enumerate(plist))
+        while pending or engine.has_unfinished_requests():
+            for _ in range(gaps[len(pending) % len(gaps)] if pending else 0):
+                if engine.has_unfinished_requests():
+                    engine.step()
+            if pending:
+                i, prompt = pending.pop(0)
+                params = SamplingParams(max_tokens=1 + i % 5, n=1 + i % 2, ignore_eos=True)
+                engine.add_request(f"q{i}", prompt, params)
+            engine.step()
+            check_all(engine, None)
+        assert executor.checked == len(plist)

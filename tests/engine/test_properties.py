@@ -131,7 +131,7 @@ def run(
     return tokens, engine
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_every_configuration_keeps_invariants_and_results(w: Workload) -> None:
     reference: dict[tuple[str, int], list[int]] | None = None
@@ -144,8 +144,52 @@ def test_every_configuration_keeps_invariants_and_results(w: Workload) -> None:
         assert tokens == reference, (policy, preemption, caching, block_size)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(workloads(), st.sampled_from(ALL_CONFIGS))
 def test_tiny_pools_preempt_and_still_finish(w: Workload, cfg: tuple) -> None:
     tiny = Workload(w.jobs, w.budget, w.threshold, w.max_num_seqs, 0, w.cpu_blocks)
     run(tiny, *cfg)
+
+
+@settings(max_examples=100, deadline=None)
+@given(workloads(), st.sampled_from(ALL_CONFIGS), st.integers(2, 12))
+def test_requests_that_outgrow_the_pool_end_early_without_hanging(
+    w: Workload, cfg: tuple, num_blocks: int
+) -> None:
+    policy, preemption, caching, block_size = cfg
+    config = EngineConfig(
+        max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN,
+        block_size=block_size,
+        max_num_seqs=w.max_num_seqs,
+        max_model_len=MAX_MODEL_LEN,
+        preemption_mode=preemption,
+        prefix_caching=caching,
+        policy=policy,
+    )
+    executor = DeterministicExecutor(max(1, num_blocks * 4 // block_size), w.cpu_blocks)
+    engine = Engine(config, executor)
+    accepted = []
+    for j in w.jobs:
+        try:
+            engine.add_request(j.rid, j.prompt, SamplingParams(max_tokens=j.max_tokens, n=j.n))
+            accepted.append(j)
+        except ValueError as err:
+            assert "KV blocks" in str(err)
+    tokens: dict[tuple[str, int], list[int]] = {}
+    reasons: dict[tuple[str, int], str | None] = {}
+    for _ in range(3_000):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+            if out.finished:
+                reasons[(out.request_id, out.index)] = out.finish_reason
+        check_all(engine, None)
+    check_drained(engine)
+    for j in accepted:
+        for index in range(j.n):
+            got = tokens.get((j.rid, index), [])
+            want = [token_for(j.rid, index, len(j.prompt) + k) for k in range(j.max_tokens)]
+            assert got == want[: len(got)]
+            if index == 0 or got:
+                assert reasons[(j.rid, index)] == "length"

@@ -65,3 +65,18 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     row = SampleRow("a", SamplingParams(top_k=3, top_p=0.99, seed=0), 200)
     drawn = set(sampler.sample(x[None], [row])[0].token_ids)
     assert drawn <= set(x.topk(3).indices.tolist())
+
+
+def test_a_mixed_batch_samples_each_row_by_its_own_params() -> None:
+    x = torch.full((4, 50), -5.0)
+    for row, token in enumerate((3, 7, 11, 13)):
+        x[row, token] = 20.0
+    rows = [
+        SampleRow("greedy", SamplingParams(temperature=0.0), 1),
+        SampleRow("plain", SamplingParams(temperature=0.7), 1),
+        SampleRow("seeded", SamplingParams(seed=4), 1),
+        SampleRow("topk", SamplingParams(top_k=2), 2),
+    ]
+    out = Sampler().sample(x, rows)
+    assert [o.token_ids for o in out] == [[3], [7], [11], [13, 13]]
+    assert all(lp > -1e-3 for o in out for lp in o.logprobs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from slotune.tuner.evaluate import Measurement
+from slotune.tuner.evaluate import GoodputResult, Measurement
 from slotune.tuner.objectives import RateLadder
 from slotune.tuner.results import finished, pareto_front, select_best
 from slotune.tuner.setup import LoadSpec, TuneSetup
@@ -78,6 +78,30 @@ def test_a_configuration_already_measured_is_not_run_again() -> None:
     for t in reused:
         source = study.trials[t.user_attrs["reused_from"]]
         assert t.value == source.value and t.constraints == source.constraints
+
+
+class FakeGoodputEvaluator(FakeEvaluator):
+    def goodput(self, config, start_rung, exact=False) -> GoodputResult:
+        self.runs += 1
+        rate = float(config.max_num_seqs)
+        at = Measurement(rate, {"slo_attainment": 1.0}, 1.0, 1.0, True)
+        return GoodputResult(rate, self.ladder.rung(rate), at, {rate: 1.0})
+
+
+def test_goodput_trials_reuse_measured_configurations() -> None:
+    space = build_space(max_model_len=1024, overrides={
+        "max_num_batched_tokens": 2048, "long_prefill_token_threshold": "off",
+        "block_size": 16, "preemption_mode": "recompute", "prefix_caching": "hash",
+        "policy": "chunked", "max_num_seqs": {"low": 8, "high": 16},
+    })
+    evaluator = FakeGoodputEvaluator()
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(TrialObjective(setup("goodput"), evaluator, space), n_trials=25)  # type: ignore[arg-type]
+    trials = finished(study)
+    assert evaluator.runs == len({t.user_attrs["config"]["max_num_seqs"] for t in trials}) < 25
+    for t in trials:
+        assert t.value == t.user_attrs["goodput_value"] == t.user_attrs["config"]["max_num_seqs"]
 
 
 def test_goodput_selection_breaks_ties_by_score() -> None:

@@ -109,8 +109,8 @@ def test_pareto_reports_the_front(tmp_path: Path) -> None:
     front = best["pareto_front"]
     assert front and best["trial"] in {p["trial"] for p in front}
     for a in front:
-        assert not any(b["goodput_rps"] >= a["goodput_rps"] and b["score"] <= a["score"]
-                       and (b["goodput_rps"], b["score"]) != (a["goodput_rps"], a["score"])
+        assert not any(b["goodput"] >= a["goodput"] and b["score"] <= a["score"]
+                       and (b["goodput"], b["score"]) != (a["goodput"], a["score"])
                        for b in front)
 
 
@@ -127,6 +127,21 @@ def test_tuner_beats_a_clearly_bad_baseline(tmp_path: Path) -> None:
     best = json.loads((out / "best.json").read_text())
     assert best["baseline"]["score"] > 1.5
     assert best["score"] < 0.7 * best["baseline"]["score"]
+
+
+def test_grid_sampler_runs_every_point_once(tmp_path: Path) -> None:
+    search = tmp_path / "grid.yaml"
+    search.write_text("max_num_batched_tokens: [1024, 4096]\nmax_num_seqs: [64, 256]\n"
+                      "long_prefill_token_threshold: off\nblock_size: 16\npolicy: chunked\n"
+                      "preemption_mode: recompute\nprefix_caching: hash\n")
+    out = tmp_path / "out"
+    output = tune("--objective", "weighted", "--rate", "4", "--sampler", "grid", "--trials",
+                  "10", "--search", str(search), "--out", str(out))
+    assert "Grid: 4 configurations" in output
+    trials = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
+    points = {(t.user_attrs["config"]["max_num_batched_tokens"],
+               t.user_attrs["config"]["max_num_seqs"]) for t in trials}
+    assert len(trials) == 4 and points == {(1024, 64), (1024, 256), (4096, 64), (4096, 256)}
 
 
 def test_two_workers_on_sqlite_share_the_study(tmp_path: Path) -> None:

@@ -67,6 +67,24 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
         return block
 
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """The ``n`` front blocks, unlinked in one pass."""
+        if n > self.num_free_blocks:
+            raise IndexError(
+                f"FreeKVCacheBlockQueue.popleft_n: {n} wanted, {self.num_free_blocks} free"
+            )
+        out = []
+        block = self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head  # type: ignore[union-attr]
+        self.num_free_blocks -= n
+        return out
+
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:
@@ -132,13 +150,11 @@ class BlockPool:
                 raise ValueError(
                     f"BlockPool.get_new_blocks: {n} blocks requested, {queue.num_free_blocks} free"
                 )
-        out = []
-        for _ in range(n):
-            block = queue.popleft()
+        out = queue.popleft_n(n)
+        for block in out:
             if block.block_hash is not None:
                 cache.forget(block)  # type: ignore[union-attr]
             block.ref_cnt = 1
-            out.append(block)
         return out
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:

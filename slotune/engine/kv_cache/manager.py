@@ -5,6 +5,7 @@ it which requests filled blocks (``uncommitted``). Those blocks enter the prefix
 lazily, in one batch before the next prefix lookup or when the request lets its blocks
 go: no lookup can tell the difference, and a decode step pays one dict write instead of a
 hash per filled block.
+
 Block copies a step needs (copy-on-write here, swap lists from ``swap_out``/``swap_in``)
 are handed back to the scheduler, which lists them in its output for the executor.
 """
@@ -214,8 +215,7 @@ class KVCacheManager:
             self._free_cpu.extend(cpu)
 
     def fork(self, parent: Request, child: Request) -> None:
-        """``child`` shares all of ``parent``'s blocks; a shared partial block is copied on
-        first write."""
+        """Let ``child`` share all of ``parent``'s blocks (copy-on-write for a partial one)."""
         if self.uncommitted:
             self._commit_pending(parent)
         rb = self.req_blocks[parent.request_id]
@@ -257,6 +257,8 @@ class KVCacheManager:
         rb = RequestBlocks(blocks, self._new_cache_state(), self.block_size)
         self.req_blocks[rid] = rb
         self.block_tables[rid] = rb.block_ids
+        if self.cache is not None:
+            self.uncommitted[rid] = request  # its full blocks can be cached again
         return [(c, b.block_id) for c, b in zip(cpu, blocks, strict=False)]
 
     def can_ever_fit(self, num_tokens: int) -> bool:

@@ -1,10 +1,11 @@
 """Calibrate the simulator's cost model on this machine by profiling the real executor.
 
 The real executor runs a grid of step shapes (prefill chunks × prior context, decode batch
-× context, and a few mixes); the cost model's constants are then fitted to those step
-times (Nelder-Mead on squared log error), and the host overhead of the engine around each
-step (scheduling, bookkeeping) is measured on a short real run and added as the profile's
-per-step and per-request CPU cost. The result is a GPU-profile JSON that ``--gpu`` accepts
+× context, and a few mixes), and then the steps of two short real engine runs (a small and
+a large token budget); the cost model's constants are fitted to all those step times
+(Nelder-Mead on squared log error), and the host overhead of the engine around each step
+(scheduling, bookkeeping), measured on the same runs, is added as the profile's per-step
+and per-request CPU cost. The result is a GPU-profile JSON that ``--gpu`` accepts
 wherever a GPU name is accepted, describing this machine and its datasheet-like peaks as
 measured here.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from slotune.engine.config import EngineConfig
-from slotune.engine.executor import KVCacheCapacity
+from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.model.executor import TorchExecutor
 from slotune.engine.request import Request
 from slotune.engine.sampling_params import SamplingParams
@@ -72,6 +73,7 @@ class StepShape:
 class Measurement:
     shape: StepShape
     seconds: float
+    source: str = "grid"  # or "workload": a step of a recorded engine run
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ class CalibrationResult:
     profile: GpuProfile
     measurements: list[Measurement]
     predicted: list[float]
-    host_step_us: float
-    host_per_request_us: float
+    host_step_s: float
+    host_per_request_s: float
 
     def errors_pct(self) -> list[float]:
         return [
@@ -301,11 +303,14 @@ def predict(
 def fit(
     spec: GpuSpec, model: ModelSpec, block_size: int, measurements: list[Measurement]
 ) -> dict[str, float]:
-    """Constants minimising the mean squared log error of the predicted step times."""
+    """Constants minimising the weighted mean squared log error of the predicted step
+    times; the grid and the recorded workload steps weigh the same in total."""
     kinds = [k for _, _, k in _PARAMS]
     names = [n for n, _, _ in _PARAMS]
     targets = [math.log(m.seconds) for m in measurements]
     shapes = [m.shape for m in measurements]
+    counts = {src: sum(m.source == src for m in measurements) for src in ("grid", "workload")}
+    weights = [1.0 / counts[m.source] for m in measurements]
 
     def values_of(x: list[float]) -> dict[str, float]:
         return {n: _decode(v, k) for n, v, k in zip(names, x, kinds, strict=True)}
@@ -313,14 +318,14 @@ def fit(
     def loss(x: list[float]) -> float:
         profile = build_profile(spec, values_of(x), block_size)
         predicted = predict(profile, model, block_size, shapes)
-        return sum((math.log(p) - t) ** 2 for p, t in zip(predicted, targets, strict=True)) / len(
-            targets
+        return sum(
+            w * (math.log(p) - t) ** 2 for w, p, t in zip(weights, predicted, targets, strict=True)
         )
 
     x = [_encode(v, k) for _, v, k in _PARAMS]
     best = loss(x)
     for step in (1.0, 0.5, 0.25, 0.1):
-        candidate = nelder_mead(loss, x, step=step, iters=2500)
+        candidate = nelder_mead(loss, x, step=step, iters=1500)
         value = loss(candidate)
         if value < best:
             x, best = candidate, value
@@ -328,33 +333,79 @@ def fit(
 
 
 # -- host overhead around the executor ------------------------------------------------------
-def host_overhead(
-    executor: TorchExecutor, block_size: int, num_requests: int = 24
-) -> tuple[float, float]:
-    """Seconds per step and per running request that the engine spends outside the
-    executor (scheduling, KV bookkeeping, outputs), from a short real run."""
+@dataclass(frozen=True)
+class WorkloadSteps:
+    """Steps of a real engine run: the executor's measurements and the host time around it
+    as ``(running requests, seconds)`` rows."""
+
+    measurements: list[Measurement]
+    host_rows: list[tuple[int, float]]
+
+
+def record_workload(
+    executor: TorchExecutor,
+    block_size: int,
+    budget: int,
+    num_requests: int = 48,
+    seed: int = 0,
+) -> WorkloadSteps:
+    """Run a chat-like synthetic workload through a real engine and record every step.
+
+    Its steps are the shapes the simulator will meet in practice (decodes of mixed
+    context beside prefill chunks), so fitting on them as well as on the grid keeps the
+    cost model right where it matters; the wall time of each ``engine.step`` beyond the
+    executor's own is the engine's host overhead (scheduling, KV bookkeeping, outputs).
+    """
+    import random
+
     from slotune.engine.engine import Engine
 
+    rng = random.Random(seed)
     config = EngineConfig(
         block_size=block_size,
-        max_num_batched_tokens=256,
+        max_num_batched_tokens=budget,
+        max_num_seqs=64,
         max_model_len=1024,
-        num_gpu_blocks=max(64, num_requests * 256 // block_size),
+        num_gpu_blocks=num_requests * 1024 // block_size,
         prefix_caching="none",
     )
-    engine = Engine(config, executor)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for i in range(num_requests):
-        engine.add_request(f"host{i}", [(5 * j + i) % 200 + 3 for j in range(32 + 8 * i)], params)
-    rows: list[tuple[int, float]] = []
-    while engine.has_unfinished_requests():
-        t = time.perf_counter()
-        engine.step()
-        wall = time.perf_counter() - t
-        stats = engine.last_step
-        if stats is not None and stats.num_scheduled_tokens:
-            rows.append((stats.num_running, max(0.0, wall - stats.duration_s)))
-    return _line_fit(rows)
+    shapes: list[StepShape] = []
+    execute = executor.execute
+
+    def recording(so: SchedulerOutput) -> ExecutorOutput:
+        prefills, decodes = [], []
+        for rid, n in so.num_scheduled_tokens.items():
+            prior = so.requests[rid].num_computed_tokens
+            if n == 1:
+                decodes.append(prior)
+            else:
+                prefills.append((n, prior))
+        shapes.append(StepShape(tuple(prefills), tuple(decodes)))
+        return execute(so)
+
+    executor.execute = recording  # type: ignore[method-assign]
+    try:
+        engine = Engine(config, executor)
+        for i in range(num_requests):
+            prompt = [
+                rng.randrange(3, 250) for _ in range(int(rng.lognormvariate(4.3, 0.8)) % 600 + 4)
+            ]
+            params = SamplingParams(max_tokens=rng.randint(8, 96), ignore_eos=True)
+            engine.add_request(f"cal{i}", prompt, params)
+        measurements: list[Measurement] = []
+        host: list[tuple[int, float]] = []
+        timer = executor.timer
+        while engine.has_unfinished_requests():
+            t = timer()
+            engine.step()
+            wall = timer() - t
+            stats = engine.last_step
+            if stats is not None and stats.num_scheduled_tokens:
+                measurements.append(Measurement(shapes[-1], stats.duration_s, "workload"))
+                host.append((stats.num_running, max(0.0, wall - stats.duration_s)))
+    finally:
+        del executor.execute
+    return WorkloadSteps(measurements, host)
 
 
 def _line_fit(rows: list[tuple[int, float]]) -> tuple[float, float]:
@@ -377,12 +428,16 @@ def calibrate(
     attention: str = "auto",
     block_size: int = 16,
     grid: list[StepShape] | None = None,
-    repeats: int = 3,
+    repeats: int = 5,
     progress: Callable[[str], None] | None = None,
     threads: int | None = None,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> CalibrationResult:
+    """Profile, record, fit. ``timer`` is the executor's step timer (see TorchExecutor)."""
     say = progress or (lambda _msg: None)
-    executor = TorchExecutor(model_path, device=device, attention=attention, threads=threads)
+    executor = TorchExecutor(
+        model_path, device=device, attention=attention, threads=threads, timer=timer
+    )
     shapes = grid if grid is not None else default_grid()
     capacity = KVCacheCapacity(
         num_gpu_blocks=blocks_needed(shapes, block_size) + 64, num_cpu_blocks=0
@@ -392,8 +447,12 @@ def calibrate(
     spec = machine_spec(executor.device)
     say(f"profiling {len(shapes)} step shapes")
     measurements = measure_steps(executor, shapes, block_size, repeats)
-    say("measuring the engine's host overhead")
-    host_step, host_req = host_overhead(executor, block_size)
+    say("recording the steps of a real engine run, small and large budget")
+    runs = [
+        record_workload(executor, block_size, budget, seed=i) for i, budget in enumerate((64, 512))
+    ]
+    measurements += [m for run in runs for m in run.measurements]
+    host_step, host_req = _line_fit([row for run in runs for row in run.host_rows])
     model = get_model(str(Path(model_path) / "config.json"))
     say("fitting the cost model")
     values = fit(spec, model, block_size, measurements)
@@ -402,7 +461,8 @@ def calibrate(
     note = (
         f"Calibrated by slotune calibrate on {spec.description} with {Path(model_path).name} "
         f"({executor.dtype}, attention={executor.backend.name if executor.backend else '?'}, "
-        f"block_size={block_size}) over {len(shapes)} step shapes; host overhead "
+        f"block_size={block_size}) over {len(shapes)} grid shapes and "
+        f"{len(measurements) - len(shapes)} steps of two recorded engine runs; host overhead "
         f"{host_step * 1e6:.0f} us/step + {host_req * 1e6:.1f} us/request included."
     )
     profile = build_profile(spec, values, block_size, note)
@@ -416,9 +476,22 @@ def calibrate(
 
 
 def profile_json(result: CalibrationResult) -> dict[str, Any]:
+    """The profile, with the grid's measured and predicted times and the error summary of
+    the recorded workload steps (informational: the loader reads only the profile)."""
     data = result.profile.to_dict()
+    pairs = list(zip(result.measurements, result.predicted, strict=True))
     data["calibration"] = [
         {"shape": m.shape.label(), "measured_ms": m.seconds * 1e3, "predicted_ms": p * 1e3}
-        for m, p in zip(result.measurements, result.predicted, strict=True)
+        for m, p in pairs
+        if m.source == "grid"
     ]
+    workload = sorted(abs(p / m.seconds - 1) * 100 for m, p in pairs if m.source == "workload")
+    if workload:
+        data["calibration_workload_steps"] = {
+            "count": len(workload),
+            "median_abs_error_pct": workload[len(workload) // 2],
+            "p90_abs_error_pct": workload[int(0.9 * (len(workload) - 1))],
+            "total_measured_s": sum(m.seconds for m, _ in pairs if m.source == "workload"),
+            "total_predicted_s": sum(p for m, p in pairs if m.source == "workload"),
+        }
     return data

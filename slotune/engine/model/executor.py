@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,6 +39,9 @@ class TorchExecutor:
     model of hidden size up to 1024 runs on one thread: its matrices are too small to gain
     from splitting, and spinning worker threads slow down many-fold when other processes
     share the cores. Larger models keep torch's default.
+
+    ``timer`` times each step; ``time.process_time`` (with one thread, on the CPU) measures
+    the step as if no other process shared the cores.
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class TorchExecutor:
         attention: str = "auto",
         dtype: str = "auto",
         threads: int | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         loaded = load_model(model_path, device=device, dtype=dtype)
         self.model = loaded.model
@@ -60,6 +65,7 @@ class TorchExecutor:
         self.backend: AttentionBackend | None = None
         self.block_size = 0
         self.sampler = Sampler()
+        self.timer = timer
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cpu_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.device.type == "cpu":
@@ -133,7 +139,7 @@ class TorchExecutor:
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         if self._kv is None or self.backend is None:
             raise RuntimeError("TorchExecutor.execute: call initialize_cache first")
-        start = time.perf_counter()
+        start = self.timer()
         for rid in scheduler_output.finished_request_ids:
             self.sampler.forget(rid)
         self._copy_blocks(scheduler_output)
@@ -148,7 +154,7 @@ class TorchExecutor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return ExecutorOutput(
-            sampled_token_ids=sampled, duration_s=time.perf_counter() - start, logprobs=logprobs
+            sampled_token_ids=sampled, duration_s=self.timer() - start, logprobs=logprobs
         )
 
     def _copy_blocks(self, so: SchedulerOutput) -> None:

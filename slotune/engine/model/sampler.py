@@ -39,15 +39,22 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[Sampled]:
         """One result per row of ``logits`` [rows, vocab] (float32)."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        greedy = logits.argmax(dim=-1).tolist()
+        tokens: list[list[int] | None] = [None] * len(rows)
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        plain = [i for i, r in enumerate(rows) if _plain(r)]
+        if greedy:
+            best = logits[greedy].argmax(dim=-1).tolist()
+            for i, t in zip(greedy, best, strict=True):
+                tokens[i] = [t] * rows[i].num_samples
+        if plain:
+            temps = torch.tensor([rows[i].params.temperature for i in plain], device=logits.device)
+            probs = torch.softmax(logits[plain] / temps[:, None], dim=-1)
+            for i, t in zip(plain, torch.multinomial(probs, 1).flatten().tolist(), strict=True):
+                tokens[i] = [t]
         results = []
         for i, row in enumerate(rows):
-            if row.params.greedy:
-                tokens = [greedy[i]] * row.num_samples
-            else:
-                tokens = self._draw(logits[i], row)
-            lp = logprobs[i, tokens].tolist()
-            results.append(Sampled(token_ids=tokens, logprobs=lp))
+            drawn = tokens[i] if tokens[i] is not None else self._draw(logits[i], row)
+            results.append(Sampled(token_ids=drawn, logprobs=logprobs[i, drawn].tolist()))
         return results
 
     def _draw(self, logits: torch.Tensor, row: SampleRow) -> list[int]:
@@ -65,6 +72,14 @@ class Sampler:
             gen = torch.Generator(device=device).manual_seed(seed + row.index)
             self._generators[row.request_id] = gen
         return gen
+
+
+def _plain(row: SampleRow) -> bool:
+    """Unseeded single draws from the whole distribution: sampled together in one call."""
+    p = row.params
+    return (
+        not p.greedy and p.seed is None and row.num_samples == 1 and p.top_k <= 0 and p.top_p >= 1.0
+    )
 
 
 def restrict(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
