@@ -6,6 +6,8 @@ that ``slotune --help`` and simulated runs start fast.
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
 from slotune import __version__
@@ -34,16 +36,13 @@ def _root(
     """slotune: tune batch budget, chunked prefill, block size and more against TTFT/TPOT SLOs."""
 
 
+_COMMAND_MODULES = ("tune", "bench", "report", "export", "traces", "catalog", "model")
+
+
 def _register() -> None:
-    """Register every command module (each adds its commands to ``app``)."""
-    # Command modules: one import per module, in the order they appear in --help.
-    import slotune.cli.tune  # noqa: F401
-    import slotune.cli.bench  # noqa: F401
-    import slotune.cli.traces  # noqa: F401
-    import slotune.cli.export  # noqa: F401
-    import slotune.cli.model  # noqa: F401
-    import slotune.cli.catalog  # noqa: F401
-    import slotune.cli.report  # noqa: F401
+    """Import every command module (each adds its commands to ``app``), in --help order."""
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"slotune.cli.{name}")
 
 
 _register()
