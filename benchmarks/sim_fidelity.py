@@ -14,9 +14,11 @@ The real engine runs twice per budget: their spread is the noise floor of this m
 (other work on the cores changes wall-clock step times, and near saturation queueing turns
 a few percent of speed into much more latency). Each real run also reports the cost
 model's error on that run's own steps (each step's measured time against the model's
-price of the same batch), which no queueing amplifies. ``--clock cpu`` measures everything (calibration, steps, the
-runner's clock) in this process's CPU time instead, which on a shared machine removes the
-other processes' share of the cores from the measurement.
+price of the same batch), which no queueing amplifies.
+
+``--clock cpu`` measures everything (calibration, steps, the runner's clock) in this
+process's CPU time instead, which on a shared machine removes the other processes' share
+of the cores from the measurement.
 """
 
 from __future__ import annotations

@@ -82,11 +82,13 @@ def calibrate_command(
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile_json(result), indent=2) + "\n")
-    errors = sorted(abs(e) for e in result.errors_pct())
-    p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))]
+    data = profile_json(result)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    grid = sorted(abs(c["predicted_ms"] / c["measured_ms"] - 1) * 100 for c in data["calibration"])
+    steps = data.get("calibration_workload_steps", {})
     console.print(
-        f"wrote [bold]{out}[/]: {len(errors)} step shapes, cost-model error "
-        f"median {statistics.median(errors):.1f}%, p90 {p90:.1f}%; "
+        f"wrote [bold]{out}[/]: cost-model error on {len(grid)} grid shapes median "
+        f"{statistics.median(grid):.1f}%, on {steps.get('count', 0)} recorded engine steps "
+        f"median {steps.get('median_abs_error_pct', float('nan')):.1f}%; "
         f"use it as [bold]--gpu {out}[/]"
     )

@@ -122,6 +122,10 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         raise typer.Exit(130) from None
     except studies.StudyError as e:
         _fail(str(e))
+    done = studies.count_finished(study)
+    if options.timeout and done < options.trials:
+        _console.print(f"--timeout {options.timeout:g}s reached: {done} of {options.trials} "
+                       "trials finished; --resume continues the study.", highlight=False)
     _finish(place, study, setup, baseline, evaluator)
 
 
@@ -157,7 +161,8 @@ def _optimize(place: Any, start: int, setup: Any, baseline: dict[str, Any], rema
 
         def on_progress(study: Any) -> None:
             done = studies.count_finished(study)
-            best = select_best(finished(study), setup.objective, setup.attainment)
+            best = select_best(finished(study), setup.objective, setup.attainment,
+                               baseline["config"])
             progress.update(task, completed=min(done - start, remaining),
                             best=_best_text(setup, best, baseline))
 

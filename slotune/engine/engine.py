@@ -41,6 +41,12 @@ class Engine:
         self.eos_token_id = eos_token_id
         self._extra_eos = frozenset(extra_eos_token_ids) - {eos_token_id}
         self.last_step: StepStats | None = None
+        self.num_fast_forward_steps = 0
+        self.last_steps: list[StepStats] = []  # every step the last step() or fast_forward() ran
+        # executors that can tell a decode stretch's durations and tokens in advance
+        self._stretches = all(
+            hasattr(executor, name) for name in ("decode_stretch_durations", "sampled_tokens")
+        )
         capacity = executor.determine_capacity(config)
         num_gpu_blocks = config.num_gpu_blocks or capacity.num_gpu_blocks
         if num_gpu_blocks < 1:
@@ -183,7 +189,103 @@ class Engine:
             usage,
             len(out.preempted_request_ids),
         )
+        self.last_steps = [self.last_step]
         return outputs
+
+    def fast_forward(
+        self, start_time_s: float, until_time_s: float | None, max_steps: int = 1 << 20
+    ) -> list[RequestOutput]:
+        """Run a stretch of plain decode steps at once, exactly as ``step()`` would run them
+        one by one; ``[]`` (and nothing done) when the next step is not such a step or the
+        executor cannot tell durations and tokens in advance (only the simulator can).
+
+        For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
+        1..j, added left to right. The stretch ends with the first step that ends at or
+        after ``until_time_s`` (the next arrival: the caller adds it after that step, as
+        after any step), with a finishing request, where blocks would run short, or after
+        ``max_steps``. ``last_steps`` holds one ``StepStats`` per step; each output carries
+        one token per step (all running requests decode in every step of a stretch).
+        """
+        scheduler = self.scheduler
+        if not self._stretches or scheduler.pending_outputs:
+            return []
+        k = scheduler.decode_stretch_limit(max_steps)
+        if not k:
+            return []
+        executor: Any = self.executor
+        running = scheduler.running
+        num = len(running)
+        context = sum(r.num_computed_tokens for r in running) + num
+        durations = self._stretch_durations(num, context, k, start_time_s, until_time_s)
+        k = len(durations)
+        tokens = {r.request_id: executor.sampled_tokens(r, len(r.all_token_ids), k) for r in running}
+        for r in running:
+            stop = r.stop_ids
+            if stop and not stop.isdisjoint(tokens[r.request_id][:-1]):
+                k = min(k, next(j for j, tok in enumerate(tokens[r.request_id], 1) if tok in stop))
+        if k < len(durations):
+            del durations[k:]
+            for toks in tokens.values():
+                del toks[k:]
+        kv = self.kv_cache
+        used = kv.pool.num_used_blocks
+        num_blocks = kv.num_gpu_blocks
+        waiting = len(scheduler.waiting)
+        outputs = [
+            RequestOutput(
+                r.parent_id,
+                r.index,
+                tokens[r.request_id],
+                False,
+                None,
+                len(r.prompt_token_ids),
+                r.num_cached_tokens,
+                r.num_preemptions,
+            )
+            for r in running
+        ]
+        stretch = scheduler.advance_decodes(tokens, k)
+        steps = []
+        for d, new in zip(durations, stretch.new_blocks, strict=True):
+            used += new
+            steps.append(StepStats(d, num, 0, num, num, waiting, used / num_blocks, 0))
+        if stretch.finished:
+            finished = stretch.finished
+            for out, r in zip(outputs, running, strict=True):
+                reason = finished.get(r.request_id)
+                if reason is not None:
+                    out.finished = True
+                    out.finish_reason = reason
+            last = steps[-1]
+            steps[-1] = StepStats(
+                last.duration_s, num, 0, num, len(scheduler.running), waiting,
+                last.kv_cache_usage, 0,
+            )
+        self.last_steps = steps
+        self.last_step = steps[-1]
+        self.num_fast_forward_steps += k
+        return outputs
+
+    def _stretch_durations(
+        self, num: int, context: int, k: int, start: float, until: float | None
+    ) -> list[float]:
+        """The durations of up to ``k`` decode steps, up to the first ending at ``until``;
+        asked for in growing chunks, as the horizon is often only a few steps away."""
+        stretch = self.executor.decode_stretch_durations  # type: ignore[attr-defined]
+        if until is None:
+            return stretch(num, k, context)
+        durations: list[float] = []
+        t = start
+        chunk = 8
+        while len(durations) < k:
+            done = len(durations)
+            for d in stretch(num, min(chunk, k - done), context + done * num):
+                durations.append(d)
+                t += d
+                if t >= until:
+                    return durations
+            chunk *= 4
+        return durations
 
     def stats(self) -> dict[str, Any]:
         kv = self.kv_cache
@@ -203,4 +305,5 @@ class Engine:
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "steps": s.steps,
             "max_step_tokens": s.max_step_tokens,
+            "fast_forward_steps": self.num_fast_forward_steps,
         }

@@ -16,6 +16,7 @@ Between the two, every scheduled request's ``num_computed_tokens`` is its pre-st
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
@@ -27,12 +28,30 @@ from slotune.engine.scheduler_output import SchedulerOutput
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
 WAITING = RequestStatus.WAITING
+FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
+FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 
 _ANY, _PROMPTS, _SWAPPED = 0, 1, 2  # which waiting requests a pass may admit
 
 
 def _needs_fork(request: Request) -> bool:
     return request.sampling_params.n > 1 and not request.output_token_ids
+
+
+def _finish_status(req: Request, token: int, all_ids: list[int]) -> RequestStatus | None:
+    """Why ``req`` ends after sampling ``token`` (``all_ids`` already holds it), if it does."""
+    if token in req.stop_ids:
+        return FINISHED_STOPPED
+    if len(all_ids) >= req.max_num_tokens:
+        return FINISHED_LENGTH
+    return None
+
+
+class DecodeStretch(NamedTuple):
+    """What ``Scheduler.advance_decodes`` did."""
+
+    finished: dict[str, str]  # request id -> finish reason, for those ending with the last step
+    new_blocks: list[int]  # blocks each step allocated
 
 
 class Scheduler:
@@ -410,11 +429,16 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if not num or num > budget or kv.cow_pending or max_steps < 1:
             return 0
+        blocked_swap_in = 0  # blocks a swapped waiting head needs; it can't get them
         if self.waiting and num < budget:
             head = self.waiting[0]
             seats = head.sampling_params.n if _needs_fork(head) else 1
             if num + self.fork_seats + seats <= self.max_num_seqs:
-                return 0  # the next step may admit it
+                if head.status is not SWAPPED:
+                    return 0  # the next step may admit it (or at least look it up)
+                blocked_swap_in = self._swap_in_blocks(head, budget - num)
+                if not blocked_swap_in:
+                    return 0
         k = max_steps
         spare: list[int] = []  # slots each request holds beyond its next token
         req_blocks = kv.req_blocks
@@ -426,6 +450,8 @@ class Scheduler:
             spare.append(req_blocks[req.request_id].num_slots - req.num_computed_tokens)
         free = kv.num_free_blocks
         bs = self.block_size
+        if blocked_swap_in and blocked_swap_in <= free - sum(1 for s in spare if s == 0):
+            return 0  # after the first step's decodes, the head would swap in
 
         def blocks_for(steps: int) -> int:
             return sum(-(-(steps - s) // bs) for s in spare if steps > s)
@@ -441,46 +467,84 @@ class Scheduler:
                 hi = mid
         return lo
 
-    def advance_decodes(self, tokens: dict[str, list[int]], k: int) -> dict[str, str]:
+    def advance_decodes(self, tokens: dict[str, list[int]], k: int) -> DecodeStretch:
         """Apply ``k`` decode steps of every running request at once, exactly as ``k``
         rounds of ``schedule`` and ``update_from_output`` would (``k`` at most
         ``decode_stretch_limit(k)``). ``tokens[rid]`` holds the ``k`` tokens ``rid``
-        samples; only the last may stop it. Returns ``{request_id: finish_reason}`` for
-        those that finish with the last step (their blocks are freed; their ids reach the
-        executor with the next ``schedule``). No ``RequestOutput``s are built.
+        samples; only the last may stop it. Requests that finish with the last step free
+        their blocks; their ids reach the executor with the next ``schedule``. No
+        ``RequestOutput``s are built.
+
+        Blocks are taken in the order single steps would take them (step by step, running
+        order within a step), and filled blocks are queued for the prefix cache in that
+        order too, so block ids, evictions and later cache hits stay identical.
         """
         kv = self.kv_cache
         bs = self.block_size
+        req_blocks = kv.req_blocks
         caching = kv.cache is not None
-        finished: dict[str, str] = {}
-        done: list[tuple[Request, RequestStatus]] = []
-        for req in self.running:
+        events: list[tuple[int, int, str]] = []  # (step, running index, id): one new block
+        fills: list[tuple[int, int, Request]] = []  # (step, running index, request)
+        for order, req in enumerate(self.running):
             rid = req.request_id
             toks = tokens[rid]
             if len(toks) != k:
                 raise ValueError(f"advance_decodes: {len(toks)} tokens for {rid!r}, expected {k}")
             if req.stop_ids and not req.stop_ids.isdisjoint(toks[:-1]):
                 raise ValueError(f"advance_decodes: {rid!r} would stop before the last step")
-            if not kv.allocate_slots(req, k):
-                raise RuntimeError("advance_decodes: no room for the stretch (see its limit)")
             computed = req.num_computed_tokens
-            req.num_computed_tokens = computed + k
-            if caching and (computed + k) // bs != computed // bs:
-                kv.uncommitted[rid] = req
+            step = req_blocks[rid].num_slots - computed + 1  # the first step past its slots
+            while step <= k:
+                events.append((step, order, rid))
+                step += bs
+            if caching:
+                step = bs - computed % bs  # the step that fills its current block
+                if step <= k:
+                    fills.append((step, order, req))
+        new_blocks = [0] * k
+        if events:
+            if len(events) > kv.num_free_blocks:
+                raise RuntimeError("advance_decodes: no room for the stretch (see its limit)")
+            events.sort()
+            kv.grow([rid for _, _, rid in events])
+            for step, _, _ in events:
+                new_blocks[step - 1] += 1
+        if fills:
+            fills.sort()  # running indices are unique: requests are never compared
+            uncommitted = kv.uncommitted
+            for _, _, req in fills:
+                uncommitted[req.request_id] = req
+        done: list[tuple[Request, RequestStatus]] = []
+        for req in self.running:
+            toks = tokens[req.request_id]
+            req.num_computed_tokens += k
             req.output_token_ids.extend(toks)
-            req.all_token_ids.extend(toks)
-            if toks[-1] in req.stop_ids:
-                done.append((req, RequestStatus.FINISHED_STOPPED))
-            elif len(req.all_token_ids) >= req.max_num_tokens:
-                done.append((req, RequestStatus.FINISHED_LENGTH))
+            all_ids = req.all_token_ids
+            all_ids.extend(toks)
+            status = _finish_status(req, toks[-1], all_ids)
+            if status is not None:
+                done.append((req, status))
         self.steps += k
-        self.max_step_tokens = max(self.max_step_tokens, len(self.running))
+        if len(self.running) > self.max_step_tokens:
+            self.max_step_tokens = len(self.running)
+        finished: dict[str, str] = {}
         if done:
             for req, status in done:
                 finished[req.request_id] = status.value
                 self._finish(req, status)
             self.running = [r for r in self.running if r.status is RUNNING]
-        return finished
+        return DecodeStretch(finished, new_blocks)
+
+    def _swap_in_blocks(self, req: Request, budget: int) -> int:
+        """The blocks swapping ``req`` in would take with ``budget`` tokens left in the
+        step; 0 if the policy would not try (its chunk doesn't fit the budget). Trying and
+        failing changes nothing, so a stretch can run while this exceeds the free blocks
+        (which only shrink while it runs)."""
+        n = self._chunk(req, req.num_computed_tokens, budget)
+        if not n:
+            return 0
+        need = self.kv_cache.blocks_needed(req.num_computed_tokens + n)
+        return max(need, len(self.kv_cache.swapped[req.request_id]))
 
     # -- leaving -------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 
 FORMATS = ("vllm", "sglang", "yaml", "json")
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-"""Block sizes vLLM's ``--block-size`` accepts."""
+VLLM_BLOCK_SIZES = (16, 32, 64, 128)
+"""Block sizes vLLM serves on CUDA: ``--block-size`` takes 1 to 128, and its FlashAttention
+backend needs a multiple of 16."""
 
 Rule = Callable[[Any, EngineConfig], "Flags"]
 
@@ -52,7 +53,7 @@ def _vllm_block(v: int, _c: EngineConfig) -> Flags:
         return Flags(("--block-size", str(v)))
     near = min(VLLM_BLOCK_SIZES, key=lambda b: abs(b - v))
     return Flags(("--block-size", str(near)),
-                 f"vLLM accepts block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))}: "
+                 f"vLLM serves block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))} on CUDA: "
                  f"{near} is the nearest to the tuned {v}")
 
 

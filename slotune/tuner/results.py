@@ -65,17 +65,25 @@ def pareto_front(trials: list[Any]) -> list[Any]:
     return sorted(front, key=lambda t: (-_goodput(t), _score(t)))
 
 
-def select_best(trials: list[Any], objective: str, target: float) -> Any | None:
+def select_best(trials: list[Any], objective: str, target: float,
+                baseline: dict[str, Any] | None = None) -> Any | None:
+    """The recommendation; among equals, the one that changes fewest of ``baseline``'s
+    settings (a radix cache that measures the same as hash is not worth a change)."""
     if not trials:
         return None
+
+    def changes(t: Any) -> int:
+        config = t.user_attrs.get("config", {})
+        return sum(config.get(k) != v for k, v in (baseline or {}).items())
+
     if objective == "weighted":
-        return min(trials, key=lambda t: (_violation(t), _score(t), t.number))
+        return min(trials, key=lambda t: (_violation(t), _score(t), changes(t), t.number))
     if objective == "goodput":
-        return min(trials, key=lambda t: (-_goodput(t), _score(t), t.number))
+        return min(trials, key=lambda t: (-_goodput(t), _score(t), changes(t), t.number))
     front = pareto_front(trials)
     meeting = [t for t in front if t.user_attrs.get("attainment", 0.0) >= target]
     pool = meeting or front
-    return min(pool, key=lambda t: (-_goodput(t), _score(t), t.number))
+    return min(pool, key=lambda t: (-_goodput(t), _score(t), changes(t), t.number))
 
 
 def trials_frame(study: Any) -> Any:
@@ -175,7 +183,7 @@ def write_outputs(
     from slotune.tuner.space import SearchSpace, describe
 
     trials = finished(study)
-    best = select_best(trials, setup.objective, setup.attainment)
+    best = select_best(trials, setup.objective, setup.attainment, baseline["config"])
     if best is None:
         raise ValueError(f"study {study.study_name!r} has no finished trial to recommend")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple[dict, dict, tuple]:
                 for r in scheduler.running
             }
             ids = {rid: (r.parent_id, r.index) for rid, r in scheduler.requests.items()}
-            for rid, reason in scheduler.advance_decodes(batch, k).items():
+            for rid, reason in scheduler.advance_decodes(batch, k).finished.items():
                 reasons[ids[rid]] = reason
             for rid, toks in batch.items():
                 tokens.setdefault(ids[rid], []).extend(toks)
@@ -102,7 +102,7 @@ def test_advance_finishes_on_a_final_stop_token_and_refuses_an_early_one() -> No
     scheduler = engine.scheduler
     with pytest.raises(ValueError, match="would stop before the last step"):
         scheduler.advance_decodes({"a": [5, 7, 6]}, 3)
-    assert scheduler.advance_decodes({"a": [5, 6, 8]}, 3) == {"a": "stop"}
+    assert scheduler.advance_decodes({"a": [5, 6, 8]}, 3).finished == {"a": "stop"}
     assert not engine.has_unfinished_requests()
     assert engine.stats()["steps"] == 4 and engine.kv_cache.num_free_blocks == 1024
     assert scheduler.finished_request_ids == {"a"}

@@ -84,3 +84,22 @@ def test_eos_token_id_comes_from_the_checkpoint(executor: TorchExecutor) -> None
     assert executor.eos_token_id is not None
     assert executor.tokenizer is not None
     assert executor.tokenizer.id_to_token(executor.eos_token_id) == "<|end_of_text|>"
+
+
+def test_bfloat16_weights_run_on_the_cpu(tiny_dir: Path) -> None:
+    ids = prompt(30, 8)
+    tokens = []
+    for dtype in ("float32", "bfloat16"):
+        ex = TorchExecutor(tiny_dir, device="cpu", attention="torch", dtype=dtype)
+        ex.initialize_cache(EngineConfig(), KVCacheCapacity(num_gpu_blocks=4, num_cpu_blocks=0))
+        out = step(ex, {Request("a", ids, GREEDY): (30, [0, 1])})
+        tokens.append(out.sampled_token_ids["a"])
+    assert ex.dtype == torch.bfloat16
+    assert tokens[0] == tokens[1]
+
+
+def test_a_token_outside_the_vocabulary_is_rejected_by_name(executor: TorchExecutor) -> None:
+    with pytest.raises(ValueError, match=r"'bad': token id 9999 is outside"):
+        step(executor, {Request("bad", [5, 9999, 7], GREEDY): (3, [12])})
+    with pytest.raises(ValueError, match="attention 'fast' is unknown"):
+        TorchExecutor("unused", attention="fast")

@@ -113,6 +113,12 @@ def test_goodput_selection_breaks_ties_by_score() -> None:
                         "score": score}))
     best = select_best(finished(study), "goodput", 0.99)
     assert (best.user_attrs["goodput_rps"], best.user_attrs["score"]) == (7.0, 0.6)
+    simpler = optuna.create_study(direction="maximize")
+    for cache in ("radix", "hash"):
+        simpler.add_trial(optuna.trial.create_trial(value=7.0, user_attrs={
+            "config": {"prefix_caching": cache}, "goodput_value": 7.0, "score": 0.5}))
+    chosen = select_best(finished(simpler), "goodput", 0.99, {"prefix_caching": "hash"})
+    assert chosen.user_attrs["config"]["prefix_caching"] == "hash"
     front = pareto_front(finished(study))
     assert [(t.user_attrs["goodput_rps"], t.user_attrs["score"]) for t in front] == [
         (7.0, 0.6), (3.0, 0.1)]

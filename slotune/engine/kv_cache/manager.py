@@ -148,6 +148,23 @@ class KVCacheManager:
             rb.num_slots = len(rb.blocks) * self.block_size
         return True
 
+    def grow(self, request_ids: list[str]) -> None:
+        """One new block for each listed request (an id may repeat), taken in list order
+        exactly as that many one-block ``allocate_slots`` calls would take them."""
+        pool = self.pool
+        num = len(request_ids)
+        if num <= pool.free_queue.num_free_blocks:
+            new = pool.get_new_blocks(num)
+        else:  # a tree evicts: one block at a time, as single allocations do
+            new = [pool.get_new_blocks(1)[0] for _ in request_ids]
+        req_blocks = self.req_blocks
+        bs = self.block_size
+        for rid, block in zip(request_ids, new, strict=True):
+            rb = req_blocks[rid]
+            rb.blocks.append(block)
+            rb.block_ids.append(block.block_id)
+            rb.num_slots += bs
+
     def _new_cache_state(self) -> object:
         return self.cache.new_state() if self.cache is not None else None
 

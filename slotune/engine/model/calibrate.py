@@ -58,10 +58,6 @@ class StepShape:
     def num_tokens(self) -> int:
         return sum(c for c, _ in self.prefills) + len(self.decodes)
 
-    @property
-    def max_context(self) -> int:
-        return max([c + p for c, p in self.prefills] + [d + 1 for d in self.decodes])
-
     def label(self) -> str:
         parts = [f"prefill {c}@{p}" for c, p in self.prefills]
         if self.decodes:

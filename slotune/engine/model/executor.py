@@ -12,7 +12,12 @@ import torch
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
-from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, select_backend
+from slotune.engine.model.attention import (
+    BACKEND_NAMES,
+    AttentionBackend,
+    AttentionMetadata,
+    select_backend,
+)
 from slotune.engine.model.llama import ForwardBatch
 from slotune.engine.model.loader import load_model
 from slotune.engine.model.sampler import Sampler, SampleRow
@@ -53,6 +58,10 @@ class TorchExecutor:
         threads: int | None = None,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if attention not in BACKEND_NAMES:
+            raise ValueError(
+                f"TorchExecutor: attention {attention!r} is unknown; choose one of {BACKEND_NAMES}"
+            )
         loaded = load_model(model_path, device=device, dtype=dtype)
         self.model = loaded.model
         self.model_config = loaded.config
@@ -197,17 +206,8 @@ class TorchExecutor:
             if num_samples > 0:
                 logits_indices.append(len(input_ids) - 1)
                 rows.append(SampleRow(rid, req.sampling_params, num_samples, req.index))
-        vocab = self.model_config.vocab_size
-        if max(input_ids) >= vocab:
-            bad = next(
-                rid
-                for rid in so.num_scheduled_tokens
-                if max(so.requests[rid].all_token_ids) >= vocab
-            )
-            raise ValueError(
-                f"request {bad!r}: token id {max(so.requests[bad].all_token_ids)} is outside the "
-                f"model's vocabulary of {vocab}; tokenize prompts with the model's tokenizer"
-            )
+        if max(input_ids) >= self.model_config.vocab_size:
+            self._reject_out_of_vocab(so)
         dev = self.device
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
@@ -231,6 +231,16 @@ class TorchExecutor:
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
         )
         return batch, rows
+
+    def _reject_out_of_vocab(self, so: SchedulerOutput) -> None:
+        vocab = self.model_config.vocab_size
+        for rid in so.num_scheduled_tokens:
+            worst = max(so.requests[rid].all_token_ids)
+            if worst >= vocab:
+                raise ValueError(
+                    f"request {rid!r}: token id {worst} is outside the model's vocabulary of "
+                    f"{vocab}; tokenize prompts with the model's tokenizer"
+                )
 
 
 def _cumsum(values: list[int]) -> list[int]:

@@ -8,6 +8,7 @@ by ``model.safetensors.index.json``), and optionally ``tokenizer.json`` and
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from slotune.engine.model.llama import LlamaForCausalLM
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INDEX = "model.safetensors.index.json"
 
@@ -60,6 +62,13 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
             "folder (make one with `slotune init-model DIR`)"
         )
     config = ModelConfig.from_file(config_file)
+    if config.sliding_window is not None:
+        logger.warning(
+            "%s: sliding_window=%d is not applied; attention over contexts longer than that "
+            "differs from the reference model",
+            config_file,
+            config.sliding_window,
+        )
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     with torch.device("meta"):

@@ -97,9 +97,11 @@ class SimExecutor:
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
 
     # -- for the engine's decode fast-forward ---------------------------------------------
-    def decode_stretch_durations(self, context_lens: Sequence[int], k: int) -> list[float]:
+    def decode_stretch_durations(
+        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
+    ) -> list[float]:
         """See ``CostModel.decode_stretch_durations``: equal to ``execute`` step by step."""
-        return self.cost_model.decode_stretch_durations(context_lens, k)
+        return self.cost_model.decode_stretch_durations(context_lens, k, context_sum)
 
     def sampled_token(self, request: Request, position: int, index: int = 0) -> int:
         """The token ``execute`` samples for ``request`` at ``position`` (its index in the

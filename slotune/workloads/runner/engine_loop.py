@@ -3,7 +3,10 @@
 One loop serves both. Virtual time: each step advances the clock by the executor's
 ``last_step.duration_s``; requests whose arrival passed during a step are added after it
 (their arrival time stays the true one, so the wait counts in their TTFT); an idle engine
-jumps to the next arrival. Nothing sleeps. Wall time: the same loop, the clock is
+jumps to the next arrival. Nothing sleeps. On a virtual clock the engine may also run a
+whole stretch of decode steps up to the next arrival at once (``Engine.fast_forward``):
+each covered step is recorded and each token gets its own step's end time, exactly as if
+the steps had run one by one. Wall time: the same loop, the clock is
 ``perf_counter`` and an idle engine sleeps until the next arrival.
 """
 
@@ -82,12 +85,25 @@ def run_simulated(
     arrivals: ArrivalSpec = ALL_AT_ONCE,
     seed: int = 0,
     progress: Progress | None = None,
+    fast_forward: bool = True,
 ) -> RunResult:
-    """Replay ``trace`` through the simulated engine on a virtual clock."""
+    """Replay ``trace`` through the simulated engine on a virtual clock.
+
+    ``fast_forward`` runs stretches of plain decode steps at once (``Engine.fast_forward``);
+    the result is identical either way, only faster. Turn it off to debug or compare.
+    """
     from slotune.engine.engine import Engine
 
     engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
-    return drive_engine(engine, trace, arrivals, VirtualClock(), seed=seed, progress=progress)
+    return drive_engine(
+        engine,
+        trace,
+        arrivals,
+        VirtualClock(),
+        seed=seed,
+        progress=progress,
+        fast_forward=fast_forward,
+    )
 
 
 def run_engine(
@@ -110,7 +126,12 @@ def drive_engine(
     *,
     seed: int = 0,
     progress: Progress | None = None,
+    fast_forward: bool = False,
 ) -> RunResult:
+    """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
+    is computed before its time has passed."""
+    if fast_forward and not isinstance(clock, VirtualClock):
+        raise ValueError("drive_engine: fast_forward needs a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
     rec = Recorder(trace)
     keep_output = disp.has_children
@@ -149,18 +170,22 @@ def drive_engine(
                 raise RuntimeError("runner: requests in flight but the engine has none unfinished")
             clock.wait_until(nxt)
             continue
-        step_outputs = engine.step()
-        stats = engine.last_step
-        if stats is not None:
+        if fast_forward and (step_outputs := engine.fast_forward(now, disp.next_time())):
+            steps = engine.last_steps
+        else:
+            step_outputs = engine.step()
+            steps = [engine.last_step] if engine.last_step is not None else []
+        times = []
+        for stats in steps:
             clock.advance(stats.duration_s)
-        now = clock.now()
-        if stats is not None:
-            rec.step(now, stats)
+            times.append(clock.now())
+        rec.steps(times, steps)
+        now = times[-1] if times else clock.now()
         for out in step_outputs:
             i = index[out.request_id]
             new = out.new_token_ids
-            if len(new) == 1:
-                token_times[i].append(now)
+            if len(new) == len(times):  # one token per step: a plain step or a stretch
+                token_times[i].extend(times)
             elif new:
                 token_times[i].extend([now] * len(new))
             if keep_output[i]:

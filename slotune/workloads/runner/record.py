@@ -67,6 +67,11 @@ class Recorder:
         self._step_times.append(now)
         self._steps.append(s)
 
+    def steps(self, times: list[float], steps: list[StepStats]) -> None:
+        """Steps ending at ``times`` (one each)."""
+        self._step_times.extend(times)
+        self._steps.extend(steps)
+
     def _steps_frame(self) -> pd.DataFrame:
         if not self._steps:
             return empty_steps()

@@ -1,0 +1,67 @@
+"""The decode fast-forward changes nothing: every token time, every step row and every
+engine counter equal those of stepping one by one, to the bit."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from slotune.engine import EngineConfig
+from slotune.workloads import ArrivalSpec, Trace, run_simulated
+from slotune.workloads.arrivals import ALL_AT_ONCE
+from slotune.workloads.generators import AgentParams, agent_sessions, sharegpt_like, shared_prefix
+
+CASES = {
+    "hash-recompute-poisson": (
+        EngineConfig(prefix_caching="hash", num_gpu_blocks=400),
+        sharegpt_like(150, seed=1),
+        ArrivalSpec(rate=6.0),
+    ),
+    "radix-swap-shared-prefix": (
+        EngineConfig(
+            prefix_caching="radix", preemption_mode="swap", block_size=32, num_gpu_blocks=160
+        ),
+        shared_prefix(num_groups=4, requests_per_group=30, seed=2),
+        ArrivalSpec(rate=8.0),
+    ),
+    "hash-swap-all-at-once-block8": (
+        EngineConfig(prefix_caching="hash", preemption_mode="swap", block_size=8),
+        sharegpt_like(120, seed=3),
+        ALL_AT_ONCE,
+    ),
+    "none-prefill-first-all-at-once": (
+        EngineConfig(
+            prefix_caching="none", policy="prefill_first", max_num_batched_tokens=4096, max_model_len=4096,
+            num_gpu_blocks=600,
+        ),
+        sharegpt_like(120, seed=4),
+        ALL_AT_ONCE,
+    ),
+    "radix-recompute-agents": (
+        EngineConfig(prefix_caching="radix", block_size=16, num_gpu_blocks=900),
+        agent_sessions(AgentParams(num_sessions=12), seed=5),
+        ArrivalSpec(rate=2.0),
+    ),
+}
+
+
+def _both(config: EngineConfig, trace: Trace, arrivals: ArrivalSpec) -> tuple:
+    on = run_simulated(config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
+    off = run_simulated(
+        config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g", fast_forward=False
+    )
+    return on, off
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_forward_equals_single_steps(name: str) -> None:
+    on, off = _both(*CASES[name])
+    pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
+    pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
+    assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
+    assert on.duration_s == off.duration_s
+    covered = on.engine_stats.pop("fast_forward_steps")
+    assert off.engine_stats.pop("fast_forward_steps") == 0
+    assert on.engine_stats == off.engine_stats
+    assert covered > len(on.steps) // 4  # the stretches really ran
+    assert len(on.steps) == on.engine_stats["steps"]
