@@ -34,7 +34,8 @@ def tune(
     trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
     format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
     num_requests: Annotated[int | None, _opt("--num-requests",
-                                             "Requests per trial (default: 200; 32 real).")] = None,
+                                             "Requests per trial (default: 200; 32 real); more "
+                                             "come closer to steady state, slower.")] = None,
     rate: Annotated[float | None, _opt("--rate", "Poisson request rate (req/s).")] = None,
     burstiness: Annotated[float, _opt("--burstiness", "Gamma arrival shape; needs --rate.")] = 1.0,
     concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,
@@ -100,8 +101,13 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         _console.print(f"Resuming study [bold]{place.name}[/bold] "
                        f"({studies.count_finished(study)} finished trials).")
     else:
-        with _console.status("Measuring vLLM's defaults (the baseline)..."):
-            setup, baseline = measure_baseline(prepared, evaluator)
+        try:
+            with _console.status("Measuring vLLM's defaults (the baseline)..."):
+                setup, baseline = measure_baseline(prepared, evaluator)
+        except KeyboardInterrupt:
+            Console(stderr=True).print("\nInterrupted before the study was created; "
+                                       "nothing was stored.")
+            raise typer.Exit(130) from None
         study = studies.create(place.storage, place.name, setup, baseline)
     _print_plan(setup, place, prepared.trace)
     remaining = options.trials - studies.count_finished(study)
@@ -132,7 +138,9 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
 def _print_plan(setup: Any, place: Any, trace: Any) -> None:
     load = setup.load.describe()
     if setup.objective == "goodput":
-        load = "the request rate is searched per trial (Poisson, 2% steps)"
+        kind = "Poisson" if setup.load.burstiness == 1 else (
+            f"gamma, burstiness {setup.load.burstiness:g}")
+        load = f"the request rate is searched per trial ({kind}, 2% steps)"
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
@@ -223,6 +231,7 @@ def _comparison_table(best: dict[str, Any]) -> Any:
     from rich.table import Table
 
     from slotune.tuner.objectives import METRIC_KEYS, percentile_key
+    from slotune.workloads import parse_slo
 
     base = best["baseline"]
     load = best["load"]["description"]
@@ -236,8 +245,9 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         style = "bold green" if value != theirs else ""
         table.add_row(name, f"[{style}]{value}[/{style}]" if style else str(value), str(theirs))
     table.add_section()
-    p = percentile_key(best["percentile"])
+    own = {t.metric: t.percentile for t in parse_slo(best["slo"]).targets}
     for metric in best["slo_targets"]:
+        p = percentile_key(own.get(metric) or best["percentile"])
         key = METRIC_KEYS[metric]
         ours = best["metrics"].get(key, {}).get(p)
         theirs = base["metrics"].get(key, {}).get(p)

@@ -13,6 +13,7 @@ from slotune.engine.outputs import RequestOutput, StepStats
 from slotune.engine.request import Request
 from slotune.engine.sampling_params import SamplingParams
 from slotune.engine.scheduler import Scheduler
+from slotune.engine.stretch import StretchPlan, StretchPlanner
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -43,9 +44,9 @@ class Engine:
         self.last_step: StepStats | None = None
         self.num_fast_forward_steps = 0
         self.last_steps: list[StepStats] = []  # every step the last step() or fast_forward() ran
-        # executors that can tell a decode stretch's durations and tokens in advance
+        # executors that can tell a stretch's durations and tokens in advance
         self._stretches = all(
-            hasattr(executor, name) for name in ("decode_stretch_durations", "sampled_tokens")
+            hasattr(executor, name) for name in ("planned_step_seconds", "sampled_token_runs")
         )
         capacity = executor.determine_capacity(config)
         num_gpu_blocks = config.num_gpu_blocks or capacity.num_gpu_blocks
@@ -193,99 +194,132 @@ class Engine:
         return outputs
 
     def fast_forward(
-        self, start_time_s: float, until_time_s: float | None, max_steps: int = 1 << 20
-    ) -> list[RequestOutput]:
-        """Run a stretch of plain decode steps at once, exactly as ``step()`` would run them
-        one by one; ``[]`` (and nothing done) when the next step is not such a step or the
-        executor cannot tell durations and tokens in advance (only the simulator can).
+        self,
+        start_time_s: float,
+        until_time_s: float | None,
+        *,
+        stop_at_finish: bool = False,
+        max_steps: int = 1 << 20,
+    ) -> list[tuple[RequestOutput, int]]:
+        """Run a stretch of steps at once, exactly as ``step()`` would run them one by one;
+        ``[]`` (and nothing done) when the next step is not certain enough for that (see
+        ``slotune.engine.stretch``) or the executor cannot tell durations and tokens in
+        advance (only the simulator can).
 
         For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
         1..j, added left to right. The stretch ends with the first step that ends at or
         after ``until_time_s`` (the next arrival: the caller adds it after that step, as
-        after any step), with a finishing request, where blocks would run short, or after
-        ``max_steps``. ``last_steps`` holds one ``StepStats`` per step; each output carries
-        one token per step (all running requests decode in every step of a stretch).
+        after any step), after ``max_steps``, before a step the planner is unsure of, or
+        with the first finish if ``stop_at_finish`` (a caller that may send requests when
+        one finishes). ``last_steps`` holds one ``StepStats`` per step. Returns each
+        request's output with the index (into ``last_steps``) of the step that sampled its
+        first new token; it sampled one token in each step from there.
         """
-        scheduler = self.scheduler
-        if not self._stretches or scheduler.pending_outputs:
+        if not self._stretches:
             return []
-        k = scheduler.decode_stretch_limit(max_steps)
-        if not k:
+        planner = StretchPlanner.start(self.scheduler, stop_at_finish)
+        if planner is None:
             return []
         executor: Any = self.executor
-        running = scheduler.running
-        num = len(running)
-        context = sum(r.num_computed_tokens for r in running) + num
-        durations = self._stretch_durations(num, context, k, start_time_s, until_time_s)
-        k = len(durations)
-        tokens = {r.request_id: executor.sampled_tokens(r, len(r.all_token_ids), k) for r in running}
-        for r in running:
-            stop = r.stop_ids
-            if stop and not stop.isdisjoint(tokens[r.request_id][:-1]):
-                k = min(k, next(j for j, tok in enumerate(tokens[r.request_id], 1) if tok in stop))
-        if k < len(durations):
-            del durations[k:]
-            for toks in tokens.values():
-                del toks[k:]
-        kv = self.kv_cache
-        used = kv.pool.num_used_blocks
-        num_blocks = kv.num_gpu_blocks
-        waiting = len(scheduler.waiting)
-        outputs = [
-            RequestOutput(
-                r.parent_id,
-                r.index,
-                tokens[r.request_id],
-                False,
-                None,
-                len(r.prompt_token_ids),
-                r.num_cached_tokens,
-                r.num_preemptions,
+        seconds = executor.planned_step_seconds
+        plan = planner.plan
+        durations: list[float] = []
+        t = start_time_s
+        while True:
+            j = plan.num_steps - 1
+            d = seconds(
+                plan.num_tokens[j],
+                plan.num_samples[j],
+                plan.num_requests[j],
+                plan.num_decodes[j],
+                plan.context_sum[j],
+                plan.chunks[j],
             )
-            for r in running
+            durations.append(d)
+            t += d
+            if until_time_s is not None and t >= until_time_s:
+                break
+            if len(durations) >= max_steps or not planner.plan_step():
+                break
+        plan = planner.finish()
+        tokens = self._stretch_tokens(plan)
+        if tokens is None:  # a stop token ends a request early: plan up to it again
+            return self.fast_forward(
+                start_time_s,
+                until_time_s,
+                stop_at_finish=stop_at_finish,
+                max_steps=self._stop_step(plan),
+            )
+        result = self.scheduler.apply_stretch(plan, tokens)
+        waiting = len(self.scheduler.waiting)
+        num_blocks = self.kv_cache.num_gpu_blocks
+        steps = [
+            StepStats(d, total, prefill, total - prefill, running, waiting, used / num_blocks, 0)
+            for d, total, prefill, running, used in zip(
+                durations,
+                plan.num_tokens,
+                plan.num_prefill,
+                result.num_running,
+                result.used_blocks,
+                strict=True,
+            )
         ]
-        stretch = scheduler.advance_decodes(tokens, k)
-        steps = []
-        for d, new in zip(durations, stretch.new_blocks, strict=True):
-            used += new
-            steps.append(StepStats(d, num, 0, num, num, waiting, used / num_blocks, 0))
-        if stretch.finished:
-            finished = stretch.finished
-            for out, r in zip(outputs, running, strict=True):
-                reason = finished.get(r.request_id)
-                if reason is not None:
-                    out.finished = True
-                    out.finish_reason = reason
-            last = steps[-1]
-            steps[-1] = StepStats(
-                last.duration_s, num, 0, num, len(scheduler.running), waiting,
-                last.kv_cache_usage, 0,
-            )
         self.last_steps = steps
         self.last_step = steps[-1]
-        self.num_fast_forward_steps += k
+        self.num_fast_forward_steps += len(steps)
+        finished = result.finished
+        first_sample = plan.first_sample
+        outputs = []
+        for i, req in enumerate(plan.requests):
+            toks = tokens[i]
+            if not toks:
+                continue
+            reason = finished.get(req.request_id) if finished else None
+            output = RequestOutput(
+                req.parent_id,
+                req.index,
+                toks,
+                reason is not None,
+                reason,
+                len(req.prompt_token_ids),
+                req.num_cached_tokens,
+                req.num_preemptions,
+            )
+            outputs.append((output, first_sample[i]))
         return outputs
 
-    def _stretch_durations(
-        self, num: int, context: int, k: int, start: float, until: float | None
-    ) -> list[float]:
-        """The durations of up to ``k`` decode steps, up to the first ending at ``until``;
-        asked for in growing chunks, as the horizon is often only a few steps away."""
-        stretch = self.executor.decode_stretch_durations  # type: ignore[attr-defined]
-        if until is None:
-            return stretch(num, k, context)
-        durations: list[float] = []
-        t = start
-        chunk = 8
-        while len(durations) < k:
-            done = len(durations)
-            for d in stretch(num, min(chunk, k - done), context + done * num):
-                durations.append(d)
-                t += d
-                if t >= until:
-                    return durations
-            chunk *= 4
-        return durations
+    def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]] | None:
+        """What each request of the plan samples; None if a stop token comes before the
+        plan's end for its request."""
+        first, last = plan.first_sample, plan.last_sample
+        sampling = [i for i, f in enumerate(first) if f >= 0]
+        requests = plan.requests
+        runs = self.executor.sampled_token_runs(  # type: ignore[attr-defined]
+            [requests[i] for i in sampling],
+            [len(requests[i].all_token_ids) for i in sampling],
+            [last[i] - first[i] + 1 for i in sampling],
+        )
+        tokens: list[list[int]] = [[] for _ in requests] if len(sampling) < len(requests) else runs
+        for i, toks in zip(sampling, runs, strict=True):
+            stop = requests[i].stop_ids
+            if stop and not stop.isdisjoint(toks[:-1]):
+                return None
+            tokens[i] = toks
+        return tokens
+
+    def _stop_step(self, plan: StretchPlan) -> int:
+        """The number of steps up to the first one that samples a stop token."""
+        sample = self.executor.sampled_tokens  # type: ignore[attr-defined]
+        first, last = plan.first_sample, plan.last_sample
+        steps = plan.num_steps
+        for i, req in enumerate(plan.requests):
+            if first[i] >= 0 and req.stop_ids:
+                toks = sample(req, len(req.all_token_ids), last[i] - first[i] + 1)
+                for j, tok in enumerate(toks):
+                    if tok in req.stop_ids:
+                        steps = min(steps, first[i] + j + 1)
+                        break
+        return steps
 
     def stats(self) -> dict[str, Any]:
         kv = self.kv_cache

@@ -24,6 +24,7 @@ from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.stretch import StretchPlan
 
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
@@ -47,11 +48,12 @@ def _finish_status(req: Request, token: int, all_ids: list[int]) -> RequestStatu
     return None
 
 
-class DecodeStretch(NamedTuple):
-    """What ``Scheduler.advance_decodes`` did."""
+class StretchResult(NamedTuple):
+    """What ``Scheduler.apply_stretch`` did, per request id and per step."""
 
-    finished: dict[str, str]  # request id -> finish reason, for those ending with the last step
-    new_blocks: list[int]  # blocks each step allocated
+    finished: dict[str, str]  # request id -> finish reason
+    used_blocks: list[int]  # GPU blocks in use after each step's allocations
+    num_running: list[int]  # running requests after each step
 
 
 class Scheduler:
@@ -415,134 +417,69 @@ class Scheduler:
             family.append(child)
         return family
 
-    # -- decode fast-forward support ------------------------------------------------------
+    # -- stretches (see ``slotune.engine.stretch``) ----------------------------------------
 
-    def decode_stretch_limit(self, max_steps: int) -> int:
-        """How many of the next steps (at most ``max_steps``) are certain to be plain decode
-        steps of exactly the current running requests: nothing admitted, preempted or
-        copied, no request finishing by length before the last of them. 0 if the next step
-        is not one. Stop tokens are the caller's to check: it knows the tokens to come.
-        """
-        running = self.running
-        num = len(running)
-        kv = self.kv_cache
-        budget = self.config.max_num_batched_tokens
-        if not num or num > budget or kv.cow_pending or max_steps < 1:
-            return 0
-        blocked_swap_in = 0  # blocks a swapped waiting head needs; it can't get them
-        if self.waiting and num < budget:
-            head = self.waiting[0]
-            seats = head.sampling_params.n if _needs_fork(head) else 1
-            if num + self.fork_seats + seats <= self.max_num_seqs:
-                if head.status is not SWAPPED:
-                    return 0  # the next step may admit it (or at least look it up)
-                blocked_swap_in = self._swap_in_blocks(head, budget - num)
-                if not blocked_swap_in:
-                    return 0
-        k = max_steps
-        spare: list[int] = []  # slots each request holds beyond its next token
-        req_blocks = kv.req_blocks
-        for req in running:
-            total = len(req.all_token_ids)
-            if total - req.num_computed_tokens != 1 or not req.output_token_ids:
-                return 0
-            k = min(k, req.max_num_tokens - total)
-            spare.append(req_blocks[req.request_id].num_slots - req.num_computed_tokens)
-        free = kv.num_free_blocks
-        bs = self.block_size
-        if blocked_swap_in and blocked_swap_in <= free - sum(1 for s in spare if s == 0):
-            return 0  # after the first step's decodes, the head would swap in
-
-        def blocks_for(steps: int) -> int:
-            return sum(-(-(steps - s) // bs) for s in spare if steps > s)
-
-        if blocks_for(k) <= free:
-            return k
-        lo, hi = 0, k  # blocks_for(lo) fits, blocks_for(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_for(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def advance_decodes(self, tokens: dict[str, list[int]], k: int) -> DecodeStretch:
-        """Apply ``k`` decode steps of every running request at once, exactly as ``k``
-        rounds of ``schedule`` and ``update_from_output`` would (``k`` at most
-        ``decode_stretch_limit(k)``). ``tokens[rid]`` holds the ``k`` tokens ``rid``
-        samples; only the last may stop it. Requests that finish with the last step free
-        their blocks; their ids reach the executor with the next ``schedule``. No
-        ``RequestOutput``s are built.
-
-        Blocks are taken in the order single steps would take them (step by step, running
-        order within a step), and filled blocks are queued for the prefix cache in that
-        order too, so block ids, evictions and later cache hits stay identical.
+    def apply_stretch(self, plan: StretchPlan, tokens: list[list[int]]) -> StretchResult:
+        """Apply the planned steps at once, exactly as that many rounds of ``schedule`` and
+        ``update_from_output`` would. ``tokens[i]`` holds what request ``i`` of the plan
+        samples in its steps (``[]`` if none); only its last token may be a stop token,
+        which ends the request with the plan's last step. Finished requests free their
+        blocks step by step; their ids reach the executor with the next ``schedule``.
         """
         kv = self.kv_cache
-        bs = self.block_size
-        req_blocks = kv.req_blocks
-        caching = kv.cache is not None
-        events: list[tuple[int, int, str]] = []  # (step, running index, id): one new block
-        fills: list[tuple[int, int, Request]] = []  # (step, running index, request)
-        for order, req in enumerate(self.running):
-            rid = req.request_id
-            toks = tokens[rid]
-            if len(toks) != k:
-                raise ValueError(f"advance_decodes: {len(toks)} tokens for {rid!r}, expected {k}")
-            if req.stop_ids and not req.stop_ids.isdisjoint(toks[:-1]):
-                raise ValueError(f"advance_decodes: {rid!r} would stop before the last step")
-            computed = req.num_computed_tokens
-            step = req_blocks[rid].num_slots - computed + 1  # the first step past its slots
-            while step <= k:
-                events.append((step, order, rid))
-                step += bs
-            if caching:
-                step = bs - computed % bs  # the step that fills its current block
-                if step <= k:
-                    fills.append((step, order, req))
-        new_blocks = [0] * k
-        if events:
-            if len(events) > kv.num_free_blocks:
-                raise RuntimeError("advance_decodes: no room for the stretch (see its limit)")
-            events.sort()
-            kv.grow([rid for _, _, rid in events])
-            for step, _, _ in events:
-                new_blocks[step - 1] += 1
-        if fills:
-            fills.sort()  # running indices are unique: requests are never compared
+        requests = plan.requests
+        scheduled = plan.scheduled
+        for i, req in enumerate(requests):
+            req.num_computed_tokens += scheduled[i]
+            toks = tokens[i]
+            if toks:
+                req.output_token_ids.extend(toks)
+                req.all_token_ids.extend(toks)
+        if plan.fills:
+            plan.fills.sort()
             uncommitted = kv.uncommitted
-            for _, _, req in fills:
-                uncommitted[req.request_id] = req
-        done: list[tuple[Request, RequestStatus]] = []
-        for req in self.running:
-            toks = tokens[req.request_id]
-            req.num_computed_tokens += k
-            req.output_token_ids.extend(toks)
-            all_ids = req.all_token_ids
-            all_ids.extend(toks)
-            status = _finish_status(req, toks[-1], all_ids)
-            if status is not None:
-                done.append((req, status))
-        self.steps += k
-        if len(self.running) > self.max_step_tokens:
-            self.max_step_tokens = len(self.running)
-        finished: dict[str, str] = {}
-        if done:
-            for req, status in done:
-                finished[req.request_id] = status.value
+            for _, i in plan.fills:
+                uncommitted[requests[i].request_id] = requests[i]
+        pool = kv.pool
+        last = plan.num_steps - 1
+        finishes = plan.finishes
+        finishes[last] = [  # a stop token may end requests with the last step too
+            i
+            for i, r in enumerate(requests)
+            if plan.last_sample[i] == last and tokens[i] and (
+                tokens[i][-1] in r.stop_ids or len(r.all_token_ids) >= r.max_num_tokens
+            )
+        ]
+        used: list[int] = []
+        running: list[int] = []
+        reasons: dict[str, str] = {}
+        num_running = len(self.running)
+        for j, allocs in enumerate(plan.allocs):
+            if allocs:
+                kv.grow([(requests[i].request_id, n) for i, n in allocs])
+            used.append(pool.num_used_blocks)
+            for i in finishes[j]:
+                req = requests[i]
+                status = _finish_status(req, req.all_token_ids[-1], req.all_token_ids)
+                if status is None:
+                    raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
+                reasons[req.request_id] = status.value
                 self._finish(req, status)
+                num_running -= 1
+            running.append(num_running)
+        self.steps += plan.num_steps
+        self.max_step_tokens = max(self.max_step_tokens, *plan.num_tokens)
+        if reasons:
             self.running = [r for r in self.running if r.status is RUNNING]
-        return DecodeStretch(finished, new_blocks)
+        return StretchResult(reasons, used, running)
 
-    def _swap_in_blocks(self, req: Request, budget: int) -> int:
-        """The blocks swapping ``req`` in would take with ``budget`` tokens left in the
-        step; 0 if the policy would not try (its chunk doesn't fit the budget). Trying and
-        failing changes nothing, so a stretch can run while this exceeds the free blocks
-        (which only shrink while it runs)."""
+    def swap_in_blocks(self, req: Request, budget: int) -> int | None:
+        """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
+        None if the policy would not try (its chunk does not fit the budget). Trying and
+        failing changes nothing."""
         n = self._chunk(req, req.num_computed_tokens, budget)
-        if not n:
-            return 0
+        if n is None:
+            return None
         need = self.kv_cache.blocks_needed(req.num_computed_tokens + n)
         return max(need, len(self.kv_cache.swapped[req.request_id]))
 

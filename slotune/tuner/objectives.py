@@ -74,12 +74,17 @@ def weighted_score(
     targets_ms: dict[str, float],
     weights: dict[str, float],
     percentile: float,
+    own_percentiles: dict[str, float] | None = None,
 ) -> float:
-    """Σ weight · metric_p / SLO target: 1.0 means every weighted metric sits at its target."""
-    key = percentile_key(percentile)
+    """Σ weight · metric_p / SLO target: 1.0 means every weighted metric sits at its target.
+
+    p is ``percentile`` (``--percentile``), or the SLO's own for a metric written with one
+    (``ttft:p90=300ms`` scores TTFT p90).
+    """
     score = 0.0
     for metric, weight in weights.items():
-        value = summary.get(METRIC_KEYS[metric], {}).get(key)
+        p = (own_percentiles or {}).get(metric, percentile)
+        value = summary.get(METRIC_KEYS[metric], {}).get(percentile_key(p))
         if value is None or not math.isfinite(value):
             return PENALTY_SCORE
         score += weight * float(value) / targets_ms[metric]

@@ -111,7 +111,7 @@ def check_options(o: TuneOptions) -> None:
         (0 < o.attainment <= 1, f"--attainment must be a share in (0, 1] (got {o.attainment:g})"),
         (
             o.burstiness == 1.0 or o.rate is not None or o.concurrency is None,
-            "--burstiness needs --rate (the mean gap between requests is 1/rate)",
+            "--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none",
         ),
     ]
     for ok, message in checks:
@@ -229,10 +229,11 @@ def _default_objective(o: TuneOptions, trace: Any) -> str:
 def _load(o: TuneOptions, trace: Any) -> LoadSpec:
     if o.rate is not None:
         return LoadSpec(rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency)
-    if trace.has_timestamps:
+    if trace.has_timestamps and o.burstiness == 1.0:
         native = trace.stats().get("mean_rate")
         return LoadSpec(timestamps=True, native_rate=native, concurrency=o.concurrency)
-    return LoadSpec(concurrency=o.concurrency)
+    # no rate yet: the goodput search or the baseline's goodput sets it (burstiness applies)
+    return LoadSpec(burstiness=o.burstiness, concurrency=o.concurrency)
 
 
 def baseline_config(p: Prepared) -> Any:

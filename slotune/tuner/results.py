@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -219,9 +219,7 @@ def write_outputs(
         "goodput_rps": best.user_attrs.get("goodput_rps"),
         "load": {
             "rate": rate,
-            "description": setup.load.describe()
-            if rate == setup.load.rate
-            else f"Poisson at {rate:.3g} req/s",
+            "description": replace(setup.load, rate=rate).describe(),
         },
         "slo": setup.slo,
         "slo_targets": dict(evaluator.targets_ms),

@@ -149,7 +149,8 @@ def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:
     return study, TuneSetup.from_dict(attrs[SETUP_ATTR]), attrs.get(BASELINE_ATTR, {})
 
 
-def make_sampler(name: str, seed: int, *, n_trials: int, objective: str) -> Any:
+def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
+    """TPE is multivariate with grouped subspaces, because the space is conditional."""
     import optuna
 
     quiet_optuna()
@@ -211,8 +212,7 @@ def run_worker(url: str, name: str, n_trials: int, worker: int, *, timeout: floa
     if n_trials <= 0:
         return
     _, setup, baseline = load(url, name)
-    sampler = make_sampler(setup.sampler, setup.seed + worker, n_trials=n_trials,
-                           objective=setup.objective)
+    sampler = make_sampler(setup.sampler, setup.seed + worker, n_trials=n_trials)
     study = optuna.load_study(study_name=name, storage=open_storage(url), sampler=sampler)
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)

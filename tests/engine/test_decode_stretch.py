@@ -1,21 +1,30 @@
-"""The decode fast-forward primitives: a stretch of k decode steps applied at once leaves the
-engine exactly where k single steps would (same tokens, same step count, same decisions)."""
+"""Stretches: steps planned in advance and applied at once leave the engine exactly where
+single steps would (same tokens, finishes, counters, block ids and free-queue order)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine.stretch import StretchPlan, StretchPlanner
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import ALL_CONFIGS, MAX_MODEL_LEN, Workload, workloads
 
 
-def drive(w: Workload, cfg: tuple, fast: bool) -> tuple[dict, dict, tuple]:
+def _tokens(plan: StretchPlan) -> list[list[int]]:
+    return [
+        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(last - first + 1)]
+        if first >= 0
+        else []
+        for r, first, last in zip(plan.requests, plan.first_sample, plan.last_sample, strict=True)
+    ]
+
+
+def drive(w: Workload, cfg: tuple, fast: bool) -> tuple:
     policy, preemption, caching, block_size = cfg
     config = EngineConfig(
         max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN + w.budget,
@@ -35,26 +44,26 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple[dict, dict, tuple]:
     tokens: dict[tuple[str, int], list[int]] = {}
     reasons: dict[tuple[str, int], str] = {}
     arrivals = sorted({j.arrive for j in w.jobs})
-    step = stretches = 0
+    step = 0
     while step <= arrivals[-1] or engine.has_unfinished_requests():
         for j in w.jobs:
             if j.arrive == step:
                 params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
                 engine.add_request(j.rid, j.prompt, params)
         upcoming = [a for a in arrivals if a > step]
-        k = scheduler.decode_stretch_limit((upcoming[0] - step) if upcoming else 10**6)
-        if fast and k >= 2:
-            batch = {
-                r.request_id: [token_for(r.parent_id, r.index, r.num_tokens + i) for i in range(k)]
-                for r in scheduler.running
-            }
-            ids = {rid: (r.parent_id, r.index) for rid, r in scheduler.requests.items()}
-            for rid, reason in scheduler.advance_decodes(batch, k).finished.items():
-                reasons[ids[rid]] = reason
-            for rid, toks in batch.items():
-                tokens.setdefault(ids[rid], []).extend(toks)
-            step += k
-            stretches += 1
+        planner = StretchPlanner.start(scheduler, stop_at_finish=False) if fast else None
+        if planner is not None:
+            while planner.plan.num_steps < (upcoming[0] - step if upcoming else 10**6):
+                if not planner.plan_step():
+                    break
+            plan = planner.finish()
+            batch = _tokens(plan)
+            ids = [(r.parent_id, r.index) for r in plan.requests]
+            for rid, reason in scheduler.apply_stretch(plan, batch).finished.items():
+                reasons[ids[[r.request_id for r in plan.requests].index(rid)]] = reason
+            for key, toks in zip(ids, batch, strict=True):
+                tokens.setdefault(key, []).extend(toks)
+            step += plan.num_steps
         elif engine.has_unfinished_requests():
             for out in engine.step():
                 tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
@@ -66,46 +75,80 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple[dict, dict, tuple]:
         check_all(engine, None)
     check_drained(engine)
     stats = engine.stats()
-    return tokens, reasons, (stats["steps"], stats["num_preemptions"], stats["num_swap_outs"])
+    stats.pop("fast_forward_steps")
+    free_order = [b.block_id for b in engine.kv_cache.pool.free_queue.blocks()]
+    return tokens, reasons, stats, free_order
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(workloads(), st.sampled_from(ALL_CONFIGS))
 def test_stretches_equal_single_steps(w: Workload, cfg: tuple) -> None:
     w = replace(w, jobs=[replace(j, abort_at=None) for j in w.jobs])
     assert drive(w, cfg, fast=True) == drive(w, cfg, fast=False)
 
 
-def test_limit_stops_at_block_shortage_and_finishing_requests() -> None:
-    config = EngineConfig(block_size=4, max_num_seqs=4, prefix_caching="none")
-    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=6))
+def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:
+    planner = StretchPlanner.start(engine.scheduler, stop_at_finish)
+    if planner is None:
+        return None
+    while planner.plan_step():
+        pass
+    return planner.finish()
+
+
+def test_plan_stops_at_block_shortage_at_finishes_and_before_admissions() -> None:
+    config = EngineConfig(block_size=4, max_num_seqs=3, prefix_caching="none")
+    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8))
     engine.add_request("a", [2] * 4, SamplingParams(max_tokens=30, ignore_eos=True))
     engine.add_request("b", [3] * 6, SamplingParams(max_tokens=5, ignore_eos=True))
     engine.step()  # both prompts: a holds 1 block, b 2 blocks; each sampled one token
-    scheduler = engine.scheduler
-    assert scheduler.decode_stretch_limit(100) == 4  # b's 5th token finishes it
-    assert scheduler.decode_stretch_limit(3) == 3
-    engine.add_request("c", [4], SamplingParams(max_tokens=1))
-    assert scheduler.decode_stretch_limit(100) == 0  # c could be admitted
+    held = engine.kv_cache.pool.get_new_blocks(2)  # someone else holds 2: 3 are free
+    plan = _plan_all(engine)
+    assert plan is not None
+    # b finishes with its 5th token (step 4); a decodes on until it needs a 4th block of
+    # the 3 free at the start (b's freed blocks are not counted)
+    assert plan.last_sample == [7, 3] and plan.finishes[3] == [1]
+    assert plan.num_tokens == [2, 2, 2, 2, 1, 1, 1, 1]
+    assert plan.allocs == [[(0, 1)], [], [(1, 1)], [], [(0, 1)], [], [], []]
+    assert _plan_all(engine, stop_at_finish=True).num_steps == 4  # type: ignore[union-attr]
+    engine.kv_cache.pool.free_blocks(held)
+    engine.add_request("c", [4] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
+    assert _plan_all(engine) is None  # the next step would look c up
+    engine.step()  # c comes in: all 3 seats are taken
+    engine.add_request("d", [5] * 3, SamplingParams(max_tokens=1))
+    plan = _plan_all(engine)  # d waits for a seat: the first finish (b's) ends the stretch
+    assert plan is not None and plan.num_steps == 3 and plan.finishes[-1] == [1]
+
+
+def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
+    config = EngineConfig(block_size=4, max_num_batched_tokens=6, prefix_caching="hash")
+    engine = Engine(config, DeterministicExecutor(check_kv=False))
+    engine.add_request("a", [2] * 3, SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
-    engine.abort_request("b")
-    # a: 5 of its 8 slots computed, so 3 spare, plus 4 free blocks of 4 slots: 19 steps
-    assert scheduler.decode_stretch_limit(100) == 19
-    engine.kv_cache.pool.get_new_blocks(1)  # someone else takes a block
-    assert scheduler.decode_stretch_limit(100) == 15
+    engine.add_request("b", [3] * 12, SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.step()  # b takes its first chunk of 5 next to a's decode
+    plan = _plan_all(engine)
+    assert plan is not None
+    assert plan.num_prefill[:2] == [5, 2] and plan.first_sample == [0, 1]
+    assert plan.last_sample == [5, 2] and plan.chunks[:2] == [[(5, 5)], [(2, 10)]]
+    assert plan.fills[0] == (0, 1)  # b fills its third block in the first step
 
 
-def test_advance_finishes_on_a_final_stop_token_and_refuses_an_early_one() -> None:
+def test_apply_finishes_on_a_final_stop_token() -> None:
     engine = Engine(EngineConfig(block_size=4), DeterministicExecutor(check_kv=False))
     engine.add_request("a", [2, 3], SamplingParams(max_tokens=20, stop_token_ids=(7, 8)))
     engine.step()
-    scheduler = engine.scheduler
-    with pytest.raises(ValueError, match="would stop before the last step"):
-        scheduler.advance_decodes({"a": [5, 7, 6]}, 3)
-    assert scheduler.advance_decodes({"a": [5, 6, 8]}, 3).finished == {"a": "stop"}
+    planner = StretchPlanner.start(engine.scheduler, False)
+    assert planner is not None
+    planner.plan_step()
+    planner.plan_step()
+    plan = planner.finish()
+    assert plan.num_steps == 3
+    result = engine.scheduler.apply_stretch(plan, [[5, 6, 8]])
+    assert result.finished == {"a": "stop"} and result.num_running == [1, 1, 0]
     assert not engine.has_unfinished_requests()
     assert engine.stats()["steps"] == 4 and engine.kv_cache.num_free_blocks == 1024
-    assert scheduler.finished_request_ids == {"a"}
+    assert engine.scheduler.finished_request_ids == {"a"}
     assert engine.step() == []  # nothing to run: the executor is not called ...
     engine.add_request("b", [2], SamplingParams(max_tokens=1))
     engine.step()  # ... and hears of "a" with the next batch

@@ -33,6 +33,13 @@ def test_weighted_score_is_the_weighted_ratio_to_the_targets() -> None:
         0.5 * 10 / 300 + 0.5 * 5 / 50)
 
 
+def test_a_metric_with_its_own_slo_percentile_is_scored_at_it() -> None:
+    targets = {"ttft": 300.0, "tpot": 50.0}
+    weights = {"ttft": 0.5, "tpot": 0.5}
+    score = weighted_score(summary(150.0, 100.0), targets, weights, 99, {"ttft": 50})
+    assert score == pytest.approx(0.5 * 10 / 300 + 0.5 * 100 / 50)
+
+
 def test_an_undefined_percentile_scores_the_penalty() -> None:
     targets = {"ttft": 300.0, "tpot": 50.0}
     assert weighted_score(summary(None, 20.0), targets, {"ttft": 0.5, "tpot": 0.5}, 99) == (

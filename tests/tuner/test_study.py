@@ -45,7 +45,7 @@ def setup(objective: str = "weighted") -> TuneSetup:
 def run_study(sampler: str, n: int = 30) -> tuple[optuna.Study, FakeEvaluator]:
     evaluator = FakeEvaluator()
     study = optuna.create_study(
-        direction="minimize", sampler=make_sampler(sampler, 1, n_trials=n, objective="weighted"))
+        direction="minimize", sampler=make_sampler(sampler, 1, n_trials=n))
     study.optimize(TrialObjective(setup(), evaluator, SPACE), n_trials=n)  # type: ignore[arg-type]
     return study, evaluator
 

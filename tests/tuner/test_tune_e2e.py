@@ -156,3 +156,42 @@ def test_two_workers_on_sqlite_share_the_study(tmp_path: Path) -> None:
 @pytest.fixture(autouse=True)
 def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    args = [sys.executable, "-c", "from slotune.cli.app import main; main()", *SMALL,
+            "--objective", "weighted", "--rate", "4", "--study-name", "c", "--out", str(out)]
+    proc = subprocess.Popen([*args, "--trials", "500"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    storage = f"sqlite:///{out}/study.db"
+    deadline = time.monotonic() + 60
+    done = 0
+    while done < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        try:
+            study = optuna.load_study(study_name="c", storage=storage)
+            done = sum(t.state.name == "COMPLETE" for t in study.trials)
+        except Exception:  # the study (or its tables) may not exist yet
+            done = 0
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "run the same command with --resume" in output and "Traceback" not in output
+    kept = [t for t in optuna.load_study(study_name="c", storage=storage).trials
+            if t.state.name == "COMPLETE"]
+    assert len(kept) >= 3
+    before = {t.number: t.datetime_complete for t in kept}
+    total = len(kept) + 2
+    result = runner.invoke(app, [*args[3:], "--trials", str(total), "--resume"])
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name="c", storage=storage)
+    finished = {t.number: t.datetime_complete for t in study.trials if t.state.name == "COMPLETE"}
+    assert len(finished) == total
+    assert all(finished[n] == when for n, when in before.items())

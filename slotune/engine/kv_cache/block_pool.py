@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 class KVCacheBlock:
     """One page of ``block_size`` token slots."""
 
-    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "radix_node", "ref_cnt")
+    __slots__ = (
+        "block_hash", "block_id", "block_key", "next_free", "prev_free", "radix_node", "ref_cnt"
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: object | None = None  # hash-cache key while cached
+        self.block_hash: int | None = None  # hash-cache: the hash of its key while cached
+        self.block_key: object | None = None  # hash-cache: its key while cached
         self.radix_node: object | None = None  # radix-tree node while cached
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
@@ -102,6 +105,17 @@ class FreeKVCacheBlockQueue:
         self._tail.prev_free = block
         self.num_free_blocks += 1
 
+    def extend(self, blocks: list[KVCacheBlock]) -> None:
+        """Append the blocks in order, linked in one pass."""
+        last = self._tail.prev_free
+        for block in blocks:
+            last.next_free = block  # type: ignore[union-attr]
+            block.prev_free = last
+            last = block
+        last.next_free = self._tail  # type: ignore[union-attr]
+        self._tail.prev_free = last
+        self.num_free_blocks += len(blocks)
+
     def __contains__(self, block: KVCacheBlock) -> bool:
         return block.next_free is not None
 
@@ -170,13 +184,15 @@ class BlockPool:
 
     def free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """Drop one reference from each block, in the given order (the first is evicted first)."""
-        queue = self.free_queue
+        freed = []
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block.radix_node is not None:
                     self.cache.release(block)  # type: ignore[union-attr]
                 else:
-                    queue.append(block)
+                    freed.append(block)
             elif block.ref_cnt < 0:
                 raise RuntimeError(f"BlockPool.free_blocks: block {block.block_id} freed twice")
+        if freed:
+            self.free_queue.extend(freed)

@@ -5,6 +5,10 @@ per block finds the longest cached prefix and equal keys mean equal prefixes (th
 are compared exactly; only the parent link is a hash). Unreferenced cached blocks sit in
 the pool's free queue with their key: a hit takes them back out, and reuse for new content
 (least recently freed last) drops the key.
+
+The dict is keyed by the hash of the key (an int: cheap to hash again when a block is
+reused), and a hit also compares the block's stored key, so a hit is exact; two keys
+sharing a 64-bit hash would only mean the second is not cached.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 from slotune.engine.kv_cache.block_pool import KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
 
-BlockKey = tuple[object, tuple[int, ...]]
 
 
 class HashPrefixCache:
@@ -22,7 +25,7 @@ class HashPrefixCache:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._blocks: dict[BlockKey, KVCacheBlock] = {}
+        self._blocks: dict[int, KVCacheBlock] = {}  # hash of the key -> its block
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -41,12 +44,13 @@ class HashPrefixCache:
         parent: object = None
         for i in range(max_blocks):
             key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            block = lookup(key)
-            if block is None:
+            h = hash(key)
+            block = lookup(h)
+            if block is None or block.block_key != key:
                 break
             blocks.append(block)
-            parent = hash(key)
-            hashes.append(parent)  # type: ignore[arg-type]
+            parent = h
+            hashes.append(h)
         return blocks, hashes
 
     def commit(
@@ -58,19 +62,21 @@ class HashPrefixCache:
         parent: object = hashes[-1] if hashes else None
         for i in range(len(hashes), num_full_blocks):
             key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            parent = hash(key)
-            hashes.append(parent)  # type: ignore[arg-type]
+            h = hash(key)
+            hashes.append(h)
+            parent = h
             block = blocks[i]
-            if block.block_hash is None and key not in cached:
-                cached[key] = block
-                block.block_hash = key
+            if block.block_hash is None and h not in cached:
+                cached[h] = block
+                block.block_hash = h
+                block.block_key = key
         return hashes, []
 
     def forget(self, block: KVCacheBlock) -> None:
-        key = block.block_hash
-        if self._blocks.get(key) is block:  # type: ignore[arg-type]
-            del self._blocks[key]  # type: ignore[arg-type]
-        block.block_hash = None
+        h = block.block_hash
+        if self._blocks.get(h) is block:  # type: ignore[arg-type]
+            del self._blocks[h]  # type: ignore[arg-type]
+        block.block_hash = block.block_key = None
 
     def acquire(self, block: KVCacheBlock) -> None:
         raise AssertionError("hash-cached blocks live in the free queue")

@@ -148,22 +148,25 @@ class KVCacheManager:
             rb.num_slots = len(rb.blocks) * self.block_size
         return True
 
-    def grow(self, request_ids: list[str]) -> None:
-        """One new block for each listed request (an id may repeat), taken in list order
-        exactly as that many one-block ``allocate_slots`` calls would take them."""
+    def grow(self, allocations: list[tuple[str, int]]) -> None:
+        """New blocks for requests, ``(request id, blocks)`` in order, taken exactly as
+        that many ``allocate_slots`` calls would take them (the caller checked they fit)."""
         pool = self.pool
-        num = len(request_ids)
-        if num <= pool.free_queue.num_free_blocks:
-            new = pool.get_new_blocks(num)
-        else:  # a tree evicts: one block at a time, as single allocations do
-            new = [pool.get_new_blocks(1)[0] for _ in request_ids]
+        total = sum(n for _, n in allocations)
+        if total <= pool.free_queue.num_free_blocks:
+            new = pool.get_new_blocks(total)
+        else:  # a tree evicts, one allocation at a time as single steps do
+            new = [b for _, n in allocations for b in pool.get_new_blocks(n)]
         req_blocks = self.req_blocks
         bs = self.block_size
-        for rid, block in zip(request_ids, new, strict=True):
+        start = 0
+        for rid, n in allocations:
             rb = req_blocks[rid]
-            rb.blocks.append(block)
-            rb.block_ids.append(block.block_id)
-            rb.num_slots += bs
+            taken = new[start : start + n]
+            start += n
+            rb.blocks.extend(taken)
+            rb.block_ids.extend(b.block_id for b in taken)
+            rb.num_slots += n * bs
 
     def _new_cache_state(self) -> object:
         return self.cache.new_state() if self.cache is not None else None

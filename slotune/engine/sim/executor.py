@@ -17,6 +17,7 @@ from slotune.engine.sim.profile import GpuProfile, load_profile
 _MASK = 0xFFFFFFFF
 _TOKEN_LOW = 100  # below this lie the special tokens of every catalogue tokenizer
 _TOKEN_HIGH = 32000  # all catalogue vocabularies have regular tokens up to here
+_VECTOR_MIN = 256  # fewer tokens than this are hashed faster one by one
 
 
 class SimExecutor:
@@ -103,6 +104,23 @@ class SimExecutor:
         """See ``CostModel.decode_stretch_durations``: equal to ``execute`` step by step."""
         return self.cost_model.decode_stretch_durations(context_lens, k, context_sum)
 
+    def planned_step_seconds(
+        self,
+        num_tokens: int,
+        num_samples: int,
+        num_requests: int,
+        num_decodes: int,
+        context_sum: int,
+        chunks: Sequence[tuple[int, int]],
+    ) -> float:
+        """The duration ``execute`` finds for a step without block copies that schedules
+        ``num_tokens`` for ``num_requests`` requests (``num_decodes`` of one token reading
+        ``context_sum`` KV tokens together, ``chunks`` as ``(tokens, prior context)`` in
+        batch order) and samples ``num_samples``: the same arithmetic, to the bit."""
+        return self.cost_model.step_seconds(
+            num_tokens, num_samples, num_requests, num_decodes, context_sum, chunks, 0, 0
+        )
+
     def sampled_token(self, request: Request, position: int, index: int = 0) -> int:
         """The token ``execute`` samples for ``request`` at ``position`` (its index in the
         request's token list once appended); ``index`` tells samples of ``n > 1`` apart."""
@@ -126,6 +144,43 @@ class SimExecutor:
             if avoid is not None and token in avoid:
                 token = self._token(request, position, 0)
             out.append(token)
+        return out
+
+    def sampled_token_runs(
+        self, requests: Sequence[Request], first_positions: Sequence[int], counts: Sequence[int]
+    ) -> list[list[int]]:
+        """``sampled_tokens`` of many requests at once (vectorized when there are many):
+        what a fast-forwarded stretch appends."""
+        total = sum(counts)
+        if total < _VECTOR_MIN:
+            return [
+                self.sampled_tokens(r, p, k)
+                for r, p, k in zip(requests, first_positions, counts, strict=True)
+            ]
+        import numpy as np
+
+        seeds = self._seeds
+        entries = []
+        for r in requests:
+            entry = seeds.get(r.request_id)
+            if entry is None:
+                entry = seeds[r.request_id] = self._seed(r)
+            entries.append(entry)
+        reps = np.asarray(counts, dtype=np.int64)
+        ends = np.cumsum(reps)
+        starts = ends - reps
+        seed = np.repeat(np.array([e[0] for e in entries], dtype=np.uint64), reps)
+        offset = np.repeat(np.asarray(first_positions, dtype=np.int64) - starts, reps)
+        position = (offset + np.arange(total, dtype=np.int64)).astype(np.uint64)
+        x = (seed + position * np.uint64(0x85EBCA77)) & np.uint64(_MASK)
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x2C1B3C6D)) & np.uint64(_MASK)
+        x ^= x >> np.uint64(12)
+        flat = (x % np.uint64(self._token_span) + np.uint64(self._token_low)).tolist()
+        out = [flat[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        for r, (_, avoid), toks, first in zip(requests, entries, out, first_positions, strict=True):
+            if avoid is not None and not avoid.isdisjoint(toks):
+                toks[:] = self.sampled_tokens(r, first, len(toks))
         return out
 
     def _seed(self, req: Request) -> tuple[int, frozenset[int] | None]:

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 
 
+def _end_step(entry: tuple[int, int, Any]) -> int:
+    return entry[0]
+
+
 class VirtualClock:
     def __init__(self) -> None:
         self.t = 0.0
@@ -135,6 +139,8 @@ def drive_engine(
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
     rec = Recorder(trace)
     keep_output = disp.has_children
+    # a finish may release a turn or a capped flow: a stretch must not run past it
+    stop_at_finish = any(keep_output) or arrivals.concurrency is not None
     outputs: dict[int, list[int]] = {}
     index = rec.index
     token_times = rec.token_times
@@ -170,10 +176,13 @@ def drive_engine(
                 raise RuntimeError("runner: requests in flight but the engine has none unfinished")
             clock.wait_until(nxt)
             continue
-        if fast_forward and (step_outputs := engine.fast_forward(now, disp.next_time())):
+        if fast_forward and (
+            stretch := engine.fast_forward(now, disp.next_time(), stop_at_finish=stop_at_finish)
+        ):
+            pairs = stretch
             steps = engine.last_steps
         else:
-            step_outputs = engine.step()
+            pairs = [(out, 0) for out in engine.step()]
             steps = [engine.last_step] if engine.last_step is not None else []
         times = []
         for stats in steps:
@@ -181,21 +190,23 @@ def drive_engine(
             times.append(clock.now())
         rec.steps(times, steps)
         now = times[-1] if times else clock.now()
-        for out in step_outputs:
+        ended = []
+        for out, first in pairs:
             i = index[out.request_id]
             new = out.new_token_ids
-            if len(new) == len(times):  # one token per step: a plain step or a stretch
-                token_times[i].extend(times)
-            elif new:
-                token_times[i].extend([now] * len(new))
-            if keep_output[i]:
-                outputs[i].extend(new)
+            if new:
+                token_times[i].extend(times[first : first + len(new)])
+                if keep_output[i]:
+                    outputs[i].extend(new)
             if out.finished:
-                error = "aborted" if out.finish_reason == "abort" else None
+                ended.append((first + len(new), i, out))
+        if ended:
+            ended.sort(key=_end_step)  # in step order, as single steps would report them
+            for last, i, out in ended:
                 end(
                     i,
-                    now,
-                    error=error,
+                    times[last - 1] if last else now,
+                    error="aborted" if out.finish_reason == "abort" else None,
                     cached_tokens=out.num_cached_tokens,
                     preemptions=out.num_preemptions,
                     prompt_tokens=out.num_prompt_tokens or None,
