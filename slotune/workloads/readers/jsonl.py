@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from slotune.workloads.readers.errors import TraceFormatError
+from slotune.workloads.readers.errors import TraceFormatError, iter_json_lines
 from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace, TraceRequest, request_from_json
 
@@ -17,49 +16,38 @@ def read_slotune_jsonl(path: Path, tokenizer: Tokenizer, default_seed: int) -> T
     seen: set[str] = set()
     last_arrival = 0.0
     used_text = False
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
+    for lineno, obj in iter_json_lines(path):
+        if isinstance(obj, dict) and "slotune_trace" in obj:
+            name = str(obj.get("name", name))
+            trace_seed = int(obj.get("seed", default_seed))
+            dropped = dict(obj.get("dropped", {}))
+            source = str(obj.get("source", ""))
+            continue
+        try:
+            req = request_from_json(obj, tokenizer)
+        except (ValueError, TypeError) as exc:
+            raise TraceFormatError(path, f"line {lineno}", str(exc)) from None
+        if req.parent_id is not None and req.parent_id not in seen:
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                f"parent_id {req.parent_id!r} is not an earlier request; "
+                "a turn must come after the turn it continues",
+            )
+        if req.parent_id is None and req.arrival_time is not None:
+            if req.arrival_time < last_arrival:
                 raise TraceFormatError(
                     path,
                     f"line {lineno}",
-                    f"invalid JSON ({exc.msg}); expected one JSON object per line",
-                ) from None
-            if isinstance(obj, dict) and "slotune_trace" in obj:
-                name = str(obj.get("name", name))
-                trace_seed = int(obj.get("seed", default_seed))
-                dropped = dict(obj.get("dropped", {}))
-                source = str(obj.get("source", ""))
-                continue
-            try:
-                req = request_from_json(obj, tokenizer)
-            except (ValueError, TypeError) as exc:
-                raise TraceFormatError(path, f"line {lineno}", str(exc)) from None
-            if req.parent_id is not None and req.parent_id not in seen:
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    f"parent_id {req.parent_id!r} is not an earlier request; "
-                    "a turn must come after the turn it continues",
+                    f"arrival_time {req.arrival_time} is before the previous one "
+                    f"({last_arrival}); expected non-decreasing arrival times",
                 )
-            if req.parent_id is None and req.arrival_time is not None:
-                if req.arrival_time < last_arrival:
-                    raise TraceFormatError(
-                        path,
-                        f"line {lineno}",
-                        f"arrival_time {req.arrival_time} is before the previous one "
-                        f"({last_arrival}); expected non-decreasing arrival times",
-                    )
-                last_arrival = req.arrival_time
-            if req.request_id in seen:
-                raise TraceFormatError(path, f"line {lineno}", f"duplicate id {req.request_id!r}")
-            seen.add(req.request_id)
-            used_text = used_text or req.prompt_text is not None
-            requests.append(req)
+            last_arrival = req.arrival_time
+        if req.request_id in seen:
+            raise TraceFormatError(path, f"line {lineno}", f"duplicate id {req.request_id!r}")
+        seen.add(req.request_id)
+        used_text = used_text or req.prompt_text is not None
+        requests.append(req)
     return Trace(
         name=name,
         requests=tuple(requests),

@@ -7,10 +7,9 @@ prefix cache sees the hits the trace recorded. The last block may be partial.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from slotune.workloads.readers.errors import TraceFormatError
+from slotune.workloads.readers.errors import TraceFormatError, iter_json_lines
 from slotune.workloads.trace import Trace, TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -33,59 +32,48 @@ def read_mooncake(path: Path, *, seed: int, block_tokens: int = MOONCAKE_BLOCK_T
     requests: list[TraceRequest] = []
     first_ms: int | None = None
     last_ms = None
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    f"invalid JSON ({exc.msg}); expected one object per line",
-                ) from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(path, f"line {lineno}", "expected a JSON object")
-            ts = _int_field(path, lineno, obj, "timestamp", 0)
-            n_in = _int_field(path, lineno, obj, "input_length", 1)
-            n_out = _int_field(path, lineno, obj, "output_length", 1)
-            hash_ids = obj.get("hash_ids")
-            if not isinstance(hash_ids, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
-            ):
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    "field 'hash_ids': expected a list of non-negative integers",
-                )
-            need = -(-n_in // block_tokens)
-            if len(hash_ids) < need:
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    f"input_length {n_in} needs {need} hash ids of {block_tokens}-token "
-                    f"blocks, got {len(hash_ids)}",
-                )
-            if last_ms is not None and ts < last_ms:
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    f"timestamp {ts} is before the previous one ({last_ms}); "
-                    "expected non-decreasing timestamps",
-                )
-            last_ms = ts
-            if first_ms is None:
-                first_ms = ts
-            segments = [(h, block_tokens) for h in hash_ids[: need - 1]]
-            segments.append((hash_ids[need - 1], n_in - block_tokens * (need - 1)))
-            requests.append(
-                TraceRequest(
-                    request_id=f"mc{len(requests)}",
-                    prompt_len=n_in,
-                    output_len=n_out,
-                    arrival_time=(ts - first_ms) / 1000.0,
-                    prompt_segments=tuple(segments),
-                )
+    for lineno, obj in iter_json_lines(path):
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, f"line {lineno}", "expected a JSON object")
+        ts = _int_field(path, lineno, obj, "timestamp", 0)
+        n_in = _int_field(path, lineno, obj, "input_length", 1)
+        n_out = _int_field(path, lineno, obj, "output_length", 1)
+        hash_ids = obj.get("hash_ids")
+        if not isinstance(hash_ids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+        ):
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                "field 'hash_ids': expected a list of non-negative integers",
             )
+        need = -(-n_in // block_tokens)
+        if len(hash_ids) < need:
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                f"input_length {n_in} needs {need} hash ids of {block_tokens}-token "
+                f"blocks, got {len(hash_ids)}",
+            )
+        if last_ms is not None and ts < last_ms:
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                f"timestamp {ts} is before the previous one ({last_ms}); "
+                "expected non-decreasing timestamps",
+            )
+        last_ms = ts
+        if first_ms is None:
+            first_ms = ts
+        segments = [(h, block_tokens) for h in hash_ids[: need - 1]]
+        segments.append((hash_ids[need - 1], n_in - block_tokens * (need - 1)))
+        requests.append(
+            TraceRequest(
+                request_id=f"mc{len(requests)}",
+                prompt_len=n_in,
+                output_len=n_out,
+                arrival_time=(ts - first_ms) / 1000.0,
+                prompt_segments=tuple(segments),
+            )
+        )
     return Trace(name=path.stem, requests=tuple(requests), seed=seed, source=str(path))
