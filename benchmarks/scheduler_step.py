@@ -10,8 +10,8 @@ size 16, so each step schedules one token per request and crosses a block bounda
 manager and building the step's ``RequestOutput``s); ``engine.step`` adds the engine's
 own bookkeeping on top. ``outputs`` is the cost of building that many ``RequestOutput``s
 alone (a part of ``update``): what the API's per-token objects cost. ``stretch`` is the
-cost per step of 100 decode steps applied at once (``Scheduler.decode_stretch_limit`` +
-``advance_decodes``, the fast-forward's primitives; no ``RequestOutput``s). Times are this
+cost per step of 100 decode steps planned and applied at once (``StretchPlanner`` +
+``Scheduler.apply_stretch``, the fast-forward's primitives; no ``RequestOutput``s). Times are this
 thread's CPU time, best of ``--repeats`` blocks, so other processes on a shared machine
 do not inflate them.
 """
@@ -25,8 +25,9 @@ import time
 from slotune.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.stretch import StretchPlanner
 
-STRETCH = 100  # decode steps applied at once by ``Scheduler.advance_decodes``
+STRETCH = 100  # decode steps planned and applied at once (``slotune.engine.stretch``)
 clock = time.thread_time  # CPU time: time spent descheduled on a shared machine is not ours
 
 
@@ -97,10 +98,14 @@ def measure(
         stretch_s = float("inf")
         for _ in range(repeats):
             t0 = clock()
-            k = scheduler.decode_stretch_limit(STRETCH)
-            scheduler.advance_decodes({rid: [7] * k for rid in ids}, k)
-            if k != STRETCH:
-                raise RuntimeError(f"expected a stretch of {STRETCH}, got {k}")
+            planner = StretchPlanner.start(scheduler, stop_at_finish=False)
+            while planner is not None and planner.plan.num_steps < STRETCH:
+                if not planner.plan_step():
+                    break
+            if planner is None or planner.plan.num_steps != STRETCH:
+                raise RuntimeError(f"expected a stretch of {STRETCH} steps")
+            plan = planner.finish()
+            scheduler.apply_stretch(plan, [[7] * STRETCH for _ in plan.requests])
             stretch_s = min(stretch_s, clock() - t0)
         outputs_s = float("inf")
         for _ in range(repeats):

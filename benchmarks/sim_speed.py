@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sim_speed.py            # 1,000 and 10,000 requests
     .venv/bin/python benchmarks/sim_speed.py --requests 1000 --rate 4
+    .venv/bin/python benchmarks/sim_speed.py --fast-forward on off   # both, side by side
 
 The trace has log-normal lengths with means of about 1,150 prompt and 220 output tokens
 (conversation turns with their history), Poisson arrivals at 4 req/s; llama-2-7b on
@@ -39,7 +40,7 @@ def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-unt
     return Trace(name="conversation-like", requests=reqs, seed=seed)
 
 
-def run_one(num_requests: int, rate: float) -> dict[str, float]:
+def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[str, float]:
     t_import = time.perf_counter()
     from slotune.engine.config import EngineConfig
     from slotune.workloads import ArrivalSpec, run_simulated
@@ -48,11 +49,20 @@ def run_one(num_requests: int, rate: float) -> dict[str, float]:
     trace = conversation_trace(num_requests)
     config = EngineConfig(max_num_batched_tokens=BUDGET, max_model_len=4096)
     t0, c0 = time.perf_counter(), time.process_time()
-    result = run_simulated(config, trace, gpu=GPU, model=MODEL, arrivals=ArrivalSpec(rate=rate))
+    result = run_simulated(
+        config,
+        trace,
+        gpu=GPU,
+        model=MODEL,
+        arrivals=ArrivalSpec(rate=rate),
+        fast_forward=fast_forward,
+    )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = int(result.engine_stats.get("steps", len(result.steps)))
     done = int(result.requests["error"].isna().sum())
+    requests = result.requests
     return {
+        "fast_forward": fast_forward,
         "requests": num_requests,
         "completed": done,
         "mean_prompt": float(result.requests["prompt_tokens"].mean()),
@@ -65,6 +75,14 @@ def run_one(num_requests: int, rate: float) -> dict[str, float]:
         "steps": steps,
         "steps_per_s": round(steps / wall),
         "simulated_s": round(result.duration_s, 1),
+        "fast_forwarded_steps": round(
+            result.engine_stats.get("fast_forward_steps", 0) / max(steps, 1), 3
+        ),
+        "mean_running": round(float(result.steps["num_running"].mean()), 1),
+        "mean_waiting": round(float(result.steps["num_waiting"].mean()), 2),
+        "mean_ttft_s": round(
+            float((requests["first_token_time"] - requests["arrival_time"]).mean()), 3
+        ),
         "preemptions": int(result.engine_stats.get("num_preemptions", 0)),
     }
 
@@ -73,17 +91,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="*", default=[1000, 10000])
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals, req/s")
+    parser.add_argument(
+        "--fast-forward",
+        nargs="*",
+        default=["on"],
+        choices=["on", "off"],
+        help="run with the engine's fast-forward on, off, or both (results are identical)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.requests[0], args.rate)))
+        print(json.dumps(run_one(args.requests[0], args.rate, args.fast_forward == ["on"])))
         return
     print(f"{MODEL} on {GPU}, budget {BUDGET}, Poisson {args.rate:g} req/s")
     for n in args.requests:
-        cmd = [sys.executable, __file__, "--child", "--requests", str(n), "--rate", str(args.rate)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        row = json.loads(out.strip().splitlines()[-1])
-        print(json.dumps(row))
+        for mode in args.fast_forward:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--requests",
+                str(n),
+                "--rate",
+                str(args.rate),
+                "--fast-forward",
+                mode,
+            ]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            row = json.loads(out.strip().splitlines()[-1])
+            print(json.dumps(row))
 
 
 if __name__ == "__main__":

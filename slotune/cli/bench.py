@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from slotune.cli import engine_options as eo
 from slotune.cli.app import app
 
 BACKENDS = ("sim", "engine", "http")
@@ -58,30 +59,18 @@ def bench(
     timestamps: Annotated[bool, _opt("--timestamps", "Replay the trace's own timestamps.")] = False,
     time_scale: Annotated[float, _opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
     slo: Annotated[str | None, _opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
-    max_num_batched_tokens: Annotated[
-        int | None, _opt("--max-num-batched-tokens", "Token budget per step.")
-    ] = None,
-    long_prefill_token_threshold: Annotated[
-        int | None, _opt("--long-prefill-token-threshold", "Chunk cap (0 = off).")
-    ] = None,
-    block_size: Annotated[int | None, _opt("--block-size", "KV block size.")] = None,
-    max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "Max running requests.")] = None,
+    max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
+    long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
+    block_size: eo.BlockSize = None,
+    max_num_seqs: eo.MaxNumSeqs = None,
     max_model_len: Annotated[
         int | None, _opt("--max-model-len", "Default: the trace's longest request.")
     ] = None,
-    preemption_mode: Annotated[str | None, _opt("--preemption-mode", "recompute | swap.")] = None,
-    prefix_caching: Annotated[str | None, _opt("--prefix-caching", "none | hash | radix.")] = None,
-    policy: Annotated[str | None, _opt("--policy", "chunked | prefill_first.")] = None,
-    num_gpu_blocks: Annotated[
-        int | None, _opt("--num-gpu-blocks", "Override the KV pool size.")
-    ] = None,
-    config: Annotated[
-        str | None,
-        _opt(
-            "--config",
-            "EngineConfig as a JSON file (best.json works) or inline JSON; flags override it.",
-        ),
-    ] = None,
+    preemption_mode: eo.PreemptionMode = None,
+    prefix_caching: eo.PrefixCaching = None,
+    policy: eo.Policy = None,
+    num_gpu_blocks: eo.NumGpuBlocks = None,
+    config: eo.ConfigJson = None,
     seed: Annotated[int, _opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[
         Path | None, _opt("--out", "Write summary.json, requests.csv, steps.csv here.")
@@ -193,28 +182,15 @@ def bench(
 
 
 def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
-    from slotune.engine.config import EngineConfig
-
-    data: dict[str, Any] = {}
-    if config:
-        try:
-            text = config if config.lstrip().startswith("{") else Path(config).read_text()
-            data = json.loads(text)
-        except (OSError, json.JSONDecodeError) as exc:
-            _fail(f"--config: cannot read {config}: {exc}")
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):
-            data = data["config"]  # best.json or summary.json
-        if not isinstance(data, dict):
-            _fail("--config: expected a JSON object of EngineConfig fields")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    if "max_model_len" not in data:
+    def longest_request() -> int:
         full = trace.full_prompt_lengths()
         longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-        data["max_model_len"] = max(longest, 16)
+        return max(longest, 16)
+
     try:
-        return EngineConfig.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        _fail(f"engine config: {exc}")
+        return eo.build_engine_config(config, overrides, longest_request)
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _run(

@@ -134,9 +134,8 @@ class Engine:
         if not prompt:
             raise ValueError(f"{where}: empty prompt; a prompt needs at least one token")
         try:
-            if min(array("q", prompt)) < 0:  # C-speed type and range check of every token
-                raise ValueError
-        except (TypeError, ValueError, OverflowError):
+            array("Q", prompt)  # C-speed check: every token a non-negative (64-bit) int
+        except (TypeError, OverflowError):
             raise ValueError(f"{where}: prompt_token_ids must be non-negative integers") from None
         if len(prompt) > self.config.max_model_len:
             raise ValueError(
@@ -267,26 +266,8 @@ class Engine:
         self.last_steps = steps
         self.last_step = steps[-1]
         self.num_fast_forward_steps += len(steps)
-        finished = result.finished
-        first_sample = plan.first_sample
-        outputs = []
-        for i, req in enumerate(plan.requests):
-            toks = tokens[i]
-            if not toks:
-                continue
-            reason = finished.get(req.request_id) if finished else None
-            output = RequestOutput(
-                req.parent_id,
-                req.index,
-                toks,
-                reason is not None,
-                reason,
-                len(req.prompt_token_ids),
-                req.num_cached_tokens,
-                req.num_preemptions,
-            )
-            outputs.append((output, first_sample[i]))
-        return outputs
+        first = plan.first_sample
+        return list(zip(result.outputs, [f for f in first if f >= 0], strict=True))
 
     def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]] | None:
         """What each request of the plan samples; None if a stop token comes before the

@@ -39,19 +39,41 @@ def _needs_fork(request: Request) -> bool:
     return request.sampling_params.n > 1 and not request.output_token_ids
 
 
-def _finish_status(req: Request, token: int, all_ids: list[int]) -> RequestStatus | None:
-    """Why ``req`` ends after sampling ``token`` (``all_ids`` already holds it), if it does."""
+def request_output(req: Request, tokens: list[int], finish_reason: str | None) -> RequestOutput:
+    """What a step reports for ``req``: its new ``tokens``, and why it ended if it did."""
+    return RequestOutput(
+        req.parent_id,
+        req.index,
+        tokens,
+        finish_reason is not None,
+        finish_reason,
+        len(req.prompt_token_ids),
+        req.num_cached_tokens,
+        req.num_preemptions,
+    )
+
+
+def _take_token(
+    req: Request, token: int, finished: list[tuple[Request, RequestStatus]]
+) -> RequestOutput:
+    """Append a sampled token to ``req``, note in ``finished`` if it ends the request (a
+    stop token, or its length reached), and report it."""
+    req.output_token_ids.append(token)
+    all_ids = req.all_token_ids
+    all_ids.append(token)
     if token in req.stop_ids:
-        return FINISHED_STOPPED
+        finished.append((req, FINISHED_STOPPED))
+        return request_output(req, [token], "stop")
     if len(all_ids) >= req.max_num_tokens:
-        return FINISHED_LENGTH
-    return None
+        finished.append((req, FINISHED_LENGTH))
+        return request_output(req, [token], "length")
+    return request_output(req, [token], None)
 
 
 class StretchResult(NamedTuple):
-    """What ``Scheduler.apply_stretch`` did, per request id and per step."""
+    """What ``Scheduler.apply_stretch`` did, per request and per step."""
 
-    finished: dict[str, str]  # request id -> finish reason
+    outputs: list[RequestOutput]  # each sampling request's tokens, in running order
     used_blocks: list[int]  # GPU blocks in use after each step's allocations
     num_running: list[int]  # running requests after each step
 
@@ -300,7 +322,7 @@ class Scheduler:
         sampled = result.sampled_token_ids
         logprobs = result.logprobs
         finished: list[tuple[Request, RequestStatus]] = []
-        new_output = RequestOutput
+        take_token = _take_token
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             computed = req.num_computed_tokens + n
@@ -321,28 +343,7 @@ class Scheduler:
             except (KeyError, IndexError):
                 self._sample_slow(req, sampled.get(rid), 1, result, outputs, finished)
                 continue
-            out_ids.append(tok)
-            all_ids.append(tok)
-            if tok in req.stop_ids:
-                finished.append((req, RequestStatus.FINISHED_STOPPED))
-                reason: str | None = "stop"
-            elif len(all_ids) >= req.max_num_tokens:
-                finished.append((req, RequestStatus.FINISHED_LENGTH))
-                reason = "length"
-            else:
-                reason = None
-            outputs.append(
-                new_output(
-                    req.parent_id,
-                    req.index,
-                    [tok],
-                    reason is not None,
-                    reason,
-                    len(req.prompt_token_ids),
-                    req.num_cached_tokens,
-                    req.num_preemptions,
-                )
-            )
+            outputs.append(take_token(req, tok, finished))
         if finished:
             for req, status in finished:
                 self._finish(req, status)
@@ -367,30 +368,10 @@ class Scheduler:
         logprobs = result.logprobs.get(rid) or []
         family = self._fork(req, k) if k > 1 else [req]
         for index, member in enumerate(family):
-            tok = tokens[index]
-            member.output_token_ids.append(tok)
-            member.all_token_ids.append(tok)
-            if tok in member.stop_ids:
-                status: RequestStatus | None = RequestStatus.FINISHED_STOPPED
-            elif len(member.all_token_ids) >= member.max_num_tokens:
-                status = RequestStatus.FINISHED_LENGTH
-            else:
-                status = None
-            output = RequestOutput(
-                member.parent_id,
-                member.index,
-                [tok],
-                status is not None,
-                status.value if status is not None else None,
-                len(member.prompt_token_ids),
-                member.num_cached_tokens,
-                member.num_preemptions,
-            )
+            output = _take_token(member, tokens[index], finished)
             if index < len(logprobs):
                 output.logprobs = [logprobs[index]]
             outputs.append(output)
-            if status is not None:
-                finished.append((member, status))
 
     def _fork(self, parent: Request, k: int) -> list[Request]:
         """Children ``"{id}#{i}"`` that share the parent's blocks (its prompt)."""
@@ -429,30 +410,36 @@ class Scheduler:
         kv = self.kv_cache
         requests = plan.requests
         scheduled = plan.scheduled
+        last = plan.num_steps - 1
+        last_sample = plan.last_sample
+        outputs: list[RequestOutput] = []
+        output_of: list[RequestOutput | None] = [None] * len(requests)
+        ending: list[tuple[Request, RequestStatus]] = []
         for i, req in enumerate(requests):
             req.num_computed_tokens += scheduled[i]
             toks = tokens[i]
             if toks:
-                req.output_token_ids.extend(toks)
-                req.all_token_ids.extend(toks)
+                if len(toks) > 1:
+                    req.output_token_ids.extend(toks[:-1])
+                    req.all_token_ids.extend(toks[:-1])
+                output = _take_token(req, toks[-1], ending)
+                output.new_token_ids = toks
+                outputs.append(output)
+                output_of[i] = output
         if plan.fills:
             plan.fills.sort()
             uncommitted = kv.uncommitted
             for _, i in plan.fills:
                 uncommitted[requests[i].request_id] = requests[i]
-        pool = kv.pool
-        last = plan.num_steps - 1
+        status_of = {id(req): status for req, status in ending}
         finishes = plan.finishes
-        finishes[last] = [  # a stop token may end requests with the last step too
-            i
-            for i, r in enumerate(requests)
-            if plan.last_sample[i] == last and tokens[i] and (
-                tokens[i][-1] in r.stop_ids or len(r.all_token_ids) >= r.max_num_tokens
-            )
+        # a stop token may end requests with the last step too
+        finishes[last] = [
+            i for i, r in enumerate(requests) if last_sample[i] == last and id(r) in status_of
         ]
+        pool = kv.pool
         used: list[int] = []
         running: list[int] = []
-        reasons: dict[str, str] = {}
         num_running = len(self.running)
         for j, allocs in enumerate(plan.allocs):
             if allocs:
@@ -460,18 +447,17 @@ class Scheduler:
             used.append(pool.num_used_blocks)
             for i in finishes[j]:
                 req = requests[i]
-                status = _finish_status(req, req.all_token_ids[-1], req.all_token_ids)
-                if status is None:
+                status = status_of.get(id(req))
+                if status is None or last_sample[i] != j:
                     raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
-                reasons[req.request_id] = status.value
                 self._finish(req, status)
                 num_running -= 1
             running.append(num_running)
         self.steps += plan.num_steps
         self.max_step_tokens = max(self.max_step_tokens, *plan.num_tokens)
-        if reasons:
+        if ending:
             self.running = [r for r in self.running if r.status is RUNNING]
-        return StretchResult(reasons, used, running)
+        return StretchResult(outputs, used, running)
 
     def swap_in_blocks(self, req: Request, budget: int) -> int | None:
         """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
@@ -492,18 +478,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus, emit: bool = False) -> None:
         """Free everything the request holds; its id reaches executors with the next step."""
         if emit:
-            self.pending_outputs.append(
-                RequestOutput(
-                    request.parent_id,
-                    request.index,
-                    [],
-                    True,
-                    status.value,
-                    len(request.prompt_token_ids),
-                    request.num_cached_tokens,
-                    request.num_preemptions,
-                )
-            )
+            self.pending_outputs.append(request_output(request, [], status.value))
         request.status = status
         self.kv_cache.free(request)
         del self.requests[request.request_id]

@@ -58,11 +58,10 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple:
                     break
             plan = planner.finish()
             batch = _tokens(plan)
-            ids = [(r.parent_id, r.index) for r in plan.requests]
-            for rid, reason in scheduler.apply_stretch(plan, batch).finished.items():
-                reasons[ids[[r.request_id for r in plan.requests].index(rid)]] = reason
-            for key, toks in zip(ids, batch, strict=True):
-                tokens.setdefault(key, []).extend(toks)
+            for out in scheduler.apply_stretch(plan, batch).outputs:
+                tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+                if out.finished:
+                    reasons[(out.request_id, out.index)] = out.finish_reason  # type: ignore[assignment]
             step += plan.num_steps
         elif engine.has_unfinished_requests():
             for out in engine.step():
@@ -145,7 +144,9 @@ def test_apply_finishes_on_a_final_stop_token() -> None:
     plan = planner.finish()
     assert plan.num_steps == 3
     result = engine.scheduler.apply_stretch(plan, [[5, 6, 8]])
-    assert result.finished == {"a": "stop"} and result.num_running == [1, 1, 0]
+    (out,) = result.outputs
+    assert out.new_token_ids == [5, 6, 8] and out.finish_reason == "stop"
+    assert result.num_running == [1, 1, 0]
     assert not engine.has_unfinished_requests()
     assert engine.stats()["steps"] == 4 and engine.kv_cache.num_free_blocks == 1024
     assert engine.scheduler.finished_request_ids == {"a"}

@@ -166,9 +166,9 @@ class BlockPool:
                 )
         out = queue.popleft_n(n)
         for block in out:
-            if block.block_hash is not None:
-                cache.forget(block)  # type: ignore[union-attr]
             block.ref_cnt = 1
+        if cache is not None:
+            cache.forget_all(out)
         return out
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:

@@ -17,7 +17,6 @@ from slotune.engine.kv_cache.block_pool import KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
 
 
-
 class HashPrefixCache:
     """State per request: the chained hashes of its first full blocks."""
 
@@ -60,23 +59,24 @@ class HashPrefixCache:
         bs = self.block_size
         cached = self._blocks
         parent: object = hashes[-1] if hashes else None
-        for i in range(len(hashes), num_full_blocks):
-            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            h = hash(key)
+        first = len(hashes)
+        chunks = [tuple(token_ids[a : a + bs]) for a in range(first * bs, num_full_blocks * bs, bs)]
+        for block, chunk in zip(blocks[first:num_full_blocks], chunks, strict=True):
+            key = (parent, chunk)
+            parent = h = hash(key)
             hashes.append(h)
-            parent = h
-            block = blocks[i]
-            if block.block_hash is None and h not in cached:
-                cached[h] = block
+            if block.block_hash is None and cached.setdefault(h, block) is block:
                 block.block_hash = h
                 block.block_key = key
         return hashes, []
 
-    def forget(self, block: KVCacheBlock) -> None:
-        h = block.block_hash
-        if self._blocks.get(h) is block:  # type: ignore[arg-type]
-            del self._blocks[h]  # type: ignore[arg-type]
-        block.block_hash = block.block_key = None
+    def forget_all(self, blocks: list[KVCacheBlock]) -> None:
+        cached = self._blocks
+        for block in blocks:
+            h = block.block_hash
+            if h is not None:  # then the cache holds it under h (only commit sets h)
+                del cached[h]
+                block.block_hash = block.block_key = None
 
     def acquire(self, block: KVCacheBlock) -> None:
         raise AssertionError("hash-cached blocks live in the free queue")

@@ -125,7 +125,7 @@ class KVCacheManager:
         num_new = self.blocks_needed(needed) - held - len(hit)
         cow = check_cow and self._needs_cow(rb, request.num_computed_tokens)
         pool = self.pool
-        reusable = sum(1 for b in hit if b.ref_cnt == 0)
+        reusable = [b.ref_cnt for b in hit].count(0)
         if num_new + cow > pool.num_free_blocks - reusable:
             return False
         if rb is None:
@@ -144,7 +144,7 @@ class KVCacheManager:
         if num_new > 0:
             new = pool.get_new_blocks(num_new)
             rb.blocks.extend(new)
-            rb.block_ids.extend(b.block_id for b in new)
+            rb.block_ids.extend([b.block_id for b in new])
             rb.num_slots = len(rb.blocks) * self.block_size
         return True
 
@@ -152,7 +152,7 @@ class KVCacheManager:
         """New blocks for requests, ``(request id, blocks)`` in order, taken exactly as
         that many ``allocate_slots`` calls would take them (the caller checked they fit)."""
         pool = self.pool
-        total = sum(n for _, n in allocations)
+        total = sum([n for _, n in allocations])
         if total <= pool.free_queue.num_free_blocks:
             new = pool.get_new_blocks(total)
         else:  # a tree evicts, one allocation at a time as single steps do
@@ -165,7 +165,7 @@ class KVCacheManager:
             taken = new[start : start + n]
             start += n
             rb.blocks.extend(taken)
-            rb.block_ids.extend(b.block_id for b in taken)
+            rb.block_ids.extend([b.block_id for b in taken])
             rb.num_slots += n * bs
 
     def _new_cache_state(self) -> object:

@@ -37,8 +37,8 @@ class PrefixCache(Protocol):
         """
         ...
 
-    def forget(self, block: KVCacheBlock) -> None:
-        """The pool reuses a free cached block for new content."""
+    def forget_all(self, blocks: list[KVCacheBlock]) -> None:
+        """The pool reuses these free blocks (fresh from its queue) for new content."""
         ...
 
     def acquire(self, block: KVCacheBlock) -> None:

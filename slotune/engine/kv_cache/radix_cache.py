@@ -144,8 +144,8 @@ class RadixPrefixCache:
             block.radix_node = prefix
         return prefix
 
-    def forget(self, block: KVCacheBlock) -> None:
-        raise AssertionError("radix-cached blocks never enter the free queue")
+    def forget_all(self, blocks: list[KVCacheBlock]) -> None:
+        """Nothing to do: radix-cached blocks never enter the free queue."""
 
     def acquire(self, block: KVCacheBlock) -> None:
         self.num_evictable -= 1

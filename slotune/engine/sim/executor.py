@@ -17,15 +17,18 @@ from slotune.engine.sim.profile import GpuProfile, load_profile
 _MASK = 0xFFFFFFFF
 _TOKEN_LOW = 100  # below this lie the special tokens of every catalogue tokenizer
 _TOKEN_HIGH = 32000  # all catalogue vocabularies have regular tokens up to here
-_VECTOR_MIN = 256  # fewer tokens than this are hashed faster one by one
+_TABLE_MASK = (1 << 15) - 1  # the token table holds 32,768 tokens
+_INDEX_STRIDE = 4099  # how far apart in the table the samples of an n > 1 prompt lie
+_TABLES: dict[tuple[int, int], list[int]] = {}
 
 
 class SimExecutor:
     """Executes a ``SchedulerOutput`` on a named GPU and model, on a virtual clock.
 
-    Sampled tokens are a hash of (request id, position, sample index) into the regular
-    vocabulary, never an end-of-sequence or stop token, so simulated requests end by
-    ``max_tokens``. ``gpu`` is a catalogue name or the path of a profile JSON; ``model`` a
+    Sampled tokens are a function of (request id, position, sample index) into the regular
+    vocabulary (a table of pseudo-random tokens, read from an offset hashed from the id),
+    never an end-of-sequence or stop token, so simulated requests end by ``max_tokens``.
+    ``gpu`` is a catalogue name or the path of a profile JSON; ``model`` a
     catalogue name or the path of an HF ``config.json``.
     """
 
@@ -41,6 +44,7 @@ class SimExecutor:
         self._token_span = hi - self._token_low
         self._avoid = frozenset(self.model.eos_token_ids)
         self._seeds: dict[str, tuple[int, frozenset[int] | None]] = {}
+        self._table = _token_table(self._token_low, self._token_span)
 
     # -- Executor protocol -------------------------------------------------------------
     def determine_capacity(self, config: EngineConfig) -> KVCacheCapacity:
@@ -53,7 +57,7 @@ class SimExecutor:
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         so = scheduler_output
         requests, samples, seeds = so.requests, so.num_samples, self._seeds
-        low, span = self._token_low, self._token_span
+        table = self._table
         num_decodes = context_sum = 0
         chunks: list[tuple[int, int]] = []
         sampled: dict[str, list[int]] = {}
@@ -74,11 +78,7 @@ class SimExecutor:
             entry = seeds.get(rid)
             if entry is None:
                 entry = seeds[rid] = self._seed(req)
-            x = (entry[0] + (prior + n) * 0x85EBCA77) & _MASK  # _token, inlined for speed
-            x ^= x >> 15
-            x = (x * 0x2C1B3C6D) & _MASK
-            x ^= x >> 12
-            token = low + x % span
+            token = table[(entry[0] + prior + n) & _TABLE_MASK]  # _token, inlined for speed
             avoid = entry[1]
             if avoid is not None and token in avoid:
                 token = self._token(req, prior + n, 0)
@@ -128,82 +128,65 @@ class SimExecutor:
 
     def sampled_tokens(self, request: Request, first_position: int, k: int) -> list[int]:
         """The tokens ``execute`` samples for ``request`` at ``k`` consecutive positions
-        (one decode each), in one call: what a decode fast-forward appends."""
+        (one decode each), in one call: a slice of the token table."""
         entry = self._seeds.get(request.request_id)
         if entry is None:
             entry = self._seeds[request.request_id] = self._seed(request)
-        seed, avoid = entry
-        low, span = self._token_low, self._token_span
-        out = []
-        for position in range(first_position, first_position + k):
-            x = (seed + position * 0x85EBCA77) & _MASK
-            x ^= x >> 15
-            x = (x * 0x2C1B3C6D) & _MASK
-            x ^= x >> 12
-            token = low + x % span
-            if avoid is not None and token in avoid:
-                token = self._token(request, position, 0)
-            out.append(token)
+        offset, avoid = entry
+        table = self._table
+        start = (offset + first_position) & _TABLE_MASK
+        out = table[start : start + k]
+        while len(out) < k:  # wrapped around the table's end
+            out += table[: k - len(out)]
+        if avoid is not None and not avoid.isdisjoint(out):
+            out = [
+                self._token(request, p, 0) if t in avoid else t
+                for p, t in enumerate(out, first_position)
+            ]
         return out
 
     def sampled_token_runs(
         self, requests: Sequence[Request], first_positions: Sequence[int], counts: Sequence[int]
     ) -> list[list[int]]:
-        """``sampled_tokens`` of many requests at once (vectorized when there are many):
-        what a fast-forwarded stretch appends."""
-        total = sum(counts)
-        if total < _VECTOR_MIN:
-            return [
-                self.sampled_tokens(r, p, k)
-                for r, p, k in zip(requests, first_positions, counts, strict=True)
-            ]
-        import numpy as np
-
-        seeds = self._seeds
-        entries = []
-        for r in requests:
-            entry = seeds.get(r.request_id)
-            if entry is None:
-                entry = seeds[r.request_id] = self._seed(r)
-            entries.append(entry)
-        reps = np.asarray(counts, dtype=np.int64)
-        ends = np.cumsum(reps)
-        starts = ends - reps
-        seed = np.repeat(np.array([e[0] for e in entries], dtype=np.uint64), reps)
-        offset = np.repeat(np.asarray(first_positions, dtype=np.int64) - starts, reps)
-        position = (offset + np.arange(total, dtype=np.int64)).astype(np.uint64)
-        x = (seed + position * np.uint64(0x85EBCA77)) & np.uint64(_MASK)
-        x ^= x >> np.uint64(15)
-        x = (x * np.uint64(0x2C1B3C6D)) & np.uint64(_MASK)
-        x ^= x >> np.uint64(12)
-        flat = (x % np.uint64(self._token_span) + np.uint64(self._token_low)).tolist()
-        out = [flat[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-        for r, (_, avoid), toks, first in zip(requests, entries, out, first_positions, strict=True):
-            if avoid is not None and not avoid.isdisjoint(toks):
-                toks[:] = self.sampled_tokens(r, first, len(toks))
-        return out
+        """``sampled_tokens`` of many requests at once: what a fast-forwarded stretch
+        appends."""
+        sample = self.sampled_tokens
+        return [sample(r, p, k) for r, p, k in zip(requests, first_positions, counts, strict=True)]
 
     def _seed(self, req: Request) -> tuple[int, frozenset[int] | None]:
-        """The request's hash seed and the tokens it must never sample (None: none can be
-        drawn anyway)."""
-        seed = (zlib.crc32(req.request_id.encode()) * 0x9E3779B1) & _MASK
+        """The request's offset into the token table and the tokens it must never sample
+        (None: none can be drawn anyway)."""
+        offset = (zlib.crc32(req.request_id.encode()) * 0x9E3779B1) & _MASK
         avoid = set(self._avoid) | set(req.sampling_params.stop_token_ids)
         if req.eos_token_id is not None:
             avoid.add(req.eos_token_id)
         low, high = self._token_low, self._token_low + self._token_span
         drawable = frozenset(t for t in avoid if low <= t < high)
-        return seed, drawable or None
+        return offset, drawable or None
 
     def _token(self, req: Request, position: int, index: int) -> int:
         entry = self._seeds.get(req.request_id)
         if entry is None:
             entry = self._seeds[req.request_id] = self._seed(req)
-        seed, avoid = entry
-        x = (seed + position * 0x85EBCA77 + index * 0xC2B2AE3D) & _MASK
-        x ^= x >> 15
-        x = (x * 0x2C1B3C6D) & _MASK
-        x ^= x >> 12
-        token = self._token_low + x % self._token_span
+        offset, avoid = entry
+        token = self._table[(offset + position + index * _INDEX_STRIDE) & _TABLE_MASK]
         while avoid is not None and token in avoid:
             token = self._token_low + (token - self._token_low + 1) % self._token_span
         return token
+
+
+def _token_table(low: int, span: int) -> list[int]:
+    """Pseudo-random tokens in ``[low, low + span)``: a request's tokens are a window of
+    this table starting at an offset hashed from its id, so a run of them is one slice."""
+    key = (low, span)
+    table = _TABLES.get(key)
+    if table is None:
+        table = []
+        for i in range(_TABLE_MASK + 1):
+            x = (i * 0x85EBCA77 + 0x165667B1) & _MASK
+            x ^= x >> 15
+            x = (x * 0x2C1B3C6D) & _MASK
+            x ^= x >> 12
+            table.append(low + x % span)
+        _TABLES[key] = table
+    return table

@@ -75,9 +75,9 @@ class Recorder:
     def _steps_frame(self) -> pd.DataFrame:
         if not self._steps:
             return empty_steps()
-        columns: dict[str, list[Any]] = {"time": self._step_times}
-        for name in STEP_COLUMNS[1:]:
-            columns[name] = [getattr(s, name) for s in self._steps]
+        columns: dict[str, Any] = {"time": self._step_times}
+        for name, values in zip(StepStats._fields, zip(*self._steps, strict=True), strict=True):
+            columns[name] = values
         return pd.DataFrame(columns, columns=list(STEP_COLUMNS))
 
     def result(self, duration_s: float, engine_stats: dict[str, Any] | None = None) -> RunResult:

@@ -1,0 +1,64 @@
+"""The engine flags that several commands share (``bench``, ``serve``), and the one place
+that turns them, with an optional ``--config`` JSON, into an ``EngineConfig``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def _opt(flag: str, help_text: str) -> Any:
+    return typer.Option(flag, help=help_text, show_default=True)
+
+
+MaxNumBatchedTokens = Annotated[
+    int | None, _opt("--max-num-batched-tokens", "Token budget per step.")
+]
+LongPrefillTokenThreshold = Annotated[
+    int | None, _opt("--long-prefill-token-threshold", "Chunk cap (0 = off).")
+]
+BlockSize = Annotated[int | None, _opt("--block-size", "KV block size.")]
+MaxNumSeqs = Annotated[int | None, _opt("--max-num-seqs", "Max running requests.")]
+PreemptionMode = Annotated[str | None, _opt("--preemption-mode", "recompute | swap.")]
+PrefixCaching = Annotated[str | None, _opt("--prefix-caching", "none | hash | radix.")]
+Policy = Annotated[str | None, _opt("--policy", "chunked | prefill_first.")]
+NumGpuBlocks = Annotated[int | None, _opt("--num-gpu-blocks", "Override the KV pool size.")]
+ConfigJson = Annotated[
+    str | None,
+    _opt(
+        "--config",
+        "EngineConfig as a JSON file (best.json works) or inline JSON; flags override it.",
+    ),
+]
+
+
+def build_engine_config(
+    config: str | None, overrides: dict[str, Any], default_max_model_len: Callable[[], int]
+) -> Any:
+    """``EngineConfig`` from ``--config`` (a file or inline JSON; best.json and summary.json
+    work), then the flags that were given; ``max_model_len`` from the default when neither
+    sets it. Raises ``ValueError`` with a message for the user."""
+    from slotune.engine.config import EngineConfig
+
+    data: Any = {}
+    if config:
+        try:
+            text = config if config.lstrip().startswith("{") else Path(config).read_text()
+            data = json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--config: cannot read {config}: {exc}") from None
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            data = data["config"]  # best.json or summary.json
+        if not isinstance(data, dict):
+            raise ValueError("--config: expected a JSON object of EngineConfig fields")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if "max_model_len" not in data:
+        data["max_model_len"] = default_max_model_len()
+    try:
+        return EngineConfig.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"engine config: {exc}") from None

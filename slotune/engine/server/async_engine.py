@@ -1,0 +1,187 @@
+"""The engine behind an event loop: one task steps it, requests talk to it through queues.
+
+Only the loop task touches the engine. Handlers hand it requests and aborts through an
+inbox; it adds them between steps, runs each ``step()`` in a worker thread (the event loop
+keeps serving meanwhile) and puts every ``RequestOutput`` on its request's queue. With
+``pace`` (a simulated engine) it releases a step's tokens only once the step's virtual
+duration has passed since the previous step ended (see ``_paced_release``), so that
+clients observe the simulated latencies. A failing step fails the requests it held, not the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from slotune.engine.engine import Engine
+from slotune.engine.outputs import RequestOutput
+from slotune.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (a server error, not the client's)."""
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    admitted: asyncio.Future[None]
+    outputs: asyncio.Queue[RequestOutput | EngineError] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Stream:
+    outputs: asyncio.Queue[RequestOutput | EngineError]
+    open_completions: int
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, *, pace: bool = False) -> None:
+        self.engine = engine
+        self.pace = pace
+        self.num_aborted = 0
+        self.num_step_errors = 0
+        self.virtual_time_s = 0.0  # sum of the step durations the engine reported
+        self._inbox: deque[_Pending | str] = deque()
+        self._streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="slotune-engine-loop")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- what handlers call --------------------------------------------------------------------
+
+    async def add(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> asyncio.Queue[RequestOutput | EngineError]:
+        """Queue a request; returns its output queue once the engine accepted it. Raises the
+        engine's ``ValueError`` when it refuses the request."""
+        if not self.running:
+            raise EngineError("the engine loop is not running")
+        pending = _Pending(
+            request_id, prompt_token_ids, params, asyncio.get_running_loop().create_future()
+        )
+        self._inbox.append(pending)
+        self._wake.set()
+        await pending.admitted
+        return pending.outputs
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (all its completions); its queue gets nothing more."""
+        self._inbox.append(request_id)
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        release = 0.0
+        while True:
+            admitted = self._drain()
+            if not self.engine.has_unfinished_requests():
+                self._wake.clear()
+                if not self._inbox:
+                    await self._wake.wait()
+                continue
+            start = loop.time()
+            try:
+                outputs = await asyncio.to_thread(self.engine.step)
+            except Exception as exc:
+                logger.exception("engine step failed; failing the requests it held")
+                self.num_step_errors += 1
+                self._fail_all(exc)
+                continue
+            step = self.engine.last_step
+            if step is not None:
+                self.virtual_time_s += step.duration_s
+                if self.pace:
+                    release = self._paced_release(release, start, admitted, step.duration_s)
+                    delay = release - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+            self._dispatch(outputs)
+
+    @staticmethod
+    def _paced_release(previous: float, start: float, admitted: bool, duration_s: float) -> float:
+        """When a step's tokens are due. A step begins where the previous one ended, or when
+        it begins for real if it takes in new requests (they cannot be served before they
+        came); so the server's own overhead between busy steps does not add up as latency."""
+        return (max(previous, start) if admitted else previous) + duration_s
+
+    def _drain(self) -> bool:
+        """Add and abort what handlers sent; whether a request was added."""
+        admitted = False
+        while self._inbox:
+            item = self._inbox.popleft()
+            if isinstance(item, str):
+                self._abort(item)
+            else:
+                admitted = self._admit(item) or admitted
+        return admitted
+
+    def _admit(self, p: _Pending) -> bool:
+        if p.admitted.done():  # its handler is gone (the client left before admission)
+            return False
+        try:
+            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params)
+        except ValueError as exc:
+            p.admitted.set_exception(exc)
+            return False
+        self._streams[p.request_id] = _Stream(p.outputs, p.params.n)
+        p.admitted.set_result(None)
+        return True
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is None:
+            return
+        self.engine.abort_request(request_id)
+        self.num_aborted += 1
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        streams = self._streams
+        for out in outputs:
+            stream = streams.get(out.request_id)
+            if stream is None:
+                continue
+            stream.outputs.put_nowait(out)
+            if out.finished:
+                stream.open_completions -= 1
+                if stream.open_completions <= 0:
+                    del streams[out.request_id]
+
+    def _fail_all(self, exc: Exception) -> None:
+        error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}")
+        streams, self._streams = self._streams, {}
+        for request_id, stream in streams.items():
+            stream.outputs.put_nowait(error)
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # the engine's state is suspect after a failed step
+                logger.exception("abort of %s after a failed step", request_id)
+
+    def __repr__(self) -> str:
+        state: Any = "running" if self.running else "stopped"
+        return f"AsyncEngine({state}, {len(self._streams)} requests, pace={self.pace})"

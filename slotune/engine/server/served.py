@@ -1,0 +1,92 @@
+"""What the server serves: an engine and the model facts its requests are checked against."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.engine import Engine
+from slotune.engine.server.text import (
+    CheckpointTokenizer,
+    SimTextTokenizer,
+    TextTokenizer,
+    read_chat_template,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """``pace``: hold each step's tokens for its (virtual) duration, for simulated engines."""
+
+    name: str
+    tokenizer: TextTokenizer
+    vocab_size: int
+    max_model_len: int
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    pace: bool = False
+
+
+def local_model(
+    config: EngineConfig,
+    model: str | Path,
+    *,
+    served_model_name: str | None = None,
+    device: str = "auto",
+    attention: str = "auto",
+) -> tuple[Engine, ServedModel]:
+    """A real checkpoint (e.g. one made by ``slotune init-model``) on this machine."""
+    engine = Engine.local(config, model=str(model), device=device, attention=attention)
+    executor: Any = engine.executor
+    template, specials = read_chat_template(model)
+    if executor.tokenizer is None:
+        logger.warning("%s has no tokenizer.json: serving byte-level text", model)
+        tokenizer: TextTokenizer = SimTextTokenizer()
+    else:
+        tokenizer = CheckpointTokenizer(executor.tokenizer)
+    served = ServedModel(
+        name=served_model_name or str(model),
+        tokenizer=tokenizer,
+        vocab_size=executor.model_config.vocab_size,
+        max_model_len=config.max_model_len,
+        chat_template=template,
+        special_tokens=specials,
+    )
+    return engine, served
+
+
+def simulated_model(
+    config: EngineConfig,
+    *,
+    gpu: str = "h100",
+    model: str = "llama-3-8b",
+    tp: int = 1,
+    served_model_name: str | None = None,
+) -> tuple[Engine, ServedModel]:
+    """A simulated GPU: responses are paced by the cost model's step durations."""
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    executor: Any = engine.executor
+    served = ServedModel(
+        name=served_model_name or model,
+        tokenizer=SimTextTokenizer(),
+        vocab_size=executor.model.vocab_size,
+        max_model_len=config.max_model_len,
+        pace=True,
+    )
+    return engine, served
+
+
+def checkpoint_max_len(model: str | Path) -> int | None:
+    """``max_position_embeddings`` of a checkpoint's config.json, without loading it."""
+    try:
+        data = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    value = data.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None

@@ -1,0 +1,90 @@
+"""A slotune server on 127.0.0.1 (an ephemeral port) in a background thread, per test module."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+
+from slotune.engine import EngineConfig
+from slotune.engine.server import ServedModel, create_app, local_model
+from slotune.engine.server.app import ASYNC_ENGINE
+from slotune.engine.server.async_engine import AsyncEngine
+
+T = TypeVar("T")
+
+CONFIG = EngineConfig(
+    max_num_batched_tokens=64,
+    block_size=16,
+    max_num_seqs=8,
+    max_model_len=1024,
+    num_gpu_blocks=256,
+)
+
+
+class ServerThread:
+    """Runs ``create_app(engine, served)`` with its own event loop in a daemon thread."""
+
+    def __init__(self, engine: Any, served: ServedModel) -> None:
+        self.served = served
+        self.app = create_app(engine, served)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def async_engine(self) -> AsyncEngine:
+        return self.app[ASYNC_ENGINE]
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the server's loop (between its awaits) and return its result."""
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=1)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = self._runner.addresses[0][1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the test server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from slotune.engine.model.init_model import init_model
+
+    return init_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path) -> Iterator[ServerThread]:
+    engine, served = local_model(CONFIG, tiny_dir, served_model_name="tiny")
+    with ServerThread(engine, served) as s:
+        yield s

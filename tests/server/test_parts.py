@@ -1,0 +1,109 @@
+"""The server's parts on their own: the engine loop, detokenization, chat prompts, the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from slotune.cli.app import app
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine.server.async_engine import AsyncEngine, EngineError
+from slotune.engine.server.text import (
+    CheckpointTokenizer,
+    IncrementalDetokenizer,
+    SimTextTokenizer,
+    read_chat_template,
+    render_chat,
+)
+
+
+def test_detokenizer_streams_exactly_the_full_decode(tiny_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tok = CheckpointTokenizer(Tokenizer.from_file(str(tiny_dir / "tokenizer.json")))
+    text = "naïve café — 日本語 🎉 done"
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.add([t], final=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)  # incomplete characters are held back
+
+
+def test_sim_tokenizer_shows_one_printable_character_per_token() -> None:
+    tok = SimTextTokenizer()
+    assert tok.encode("héllo") == list("héllo".encode())
+    text = tok.decode([100, 255, 31999, 65])
+    assert len(text) == 4 and text.isprintable() and text[-1] == "A"
+
+
+def test_chat_prompt_without_and_with_a_template(tmp_path: Path) -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert render_chat(messages, None, {}) == "system: S\nuser: U\nassistant:"
+    template = (
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    config = {"chat_template": template, "bos_token": {"content": "<s>"}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    found, specials = read_chat_template(tmp_path)
+    assert render_chat(messages, found, specials) == "<s><system>S<user>U<assistant>"
+    with pytest.raises(ValueError, match="chat template"):
+        render_chat(messages, "{{ raise_exception('no system role') }}", {})
+
+
+class _FlakyEngine:
+    """An engine whose step fails once: the loop must fail its requests and carry on."""
+
+    def __init__(self) -> None:
+        self.inner = Engine.simulated(EngineConfig(max_model_len=256), gpu="h100")
+        self.fail_next = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def step(self) -> Any:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("boom")
+        return self.inner.step()
+
+
+def test_engine_loop_survives_a_failing_step() -> None:
+    async def main() -> None:
+        engine = AsyncEngine(_FlakyEngine())  # type: ignore[arg-type]
+        engine.start()
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        first = await engine.add("a", [1, 2, 3], params)
+        assert isinstance(await first.get(), EngineError)
+        second = await engine.add("b", [1, 2, 3], params)
+        outs = [await second.get() for _ in range(3)]
+        assert [o.finished for o in outs] == [False, False, True]
+        with pytest.raises(ValueError, match="max_model_len"):
+            await engine.add("c", [1] * 300, params)
+        assert engine.running and engine.num_step_errors == 1
+        await engine.stop()
+        assert not engine.running
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "either --model"),
+        (["--model", "m", "--gpu", "h100"], "either --model"),
+        (["--gpu", "h100", "--block-size", "3"], "block_size"),
+        (["--gpu", "h100", "--config", "/nonexistent.json"], "--config"),
+        (["--gpu", "nonesuch"], "nonesuch"),
+        (["--model", "/nonexistent-checkpoint"], "config.json"),
+    ],
+)
+def test_serve_command_rejects_bad_flags(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

@@ -1,0 +1,76 @@
+"""The server over a simulated GPU: clients see the simulated step durations."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine.server import simulated_model
+from slotune.engine.server.text import SimTextTokenizer
+from tests.server.conftest import ServerThread
+
+SIM_CONFIG = EngineConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=2048)
+
+
+@pytest.fixture(scope="module")
+def sim_server() -> Iterator[ServerThread]:
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100", model="llama-3-8b")
+    with ServerThread(engine, served) as s:
+        yield s
+
+
+def _simulated_seconds(prompt_ids: list[int], max_tokens: int) -> float:
+    """The sum of step durations of the same request on an in-process simulated engine."""
+    engine = Engine.simulated(SIM_CONFIG, gpu="h100", model="llama-3-8b")
+    engine.add_request("ref", prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    total = 0.0
+    while engine.has_unfinished_requests():
+        engine.step()
+        assert engine.last_step is not None
+        total += engine.last_step.duration_s
+    return total
+
+
+def test_responses_are_paced_by_the_simulated_step_durations(sim_server: ServerThread) -> None:
+    prompt = "x" * 600  # 600 byte-level tokens: three prefill chunks of 256, 256 and 88
+    client = openai.OpenAI(base_url=sim_server.url + "/v1", api_key="none", max_retries=0)
+    expected = _simulated_seconds(SimTextTokenizer().encode(prompt), 40)
+    assert expected > 0.2  # long enough that pacing, not overhead, dominates
+    start = time.perf_counter()
+    stream = client.completions.create(
+        model="llama-3-8b",
+        prompt=prompt,
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    arrivals, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter() - start)
+        usage = chunk.usage or usage
+    elapsed = time.perf_counter() - start
+    assert usage is not None and usage.completion_tokens == 40 and usage.prompt_tokens == 600
+    assert len(arrivals) == 40  # one visible character per simulated token
+    assert arrivals[0] >= _simulated_seconds(SimTextTokenizer().encode(prompt), 1)  # prefill
+    assert arrivals[-1] >= expected
+    assert elapsed >= expected
+
+
+def test_simulated_server_counts_virtual_time(sim_server: ServerThread) -> None:
+    engine = sim_server.async_engine
+    before = engine.virtual_time_s
+    client = openai.OpenAI(base_url=sim_server.url + "/v1", api_key="none", max_retries=0)
+    start = time.perf_counter()
+    r = client.chat.completions.create(
+        model="llama-3-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    elapsed = time.perf_counter() - start
+    assert r.usage is not None and r.usage.completion_tokens == 5
+    assert len(r.choices[0].message.content or "") == 5
+    assert elapsed >= engine.virtual_time_s - before > 0
