@@ -273,33 +273,28 @@ class Engine:
         """What each request of the plan samples; None if a stop token comes before the
         plan's end for its request."""
         first, last = plan.first_sample, plan.last_sample
-        sampling = [i for i, f in enumerate(first) if f >= 0]
-        requests = plan.requests
         runs = self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            [requests[i] for i in sampling],
-            [len(requests[i].all_token_ids) for i in sampling],
-            [last[i] - first[i] + 1 for i in sampling],
+            plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
         )
-        tokens: list[list[int]] = [[] for _ in requests] if len(sampling) < len(requests) else runs
-        for i, toks in zip(sampling, runs, strict=True):
-            stop = requests[i].stop_ids
+        for req, toks in zip(plan.requests, runs, strict=True):
+            stop = req.stop_ids
             if stop and not stop.isdisjoint(toks[:-1]):
                 return None
-            tokens[i] = toks
-        return tokens
+        return runs
 
     def _stop_step(self, plan: StretchPlan) -> int:
         """The number of steps up to the first one that samples a stop token."""
-        sample = self.executor.sampled_tokens  # type: ignore[attr-defined]
         first, last = plan.first_sample, plan.last_sample
+        runs = self.executor.sampled_token_runs(  # type: ignore[attr-defined]
+            plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
+        )
         steps = plan.num_steps
-        for i, req in enumerate(plan.requests):
-            if first[i] >= 0 and req.stop_ids:
-                toks = sample(req, len(req.all_token_ids), last[i] - first[i] + 1)
-                for j, tok in enumerate(toks):
-                    if tok in req.stop_ids:
-                        steps = min(steps, first[i] + j + 1)
-                        break
+        for req, start, toks in zip(plan.requests, first, runs, strict=True):
+            stop = req.stop_ids
+            for j, tok in enumerate(toks if stop else ()):
+                if tok in stop:
+                    steps = min(steps, start + j + 1)
+                    break
         return steps
 
     def stats(self) -> dict[str, Any]:

@@ -409,34 +409,32 @@ class Scheduler:
         """
         kv = self.kv_cache
         requests = plan.requests
-        scheduled = plan.scheduled
         last = plan.num_steps - 1
         last_sample = plan.last_sample
         outputs: list[RequestOutput] = []
-        output_of: list[RequestOutput | None] = [None] * len(requests)
         ending: list[tuple[Request, RequestStatus]] = []
-        for i, req in enumerate(requests):
-            req.num_computed_tokens += scheduled[i]
-            toks = tokens[i]
+        ending_at: list[int] = []  # the plan indices of ``ending``
+        for i, (req, num, toks) in enumerate(zip(requests, plan.scheduled, tokens, strict=True)):
+            req.num_computed_tokens += num
             if toks:
                 if len(toks) > 1:
-                    req.output_token_ids.extend(toks[:-1])
-                    req.all_token_ids.extend(toks[:-1])
+                    head = toks[:-1]
+                    req.output_token_ids.extend(head)
+                    req.all_token_ids.extend(head)
                 output = _take_token(req, toks[-1], ending)
                 output.new_token_ids = toks
                 outputs.append(output)
-                output_of[i] = output
+                if len(ending) > len(ending_at):
+                    ending_at.append(i)
         if plan.fills:
             plan.fills.sort()
             uncommitted = kv.uncommitted
             for _, i in plan.fills:
                 uncommitted[requests[i].request_id] = requests[i]
-        status_of = {id(req): status for req, status in ending}
+        status_of = {i: status for i, (_, status) in zip(ending_at, ending, strict=True)}
         finishes = plan.finishes
         # a stop token may end requests with the last step too
-        finishes[last] = [
-            i for i, r in enumerate(requests) if last_sample[i] == last and id(r) in status_of
-        ]
+        finishes[last] = [i for i in ending_at if last_sample[i] == last]
         pool = kv.pool
         used: list[int] = []
         running: list[int] = []
@@ -447,7 +445,7 @@ class Scheduler:
             used.append(pool.num_used_blocks)
             for i in finishes[j]:
                 req = requests[i]
-                status = status_of.get(id(req))
+                status = status_of.get(i)
                 if status is None or last_sample[i] != j:
                     raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
                 self._finish(req, status)

@@ -17,10 +17,9 @@ queue could be admitted or even looked up (a lookup commits blocks and touches t
 tree) because the running requests take the whole budget, all seats are taken, or a
 swapped head's blocks are not free; every allocation fits in the blocks free before the
 stretch (frees during it are ignored, so the plan never over-commits); no prompt needs a
-fork (``n > 1``). When a
-request finishes while others wait, or when the caller asks (it may send new requests
-when one finishes), that step is the last. Stop tokens are the caller's to check: it
-knows the tokens and may plan a shorter stretch again.
+fork (``n > 1``). When a request finishes while others wait, or when the caller asks (it
+may send new requests when one finishes), that step is the last. Stop tokens are the
+caller's to check: it knows the tokens and may plan a shorter stretch again.
 """
 
 from __future__ import annotations
@@ -97,7 +96,14 @@ class _Other:
     """A running request outside the decoding prefix, stepped one by one while planning."""
 
     __slots__ = (
-        "computed", "filled", "has_output", "index", "max_num_tokens", "n", "slots", "total"
+        "computed",
+        "filled",
+        "has_output",
+        "index",
+        "max_num_tokens",
+        "n",
+        "slots",
+        "total",
     )
 
     def __init__(self, index: int, req: Request, slots: int) -> None:
@@ -316,12 +322,12 @@ class StretchPlanner:
         """The plan so far, with every sampling request's range of steps filled in."""
         plan = self.plan
         last = plan.num_steps - 1
-        for i in range(self.num_prefix):
-            plan.first_sample[i] = 0
-            if plan.last_sample[i] < 0:
-                plan.last_sample[i] = last
-            plan.scheduled[i] = plan.last_sample[i] + 1
-        for i in range(self.num_prefix, len(plan.requests)):
+        num = self.num_prefix
+        plan.first_sample[:num] = [0] * num
+        ends = [s if s >= 0 else last for s in plan.last_sample[:num]]
+        plan.last_sample[:num] = ends
+        plan.scheduled[:num] = [s + 1 for s in ends]
+        for i in range(num, len(plan.requests)):
             if plan.first_sample[i] >= 0 and plan.last_sample[i] < 0:
                 plan.last_sample[i] = last
         return plan

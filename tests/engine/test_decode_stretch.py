@@ -154,3 +154,38 @@ def test_apply_finishes_on_a_final_stop_token() -> None:
     engine.add_request("b", [2], SamplingParams(max_tokens=1))
     engine.step()  # ... and hears of "a" with the next batch
     assert engine.executor.outputs[-1].finished_request_ids == {"a"}
+
+
+class PlannableExecutor(DeterministicExecutor):
+    """Tells a stretch's durations and tokens in advance, as the simulator does."""
+
+    def planned_step_seconds(self, *args: object) -> float:
+        return self.step_duration_s
+
+    def sampled_token_runs(self, requests: list, counts: list[int]) -> list[list[int]]:
+        return [
+            [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(n)]
+            for r, n in zip(requests, counts, strict=True)
+        ]
+
+
+def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
+    def run(fast: bool) -> tuple[list[int], str | None, int]:
+        engine = Engine(EngineConfig(block_size=4), PlannableExecutor(check_kv=False))
+        stop = token_for("a", 0, 9)  # the 6th output token (the prompt has 4)
+        engine.add_request("a", [2] * 4, SamplingParams(max_tokens=20, stop_token_ids=(stop,)))
+        engine.add_request("b", [3] * 4, SamplingParams(max_tokens=20, ignore_eos=True))
+        tokens: list[int] = []
+        reason = None
+        while engine.has_unfinished_requests() and reason is None:
+            stretch = engine.fast_forward(0.0, None) if fast else []
+            outs = [o for o, _ in stretch] if stretch else engine.step()
+            for out in outs:
+                if out.request_id == "a":
+                    tokens.extend(out.new_token_ids)
+                    reason = out.finish_reason
+        return tokens, reason, engine.stats()["steps"]
+
+    fast = run(True)
+    assert fast == run(False)
+    assert len(fast[0]) == 6 and fast[1] == "stop"

@@ -1,4 +1,4 @@
-"""The decode fast-forward changes nothing: every token time, every step row and every
+"""The fast-forward changes nothing: every token time, every step row and every
 engine counter equal those of stepping one by one, to the bit."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from slotune.engine import EngineConfig
 from slotune.workloads import ArrivalSpec, Trace, run_simulated
 from slotune.workloads.arrivals import ALL_AT_ONCE
-from slotune.workloads.generators import AgentParams, agent_sessions, sharegpt_like, shared_prefix
+from slotune.workloads.generators import AgentParams, agent_sessions, shared_prefix, sharegpt_like
 
 CASES = {
     "hash-recompute-poisson": (
@@ -31,11 +31,19 @@ CASES = {
     ),
     "none-prefill-first-all-at-once": (
         EngineConfig(
-            prefix_caching="none", policy="prefill_first", max_num_batched_tokens=4096, max_model_len=4096,
+            prefix_caching="none",
+            policy="prefill_first",
+            max_num_batched_tokens=4096,
+            max_model_len=4096,
             num_gpu_blocks=600,
         ),
         sharegpt_like(120, seed=4),
         ALL_AT_ONCE,
+    ),
+    "hash-concurrency-capped": (
+        EngineConfig(prefix_caching="hash", block_size=16),
+        sharegpt_like(100, seed=6),
+        ArrivalSpec(rate=20.0, concurrency=6),
     ),
     "radix-recompute-agents": (
         EngineConfig(prefix_caching="radix", block_size=16, num_gpu_blocks=900),

@@ -18,7 +18,13 @@ class KVCacheBlock:
     """One page of ``block_size`` token slots."""
 
     __slots__ = (
-        "block_hash", "block_id", "block_key", "next_free", "prev_free", "radix_node", "ref_cnt"
+        "block_hash",
+        "block_id",
+        "block_key",
+        "next_free",
+        "prev_free",
+        "radix_node",
+        "ref_cnt",
     )
 
     def __init__(self, block_id: int) -> None:

@@ -58,8 +58,10 @@ class HashPrefixCache:
         hashes: list[int] = state  # type: ignore[assignment]
         bs = self.block_size
         cached = self._blocks
-        parent: object = hashes[-1] if hashes else None
         first = len(hashes)
+        if first >= num_full_blocks:
+            return hashes, []
+        parent: object = hashes[-1] if hashes else None
         chunks = [tuple(token_ids[a : a + bs]) for a in range(first * bs, num_full_blocks * bs, bs)]
         for block, chunk in zip(blocks[first:num_full_blocks], chunks, strict=True):
             key = (parent, chunk)

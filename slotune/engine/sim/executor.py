@@ -97,7 +97,7 @@ class SimExecutor:
             seeds.pop(rid, None)
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
 
-    # -- for the engine's decode fast-forward ---------------------------------------------
+    # -- for the engine's fast-forward (``Engine.fast_forward``) ---------------------------
     def decode_stretch_durations(
         self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
     ) -> list[float]:
@@ -146,12 +146,27 @@ class SimExecutor:
         return out
 
     def sampled_token_runs(
-        self, requests: Sequence[Request], first_positions: Sequence[int], counts: Sequence[int]
+        self, requests: Sequence[Request], counts: Sequence[int]
     ) -> list[list[int]]:
-        """``sampled_tokens`` of many requests at once: what a fast-forwarded stretch
-        appends."""
-        sample = self.sampled_tokens
-        return [sample(r, p, k) for r, p, k in zip(requests, first_positions, counts, strict=True)]
+        """For each request, the ``count`` tokens ``execute`` samples next (from position
+        ``len(request.all_token_ids)`` on; ``[]`` for a count of 0): what a fast-forwarded
+        stretch appends. ``sampled_tokens`` of each, in one call."""
+        seeds, table = self._seeds, self._table
+        runs = []
+        for req, k in zip(requests, counts, strict=True):
+            if not k:
+                runs.append([])
+                continue
+            entry = seeds.get(req.request_id)
+            if entry is None or entry[1] is not None or k > _TABLE_MASK:
+                runs.append(self.sampled_tokens(req, len(req.all_token_ids), k))
+                continue
+            start = (entry[0] + len(req.all_token_ids)) & _TABLE_MASK
+            run = table[start : start + k]
+            if len(run) < k:  # wrapped around the table's end
+                run += table[: k - len(run)]
+            runs.append(run)
+        return runs
 
     def _seed(self, req: Request) -> tuple[int, frozenset[int] | None]:
         """The request's offset into the token table and the tokens it must never sample
