@@ -9,6 +9,15 @@ the pool's free queue with their key: a hit takes them back out, and reuse for n
 The dict is keyed by the hash of the key (an int: cheap to hash again when a block is
 reused), and a hit also compares the block's stored key, so a hit is exact; two keys
 sharing a 64-bit hash would only mean the second is not cached.
+
+Hashing is deferred per *group*, the requests sharing a first block: only a lookup whose
+first block equals the group's can ever hit one of its blocks. Until such a lookup, a
+group is dormant: its commits and the reuse of its blocks are logged in order, unhashed
+(one hash per request instead of one per block, and nothing at all for blocks reused
+before anyone could look them up). The first lookup into a group replays its log, which
+leaves exactly the entries eager hashing would have left, and from then on the group
+hashes eagerly. A dormant group whose blocks have all been reused is dropped: it would
+replay to nothing.
 """
 
 from __future__ import annotations
@@ -16,23 +25,57 @@ from __future__ import annotations
 from slotune.engine.kv_cache.block_pool import KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
 
+Key = tuple[object, tuple[int, ...]]
+
+
+class _Group:
+    """A dormant group: its first-block key, its log and its committed requests."""
+
+    __slots__ = ("h0", "key0", "live", "log", "members")
+
+    def __init__(self, h0: int, key0: Key) -> None:
+        self.h0 = h0
+        self.key0 = key0
+        self.live = 0  # logged blocks not reused since
+        # (token ids, blocks, index of the first) per commit; a bare block when reused
+        self.log: list[tuple[list[int], list[KVCacheBlock], int] | KVCacheBlock] = []
+        self.members: list[tuple[list[object], list[int]]] = []  # (state, token ids)
+
+
+def _chain(token_ids: list[int], bs: int, n: int) -> list[tuple[int, Key]]:
+    """(hash, key) of the first ``n`` full blocks of ``token_ids``."""
+    out = []
+    parent: object = None
+    for a in range(0, n * bs, bs):
+        key = (parent, tuple(token_ids[a : a + bs]))
+        parent = h = hash(key)
+        out.append((h, key))
+    return out
+
 
 class HashPrefixCache:
-    """State per request: the chained hashes of its first full blocks."""
+    """State per request: the chained hashes of its first full blocks (a dormant group's
+    request holds its ``_Group`` in their place until the group is replayed)."""
 
     num_evictable = 0
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._blocks: dict[int, KVCacheBlock] = {}  # hash of the key -> its block
+        self._dormant: dict[int, _Group] = {}  # hash of a first block's key -> its group
+        self._eager: set[int] = set()  # first-block hashes of replayed groups
 
     def __len__(self) -> int:
+        for group in list(self._dormant.values()):
+            self._replay(group)
         return len(self._blocks)
 
-    def new_state(self) -> list[int]:
+    def new_state(self) -> list[object]:
         return []
 
-    def copy_state(self, state: object) -> list[int]:
+    def copy_state(self, state: object) -> list[object]:
+        if state and type(state[0]) is _Group:  # type: ignore[index]
+            self._replay(state[0])  # type: ignore[index]
         return list(state)  # type: ignore[call-overload]
 
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], list[int]]:
@@ -44,6 +87,10 @@ class HashPrefixCache:
         for i in range(max_blocks):
             key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
             h = hash(key)
+            if i == 0 and self._dormant:
+                group = self._dormant.get(h)
+                if group is not None:
+                    self._replay(group)
             block = lookup(h)
             if block is None or block.block_key != key:
                 break
@@ -55,12 +102,55 @@ class HashPrefixCache:
     def commit(
         self, state: object, token_ids: list[int], blocks: list[KVCacheBlock], num_full_blocks: int
     ) -> tuple[list[int], list[Replacement]]:
-        hashes: list[int] = state  # type: ignore[assignment]
-        bs = self.block_size
-        cached = self._blocks
+        hashes: list = state  # type: ignore[type-arg]
         first = len(hashes)
         if first >= num_full_blocks:
             return hashes, []
+        if first == 0:
+            bs = self.block_size
+            key0 = (None, tuple(token_ids[:bs]))
+            h0 = hash(key0)
+            if h0 not in self._eager:
+                group = self._dormant.get(h0)
+                if group is None:
+                    group = self._dormant[h0] = _Group(h0, key0)
+                if group.key0 == key0:
+                    group.members.append((hashes, token_ids))
+                    self._log(group, hashes, token_ids, blocks, 0, num_full_blocks)
+                    return hashes, []
+                self._replay(group)  # two first blocks share a hash: hash both eagerly
+        elif type(hashes[0]) is _Group:
+            self._log(hashes[0], hashes, token_ids, blocks, first, num_full_blocks)
+            return hashes, []
+        self._commit_eager(hashes, token_ids, blocks, first, num_full_blocks)
+        return hashes, []
+
+    def _log(
+        self,
+        group: _Group,
+        hashes: list[object],
+        token_ids: list[int],
+        blocks: list[KVCacheBlock],
+        first: int,
+        num_full_blocks: int,
+    ) -> None:
+        logged = blocks[first:num_full_blocks]
+        for block in logged:
+            block.block_key = group
+        group.log.append((token_ids, logged, first))
+        group.live += len(logged)
+        hashes.extend([group] * len(logged))
+
+    def _commit_eager(
+        self,
+        hashes: list[object],
+        token_ids: list[int],
+        blocks: list[KVCacheBlock],
+        first: int,
+        num_full_blocks: int,
+    ) -> None:
+        bs = self.block_size
+        cached = self._blocks
         parent: object = hashes[-1] if hashes else None
         chunks = [tuple(token_ids[a : a + bs]) for a in range(first * bs, num_full_blocks * bs, bs)]
         for block, chunk in zip(blocks[first:num_full_blocks], chunks, strict=True):
@@ -70,15 +160,65 @@ class HashPrefixCache:
             if block.block_hash is None and cached.setdefault(h, block) is block:
                 block.block_hash = h
                 block.block_key = key
-        return hashes, []
+
+    def _replay(self, group: _Group) -> None:
+        """Hash a dormant group's log in order, leaving what eager hashing would have left."""
+        del self._dormant[group.h0]
+        self._eager.add(group.h0)
+        bs = self.block_size
+        chains: dict[int, list[tuple[int, Key]]] = {}
+        owner: dict[int, tuple[KVCacheBlock, Key]] = {}
+        registered: dict[int, int] = {}  # id(block) -> its hash, while it owns one
+        live: dict[int, KVCacheBlock] = {}
+        for event in group.log:
+            if type(event) is tuple:
+                token_ids, logged, first = event
+                chain = chains.get(id(token_ids))
+                if chain is None or len(chain) < first + len(logged):
+                    chain = chains[id(token_ids)] = _chain(token_ids, bs, first + len(logged))
+                for block, (h, key) in zip(logged, chain[first:], strict=False):
+                    live[id(block)] = block
+                    if id(block) not in registered and h not in owner:
+                        owner[h] = (block, key)
+                        registered[id(block)] = h
+            else:
+                live.pop(id(event), None)
+                h = registered.pop(id(event), None)
+                if h is not None:
+                    del owner[h]
+        for block in live.values():
+            block.block_key = None
+        cached = self._blocks
+        for h, (block, key) in owner.items():
+            if cached.setdefault(h, block) is block:
+                block.block_hash = h
+                block.block_key = key
+        for hashes, token_ids in group.members:
+            chain = chains.get(id(token_ids))
+            if chain is None or len(chain) < len(hashes):
+                chain = _chain(token_ids, bs, len(hashes))
+            hashes[:] = [h for h, _ in chain[: len(hashes)]]
+        group.log = []
+        group.members = []
 
     def forget_all(self, blocks: list[KVCacheBlock]) -> None:
         cached = self._blocks
         for block in blocks:
+            key = block.block_key
+            if key is None:
+                continue
             h = block.block_hash
             if h is not None:  # then the cache holds it under h (only commit sets h)
                 del cached[h]
                 block.block_hash = block.block_key = None
+            else:  # logged in its dormant group
+                group: _Group = key  # type: ignore[assignment]
+                block.block_key = None
+                group.live -= 1
+                if group.live:
+                    group.log.append(block)
+                else:
+                    del self._dormant[group.h0]
 
     def acquire(self, block: KVCacheBlock) -> None:
         raise AssertionError("hash-cached blocks live in the free queue")
