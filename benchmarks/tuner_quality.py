@@ -74,8 +74,15 @@ def served(record: dict[str, Any]) -> float:
     return float(record["metrics"].get("goodput") or 0.0)
 
 
-def run_tuner(setup: Any, baseline: dict[str, Any], evaluator: Any, trials: int, seed: int,
-              folder: Path, space: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def run_tuner(
+    setup: Any,
+    baseline: dict[str, Any],
+    evaluator: Any,
+    trials: int,
+    seed: int,
+    folder: Path,
+    space: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """A ``slotune tune`` study (baseline enqueued first), on ``space`` when given."""
     from dataclasses import replace
 
@@ -96,8 +103,9 @@ def gap(kind: str, grid: float, tuner: float) -> float:
     return (grid - tuner) / grid if kind == "goodput" else (tuner - grid) / grid
 
 
-def one_case(trace: str, objective_name: str, args: argparse.Namespace,
-             folder: Path) -> dict[str, Any]:
+def one_case(
+    trace: str, objective_name: str, args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
     from slotune.tuner.evaluate import Evaluator
     from slotune.tuner.prepare import TuneOptions, measure_baseline, prepare
     from slotune.tuner.space import SearchSpace, build_space
@@ -105,16 +113,22 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
 
     search = folder / "reduced.json"
     search.write_text(json.dumps(REDUCED))
-    options = TuneOptions(gpu="h100", model="llama-3-8b", trace=trace, slo=args.slo,
-                          objective=objective_name, num_requests=args.num_requests,
-                          search=str(search), seed=0)
+    options = TuneOptions(
+        gpu="h100",
+        model="llama-3-8b",
+        trace=trace,
+        slo=args.slo,
+        objective=objective_name,
+        num_requests=args.num_requests,
+        search=str(search),
+        seed=0,
+    )
     prepared = prepare(options)
     evaluator = Evaluator(prepared.setup, prepared.trace)
     t0 = time.perf_counter()
     setup, baseline = measure_baseline(prepared, evaluator)
     space = SearchSpace.from_dict(setup.space)
-    objective = TrialObjective(setup, evaluator, space,
-                               baseline_rung=baseline.get("goodput_rung"))
+    objective = TrialObjective(setup, evaluator, space, baseline_rung=baseline.get("goodput_rung"))
     records = evaluate_grid(objective, space, baseline)
     grid_s = time.perf_counter() - t0
     sims_grid = evaluator.runs
@@ -129,14 +143,18 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
     tuner_s = time.perf_counter() - t1
     full_space = build_space(max_model_len=space.max_model_len).to_dict()
     full_values = [
-        best_value(run_tuner(setup, baseline, evaluator, args.trials, seed, folder, full_space),
-                   objective_name)
+        best_value(
+            run_tuner(setup, baseline, evaluator, args.trials, seed, folder, full_space),
+            objective_name,
+        )
         for seed in range(args.full_seeds)
     ]
     top = evaluator.ladder.rate(evaluator.ladder.highest) if evaluator.ladder else None
     gaps = [gap(objective_name, grid_best, v) for v in tuner_values]
-    improve = [((v / base_value - 1) if objective_name == "goodput" else (1 - v / base_value))
-               for v in tuner_values]
+    improve = [
+        ((v / base_value - 1) if objective_name == "goodput" else (1 - v / base_value))
+        for v in tuner_values
+    ]
     return {
         "trace": trace,
         "objective": objective_name,
@@ -145,19 +163,25 @@ def one_case(trace: str, objective_name: str, args: argparse.Namespace,
         "grid_best": grid_best,
         "grid_best_config": best_record(records, objective_name)["config"],
         "baseline_metrics": {k: baseline["metrics"].get(k) for k in ("ttft_ms", "tpot_ms")},
-        "grid_best_metrics": {k: best_record(records, objective_name)["metrics"].get(k)
-                              for k in ("ttft_ms", "tpot_ms")},
+        "grid_best_metrics": {
+            k: best_record(records, objective_name)["metrics"].get(k)
+            for k in ("ttft_ms", "tpot_ms")
+        },
         "baseline": base_value,
         "baseline_feasible": bool(baseline.get("feasible")),
         "tuner_best": tuner_values,
-        "served_rps": {"grid_best": served(best_record(records, objective_name)),
-                       "tuner_best": tuner_served, "baseline": served(baseline)},
+        "served_rps": {
+            "grid_best": served(best_record(records, objective_name)),
+            "tuner_best": tuner_served,
+            "baseline": served(baseline),
+        },
         "saturated": objective_name == "goodput" and top is not None and grid_best >= top,
         "gap_mean": statistics.mean(gaps),
         "gap_worst": max(gaps),
         "within_2pct": sum(g <= 0.02 for g in gaps),
         "gain_over_baseline_mean": statistics.mean(improve),
-        "grid_gain_over_baseline": (grid_best / base_value - 1) if objective_name == "goodput"
+        "grid_gain_over_baseline": (grid_best / base_value - 1)
+        if objective_name == "goodput"
         else 1 - grid_best / base_value,
         "grid_wall_s": round(grid_s, 1),
         "grid_simulations": sims_grid,
@@ -174,8 +198,12 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=["weighted", "goodput"])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--full-seeds", type=int, default=1,
-                        help="tuner runs on the full default space (compared to the grid)")
+    parser.add_argument(
+        "--full-seeds",
+        type=int,
+        default=1,
+        help="tuner runs on the full default space (compared to the grid)",
+    )
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--slo", default="ttft=300ms,tpot=50ms")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
@@ -201,18 +229,22 @@ def _line(r: dict[str, Any]) -> str:
     s = r["served_rps"]
     served_text = ", ".join(f"{v:.4g}" for v in s["tuner_best"])
     flag = " SATURATED: feasible at the top of the rate ladder" if r["saturated"] else ""
-    full = ", ".join(f"{v:.4g} ({100 * g:+.2f}%)" for v, g in
-                     zip(r["full_space_tuner_best"], r["full_space_gap_to_grid"], strict=True))
-    return (f"{r['trace']:14s} {r['objective']:8s} grid {r['grid_size']} configs best "
-            f"{r['grid_best']:.4g} {unit}; tuner [{tuner}]; gap mean {100 * r['gap_mean']:.2f}% "
-            f"worst {100 * r['gap_worst']:.2f}% ({r['within_2pct']}/{len(r['tuner_best'])} "
-            f"within 2%); vLLM defaults {r['baseline']:.4g}, tuner gain "
-            f"{100 * r['gain_over_baseline_mean']:+.1f}% "
-            f"(grid {100 * r['grid_gain_over_baseline']:+.1f}%); "
-            f"load {r['load']}; grid {r['grid_wall_s']}s/{r['grid_simulations']} sims, "
-            f"tuner {r['tuner_wall_s']}s; served within SLO at that load: grid best "
-            f"{s['grid_best']:.4g}, tuner [{served_text}], defaults {s['baseline']:.4g} "
-            f"req/s; tuner on the full space [{full}]{flag}")
+    full = ", ".join(
+        f"{v:.4g} ({100 * g:+.2f}%)"
+        for v, g in zip(r["full_space_tuner_best"], r["full_space_gap_to_grid"], strict=True)
+    )
+    return (
+        f"{r['trace']:14s} {r['objective']:8s} grid {r['grid_size']} configs best "
+        f"{r['grid_best']:.4g} {unit}; tuner [{tuner}]; gap mean {100 * r['gap_mean']:.2f}% "
+        f"worst {100 * r['gap_worst']:.2f}% ({r['within_2pct']}/{len(r['tuner_best'])} "
+        f"within 2%); vLLM defaults {r['baseline']:.4g}, tuner gain "
+        f"{100 * r['gain_over_baseline_mean']:+.1f}% "
+        f"(grid {100 * r['grid_gain_over_baseline']:+.1f}%); "
+        f"load {r['load']}; grid {r['grid_wall_s']}s/{r['grid_simulations']} sims, "
+        f"tuner {r['tuner_wall_s']}s; served within SLO at that load: grid best "
+        f"{s['grid_best']:.4g}, tuner [{served_text}], defaults {s['baseline']:.4g} "
+        f"req/s; tuner on the full space [{full}]{flag}"
+    )
 
 
 if __name__ == "__main__":

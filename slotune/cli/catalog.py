@@ -26,14 +26,21 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     rows = []
     for g in GPUS.values():
         base = DERIVED_FROM.get(g.name)
-        rows.append({
-            "name": g.name, "description": g.description, "memory_gib": g.memory_gib,
-            "hbm_gbps": g.hbm_gbps, "bf16_tflops": g.bf16_tflops, "fp8_tflops": g.fp8_tflops,
-            "host_link_gbps": g.host_link_gbps, "interconnect_gbps": g.interconnect_gbps,
-            "interconnect": g.interconnect,
-            "profile": f"scaled from {base}" if base else "fitted",
-            "source": g.source,
-        })
+        rows.append(
+            {
+                "name": g.name,
+                "description": g.description,
+                "memory_gib": g.memory_gib,
+                "hbm_gbps": g.hbm_gbps,
+                "bf16_tflops": g.bf16_tflops,
+                "fp8_tflops": g.fp8_tflops,
+                "host_link_gbps": g.host_link_gbps,
+                "interconnect_gbps": g.interconnect_gbps,
+                "interconnect": g.interconnect,
+                "profile": f"scaled from {base}" if base else "fitted",
+                "source": g.source,
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -43,9 +50,13 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
         table.add_column(col, justify="left" if col in ("GPU link", "profile") else "right")
     for r in rows:
         table.add_row(
-            r["name"], f"{r['memory_gib']:g}", f"{r['hbm_gbps']:g}",
-            f"{r['bf16_tflops']:g}", "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}",
-            f"{r['host_link_gbps']:g}", f"{r['interconnect_gbps']:g} ({r['interconnect']})",
+            r["name"],
+            f"{r['memory_gib']:g}",
+            f"{r['hbm_gbps']:g}",
+            f"{r['bf16_tflops']:g}",
+            "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}",
+            f"{r['host_link_gbps']:g}",
+            f"{r['interconnect_gbps']:g} ({r['interconnect']})",
             r["profile"],
         )
     Console().print(table)
@@ -56,13 +67,22 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """List the models the simulator knows (any HF config.json path works too)."""
     from slotune.engine.sim.models import MODELS
 
-    rows = [{
-        "name": m.name, "layers": m.num_layers, "hidden_size": m.hidden_size,
-        "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
-        "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
-        "params_b": round(m.num_params / 1e9, 2), "weights_gb": round(m.weight_bytes / 1e9, 2),
-        "kv_kib_per_token": m.kv_bytes_per_token / 1024,
-    } for m in MODELS.values()]
+    rows = [
+        {
+            "name": m.name,
+            "layers": m.num_layers,
+            "hidden_size": m.hidden_size,
+            "num_heads": m.num_heads,
+            "num_kv_heads": m.num_kv_heads,
+            "head_dim": m.head_dim,
+            "intermediate_size": m.intermediate_size,
+            "vocab_size": m.vocab_size,
+            "params_b": round(m.num_params / 1e9, 2),
+            "weights_gb": round(m.weight_bytes / 1e9, 2),
+            "kv_kib_per_token": m.kv_bytes_per_token / 1024,
+        }
+        for m in MODELS.values()
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -72,10 +92,15 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["name"], str(r["layers"]), str(r["hidden_size"]),
+            r["name"],
+            str(r["layers"]),
+            str(r["hidden_size"]),
             f"{r['num_heads']}/{r['num_kv_heads']}",
-            str(r["intermediate_size"]), str(r["vocab_size"]), f"{r['params_b']:.2f}",
-            f"{r['weights_gb']:.1f}", f"{r['kv_kib_per_token']:g}",
+            str(r["intermediate_size"]),
+            str(r["vocab_size"]),
+            f"{r['params_b']:.2f}",
+            f"{r['weights_gb']:.1f}",
+            f"{r['kv_kib_per_token']:g}",
         )
     Console().print(table)
 
@@ -83,14 +108,16 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
 @app.command()
 def estimate(
     gpu: str = typer.Option(..., "--gpu", help="GPU name (see `slotune gpus`) or profile JSON."),
-    model: str = typer.Option(..., "--model", help="Model name (see `slotune models`) or "
-                              "an HF config.json path."),
+    model: str = typer.Option(
+        ..., "--model", help="Model name (see `slotune models`) or an HF config.json path."
+    ),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs."),
     tokens: int = typer.Option(..., "--tokens", help="Prefill tokens in the step (one chunk)."),
     context: int = typer.Option(0, "--context", help="Tokens already cached before the chunk."),
     decode_batch: int = typer.Option(0, "--decode-batch", help="Decoding requests in the step."),
-    decode_context: int = typer.Option(0, "--decode-context",
-                                       help="Context tokens each decode reads."),
+    decode_context: int = typer.Option(
+        0, "--decode-context", help="Context tokens each decode reads."
+    ),
     block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -99,8 +126,12 @@ def estimate(
     from slotune.engine.sim.models import get_model
     from slotune.engine.sim.profile import load_profile
 
-    for name, value in (("--tokens", tokens), ("--context", context),
-                        ("--decode-batch", decode_batch), ("--decode-context", decode_context)):
+    for name, value in (
+        ("--tokens", tokens),
+        ("--context", context),
+        ("--decode-batch", decode_batch),
+        ("--decode-context", decode_context),
+    ):
         if value < 0:
             _fail(f"{name} must be >= 0 (got {value})")
     if tokens == 0 and decode_batch == 0:
@@ -117,9 +148,15 @@ def estimate(
         _fail(str(e))
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
     result = {
-        "gpu": profile.gpu.name, "model": spec.name, "tp": tp, "tokens": tokens,
-        "context": context, "decode_batch": decode_batch, "decode_context": decode_context,
-        "block_size": block_size, "num_layers": spec.num_layers,
+        "gpu": profile.gpu.name,
+        "model": spec.name,
+        "tp": tp,
+        "tokens": tokens,
+        "context": context,
+        "decode_batch": decode_batch,
+        "decode_context": decode_context,
+        "block_size": block_size,
+        "num_layers": spec.num_layers,
         "per_layer_ms": {k: round(v * 1e3, 6) for k, v in b.per_layer.items()},
         "per_step_ms": {k: round(v * 1e3, 6) for k, v in b.per_step.items()},
         "step_ms": round(b.total * 1e3, 6),
@@ -127,8 +164,10 @@ def estimate(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    table = Table(title=f"{spec.name} on {tp} × {profile.gpu.name}: {tokens} prefill tokens "
-                  f"(after {context}) + {decode_batch} decodes (context {decode_context})")
+    table = Table(
+        title=f"{spec.name} on {tp} × {profile.gpu.name}: {tokens} prefill tokens "
+        f"(after {context}) + {decode_batch} decodes (context {decode_context})"
+    )
     table.add_column("op")
     table.add_column("ms per layer", justify="right")
     table.add_column(f"ms × {spec.num_layers} layers", justify="right")

@@ -16,8 +16,10 @@ from slotune.cli.app import app
 @app.command()
 def export(
     best: Annotated[Path, typer.Argument(help="best.json written by `slotune tune`.")],
-    format: Annotated[str, typer.Option(
-        "--format", "-f", help="vllm | sglang | yaml | json (slotune EngineConfig).")] = "vllm",
+    format: Annotated[
+        str,
+        typer.Option("--format", "-f", help="vllm | sglang | yaml | json (slotune EngineConfig)."),
+    ] = "vllm",
 ) -> None:
     """Print the recommended configuration as a ready command line or config file."""
     from slotune.tuner.export import FORMATS
@@ -28,7 +30,7 @@ def export(
     try:
         data = json.loads(best.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-            raise ValueError("no \"config\" mapping; expected the best.json of `slotune tune`")
+            raise ValueError('no "config" mapping; expected the best.json of `slotune tune`')
         text = render(data, format)
     except OSError as e:
         _fail(f"{best}: cannot read ({e.strerror})")
@@ -38,6 +40,7 @@ def export(
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False,
-                               soft_wrap=True)
+    Console(stderr=True).print(
+        f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
+    )
     raise typer.Exit(2)

@@ -19,8 +19,9 @@ def _opt(flag: str, help_text: str) -> Any:
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False,
-                               soft_wrap=True)
+    Console(stderr=True).print(
+        f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
+    )
     raise typer.Exit(2)
 
 
@@ -28,50 +29,92 @@ def _fail(message: str) -> NoReturn:
 def tune(
     slo: Annotated[str, _opt("--slo", "Latency SLO: ttft=300ms,tpot=50ms or ttft:p90=300ms.")],
     gpu: Annotated[str | None, _opt("--gpu", "GPU (`slotune gpus`) or a profile JSON.")] = None,
-    model: Annotated[str, _opt("--model", "Model name (`slotune models`), an HF config.json, "
-                               "or a checkpoint folder with --backend engine.")] = "llama-3-8b",
+    model: Annotated[
+        str,
+        _opt(
+            "--model",
+            "Model name (`slotune models`), an HF config.json, "
+            "or a checkpoint folder with --backend engine.",
+        ),
+    ] = "llama-3-8b",
     tp: Annotated[int, _opt("--tp", "Tensor-parallel GPUs.")] = 1,
     trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
     format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
-    num_requests: Annotated[int | None, _opt("--num-requests",
-                                             "Requests per trial (default: 200; 32 real); more "
-                                             "come closer to steady state, slower.")] = None,
+    num_requests: Annotated[
+        int | None,
+        _opt(
+            "--num-requests",
+            "Requests per trial (default: 200; 32 real); more come closer to steady state, slower.",
+        ),
+    ] = None,
     rate: Annotated[float | None, _opt("--rate", "Poisson request rate (req/s).")] = None,
     burstiness: Annotated[float, _opt("--burstiness", "Gamma arrival shape; needs --rate.")] = 1.0,
     concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,
-    objective: Annotated[str | None, _opt(
-        "--objective", "weighted | goodput | pareto (default: goodput when the trace has no "
-        "timestamps and no --rate is given, else weighted).")] = None,
+    objective: Annotated[
+        str | None,
+        _opt(
+            "--objective",
+            "weighted | goodput | pareto (default: goodput when the trace has no "
+            "timestamps and no --rate is given, else weighted).",
+        ),
+    ] = None,
     weights: Annotated[str | None, _opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
     percentile: Annotated[float, _opt("--percentile", "Percentile of the weighted score.")] = 99.0,
     attainment: Annotated[float, _opt("--attainment", "Target share of requests in SLO.")] = 0.99,
     trials: Annotated[int, _opt("--trials", "Finished trials the study should have.")] = 50,
     timeout: Annotated[float | None, _opt("--timeout", "Stop new trials after N seconds.")] = None,
-    sampler: Annotated[str | None, _opt(
-        "--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto).")] = None,
+    sampler: Annotated[
+        str | None,
+        _opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
+    ] = None,
     seed: Annotated[int, _opt("--seed", "Seed of the sampler, trace and arrivals.")] = 0,
-    search: Annotated[str | None, _opt("--search", "YAML/JSON file fixing or narrowing the "
-                                                   "search space.")] = None,
-    storage: Annotated[str | None, _opt("--storage", "Optuna storage URL (default: SQLite "
-                                                     "in --out).")] = None,
-    study_name: Annotated[str | None, _opt("--study-name", "Study name (default: "
-                                           "<gpu>-<model>-<trace>-<objective>).")] = None,
+    search: Annotated[
+        str | None, _opt("--search", "YAML/JSON file fixing or narrowing the search space.")
+    ] = None,
+    storage: Annotated[
+        str | None, _opt("--storage", "Optuna storage URL (default: SQLite in --out).")
+    ] = None,
+    study_name: Annotated[
+        str | None, _opt("--study-name", "Study name (default: <gpu>-<model>-<trace>-<objective>).")
+    ] = None,
     resume: Annotated[bool, _opt("--resume", "Continue an existing study.")] = False,
     n_jobs: Annotated[int, _opt("--n-jobs", "Parallel worker processes on one storage.")] = 1,
-    backend: Annotated[str, _opt("--backend", "sim (simulated GPU) | engine (real embedded "
-                                              "engine).")] = "sim",
-    out: Annotated[str | None, _opt("--out", "Output folder (default: "
-                                             "slotune-out/<study-name>/).")] = None,
+    backend: Annotated[
+        str, _opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
+    ] = "sim",
+    out: Annotated[
+        str | None, _opt("--out", "Output folder (default: slotune-out/<study-name>/).")
+    ] = None,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
     from slotune.tuner.prepare import TuneInputError, TuneOptions, place_study, prepare
 
     options = TuneOptions(
-        gpu=gpu, model=model, tp=tp, trace=trace, format=format, num_requests=num_requests,
-        rate=rate, burstiness=burstiness, concurrency=concurrency, objective=objective,
-        weights=weights, percentile=percentile, attainment=attainment, trials=trials,
-        timeout=timeout, sampler=sampler, seed=seed, search=search, storage=storage,
-        study_name=study_name, resume=resume, n_jobs=n_jobs, backend=backend, out=out, slo=slo,
+        gpu=gpu,
+        model=model,
+        tp=tp,
+        trace=trace,
+        format=format,
+        num_requests=num_requests,
+        rate=rate,
+        burstiness=burstiness,
+        concurrency=concurrency,
+        objective=objective,
+        weights=weights,
+        percentile=percentile,
+        attainment=attainment,
+        trials=trials,
+        timeout=timeout,
+        sampler=sampler,
+        seed=seed,
+        search=search,
+        storage=storage,
+        study_name=study_name,
+        resume=resume,
+        n_jobs=n_jobs,
+        backend=backend,
+        out=out,
+        slo=slo,
     )
     try:
         prepared = prepare(options)
@@ -95,30 +138,37 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
             _fail(str(e))
         diff = setup.differences(prepared.setup)
         if diff:
-            _fail(f"--resume: study {place.name!r} was created with other {', '.join(diff)}; "
-                  "resume with the options it was created with")
+            _fail(
+                f"--resume: study {place.name!r} was created with other {', '.join(diff)}; "
+                "resume with the options it was created with"
+            )
         evaluator = Evaluator(setup, prepared.trace)
-        _console.print(f"Resuming study [bold]{place.name}[/bold] "
-                       f"({studies.count_finished(study)} finished trials).")
+        _console.print(
+            f"Resuming study [bold]{place.name}[/bold] "
+            f"({studies.count_finished(study)} finished trials)."
+        )
     else:
         try:
             with _console.status("Measuring vLLM's defaults (the baseline)..."):
                 setup, baseline = measure_baseline(prepared, evaluator)
         except KeyboardInterrupt:
-            Console(stderr=True).print("\nInterrupted before the study was created; "
-                                       "nothing was stored.")
+            Console(stderr=True).print(
+                "\nInterrupted before the study was created; nothing was stored."
+            )
             raise typer.Exit(130) from None
         study = studies.create(place.storage, place.name, setup, baseline)
     _print_plan(setup, place, prepared.trace)
     remaining = options.trials - studies.count_finished(study)
     if setup.sampler == "grid":
-        size = studies.enqueue_grid(study, SearchSpace.from_dict(setup.space), setup.seed,
-                                    options.trials)
+        size = studies.enqueue_grid(
+            study, SearchSpace.from_dict(setup.space), setup.seed, options.trials
+        )
         remaining = min(remaining, size - studies.count_finished(study))
         _console.print(f"Grid: {size} configurations in the discretized space.")
     try:
-        _optimize(place, studies.count_finished(study), setup, baseline, remaining, options,
-                  evaluator)
+        _optimize(
+            place, studies.count_finished(study), setup, baseline, remaining, options, evaluator
+        )
     except KeyboardInterrupt:
         done = studies.count_finished(study)
         Console(stderr=True).print(
@@ -130,16 +180,22 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         _fail(str(e))
     done = studies.count_finished(study)
     if options.timeout and done < options.trials:
-        _console.print(f"--timeout {options.timeout:g}s reached: {done} of {options.trials} "
-                       "trials finished; --resume continues the study.", highlight=False)
+        _console.print(
+            f"--timeout {options.timeout:g}s reached: {done} of {options.trials} "
+            "trials finished; --resume continues the study.",
+            highlight=False,
+        )
     _finish(place, study, setup, baseline, evaluator)
 
 
 def _print_plan(setup: Any, place: Any, trace: Any) -> None:
     load = setup.load.describe()
     if setup.objective == "goodput":
-        kind = "Poisson" if setup.load.burstiness == 1 else (
-            f"gamma, burstiness {setup.load.burstiness:g}")
+        kind = (
+            "Poisson"
+            if setup.load.burstiness == 1
+            else (f"gamma, burstiness {setup.load.burstiness:g}")
+        )
         load = f"the request rate is searched per trial ({kind}, 2% steps)"
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
@@ -152,8 +208,15 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
         _console.print(f"  note: {note}", highlight=False)
 
 
-def _optimize(place: Any, start: int, setup: Any, baseline: dict[str, Any], remaining: int,
-              options: Any, evaluator: Any) -> None:
+def _optimize(
+    place: Any,
+    start: int,
+    setup: Any,
+    baseline: dict[str, Any],
+    remaining: int,
+    options: Any,
+    evaluator: Any,
+) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slotune.tuner import study as studies
@@ -162,21 +225,34 @@ def _optimize(place: Any, start: int, setup: Any, baseline: dict[str, Any], rema
     if remaining <= 0:
         _console.print(f"The study already has {options.trials} finished trials.")
         return
-    columns = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[best]}"))
+    columns = (
+        TextColumn("trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+    )
     with Progress(*columns, console=_console, transient=False) as progress:
         task = progress.add_task("tune", total=remaining, best="")
 
         def on_progress(study: Any) -> None:
             done = studies.count_finished(study)
-            best = select_best(finished(study), setup.objective, setup.attainment,
-                               baseline["config"])
-            progress.update(task, completed=min(done - start, remaining),
-                            best=_best_text(setup, best, baseline))
+            best = select_best(
+                finished(study), setup.objective, setup.attainment, baseline["config"]
+            )
+            progress.update(
+                task, completed=min(done - start, remaining), best=_best_text(setup, best, baseline)
+            )
 
-        studies.run_workers(place.storage, place.name, remaining, options.n_jobs,
-                            timeout=options.timeout, on_progress=on_progress,
-                            evaluator=evaluator)
+        studies.run_workers(
+            place.storage,
+            place.name,
+            remaining,
+            options.n_jobs,
+            timeout=options.timeout,
+            on_progress=on_progress,
+            evaluator=evaluator,
+        )
 
 
 def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
@@ -185,10 +261,14 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
     attrs = best.user_attrs
     if setup.objective == "weighted":
         mark = "" if attrs.get("feasible") else " (misses attainment)"
-        return (f"best score {attrs.get('score', 0):.3f}{mark} "
-                f"(defaults {baseline.get('score', float('nan')):.3f})")
-    return (f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
-            f"(defaults {baseline.get('goodput_rps') or 0:.3g})")
+        return (
+            f"best score {attrs.get('score', 0):.3f}{mark} "
+            f"(defaults {baseline.get('score', float('nan')):.3f})"
+        )
+    return (
+        f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
+        f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
+    )
 
 
 def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evaluator: Any) -> None:
@@ -196,13 +276,18 @@ def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evalua
 
     with _console.status("Rerunning the recommendation and the baseline for the report..."):
         try:
-            outputs = write_outputs(out_dir=place.out_dir, study=study, setup=setup,
-                                    baseline=baseline, evaluator=evaluator,
-                                    storage=place.storage)
+            outputs = write_outputs(
+                out_dir=place.out_dir,
+                study=study,
+                setup=setup,
+                baseline=baseline,
+                evaluator=evaluator,
+                storage=place.storage,
+            )
         except ValueError as e:
             _fail(str(e))
     _console.print(_comparison_table(outputs.best))
-    for note in outputs.best["notes"][len(setup.notes):]:
+    for note in outputs.best["notes"][len(setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
     paths = [outputs.best_json, outputs.trials_csv, outputs.best_run, outputs.baseline_run]
     if place.storage.startswith("sqlite:///"):
@@ -212,8 +297,10 @@ def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evalua
     for p in paths:
         _console.print(f"  {p}", highlight=False)
     _console.print(f"  {report}" if isinstance(report, Path) else f"  ({report})", highlight=False)
-    _console.print(f"Export: slotune export {outputs.best_json} --format vllm|sglang|yaml|json",
-                   highlight=False)
+    _console.print(
+        f"Export: slotune export {outputs.best_json} --format vllm|sglang|yaml|json",
+        highlight=False,
+    )
 
 
 def _build_report(out_dir: Path) -> Path | str:
@@ -235,8 +322,10 @@ def _comparison_table(best: dict[str, Any]) -> Any:
 
     base = best["baseline"]
     load = best["load"]["description"]
-    table = Table(title=f"Recommended vs vLLM defaults ({best['gpu']}, {best['model']}, "
-                        f"trace {best['trace']['name']}, load {load})")
+    table = Table(
+        title=f"Recommended vs vLLM defaults ({best['gpu']}, {best['model']}, "
+        f"trace {best['trace']['name']}, load {load})"
+    )
     table.add_column("")
     table.add_column("recommended", justify="right")
     table.add_column("vLLM defaults", justify="right")
@@ -251,15 +340,23 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         key = METRIC_KEYS[metric]
         ours = best["metrics"].get(key, {}).get(p)
         theirs = base["metrics"].get(key, {}).get(p)
-        table.add_row(f"{metric.upper()} {p} (SLO {best['slo_targets'][metric]:g} ms)",
-                      _ms(ours), _ms(theirs))
-    table.add_row("SLO attainment", _pct(best["metrics"].get("slo_attainment")),
-                  _pct(base["metrics"].get("slo_attainment")))
-    table.add_row("weighted score (lower is better)", _num(best.get("score")),
-                  _num(base.get("score")))
+        table.add_row(
+            f"{metric.upper()} {p} (SLO {best['slo_targets'][metric]:g} ms)", _ms(ours), _ms(theirs)
+        )
+    table.add_row(
+        "SLO attainment",
+        _pct(best["metrics"].get("slo_attainment")),
+        _pct(base["metrics"].get("slo_attainment")),
+    )
+    table.add_row(
+        "weighted score (lower is better)", _num(best.get("score")), _num(base.get("score"))
+    )
     if best.get("goodput_rps") is not None or base.get("goodput_rps") is not None:
-        table.add_row("goodput: max rate within SLO (req/s)", _num(best.get("goodput_rps")),
-                      _num(base.get("goodput_rps")))
+        table.add_row(
+            "goodput: max rate within SLO (req/s)",
+            _num(best.get("goodput_rps")),
+            _num(base.get("goodput_rps")),
+        )
     return table
 
 

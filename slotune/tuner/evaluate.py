@@ -74,8 +74,9 @@ class Evaluator:
         self.setup = setup
         self.slo = parse_slo(setup.slo)
         self.targets_ms = {t.metric: t.threshold_ms for t in self.slo.targets}
-        self.own_percentiles = {t.metric: t.percentile for t in self.slo.targets
-                                if t.percentile is not None}
+        self.own_percentiles = {
+            t.metric: t.percentile for t in self.slo.targets if t.percentile is not None
+        }
         self.trace = trace if trace is not None else load_setup_trace(setup)
         self.ladder = RateLadder(**setup.ladder) if setup.ladder else None
         self._cache: dict[tuple[str, float | None], Measurement] = {}
@@ -83,8 +84,9 @@ class Evaluator:
 
     @property
     def percentiles(self) -> tuple[float, ...]:
-        return tuple(sorted({*_BASE_PERCENTILES, self.setup.percentile,
-                             *self.own_percentiles.values()}))
+        return tuple(
+            sorted({*_BASE_PERCENTILES, self.setup.percentile, *self.own_percentiles.values()})
+        )
 
     def run(self, config: EngineConfig, rate: float | None = None) -> Any:
         """One full run (``RunResult``) at the study's load, or at ``rate``."""
@@ -123,8 +125,13 @@ class Evaluator:
 
     def measurement(self, summary: dict[str, Any], rate: float | None) -> Measurement:
         att = attainment(summary)
-        score = weighted_score(summary, self.targets_ms, self.setup.weights,
-                               self.setup.percentile, self.own_percentiles)
+        score = weighted_score(
+            summary,
+            self.targets_ms,
+            self.setup.weights,
+            self.setup.percentile,
+            self.own_percentiles,
+        )
         return Measurement(rate, summary, score, att, att >= self.setup.attainment)
 
     def goodput(

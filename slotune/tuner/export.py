@@ -43,8 +43,10 @@ def _sglang_chunk(v: int, c: EngineConfig) -> Flags:
     chunk = c.long_prefill_token_threshold or v
     comment = None
     if c.long_prefill_token_threshold:
-        comment = (f"SGLang has no per-request long-prefill threshold: chunks of "
-                   f"{chunk} tokens (--chunked-prefill-size) are the nearest equivalent")
+        comment = (
+            f"SGLang has no per-request long-prefill threshold: chunks of "
+            f"{chunk} tokens (--chunked-prefill-size) are the nearest equivalent"
+        )
     return Flags(("--chunked-prefill-size", str(chunk), "--max-prefill-tokens", str(v)), comment)
 
 
@@ -52,22 +54,30 @@ def _vllm_block(v: int, _c: EngineConfig) -> Flags:
     if v in VLLM_BLOCK_SIZES:
         return Flags(("--block-size", str(v)))
     near = min(VLLM_BLOCK_SIZES, key=lambda b: abs(b - v))
-    return Flags(("--block-size", str(near)),
-                 f"vLLM serves block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))} on CUDA: "
-                 f"{near} is the nearest to the tuned {v}")
+    return Flags(
+        ("--block-size", str(near)),
+        f"vLLM serves block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))} on CUDA: "
+        f"{near} is the nearest to the tuned {v}",
+    )
 
 
 def _vllm_preemption(v: str, _c: EngineConfig) -> Flags:
     if v == "swap":
-        return Flags((), "vLLM V1 has no swap preemption: it recomputes preempted requests "
-                         "(the nearest equivalent, used here)")
+        return Flags(
+            (),
+            "vLLM V1 has no swap preemption: it recomputes preempted requests "
+            "(the nearest equivalent, used here)",
+        )
     return Flags()
 
 
 def _sglang_preemption(v: str, _c: EngineConfig) -> Flags:
     if v == "swap":
-        return Flags((), "SGLang has no swap preemption: it retracts and recomputes "
-                         "requests (the nearest equivalent, used here)")
+        return Flags(
+            (),
+            "SGLang has no swap preemption: it retracts and recomputes "
+            "requests (the nearest equivalent, used here)",
+        )
     return Flags()
 
 
@@ -76,8 +86,10 @@ def _vllm_prefix(v: str, _c: EngineConfig) -> Flags:
         return Flags(("--no-enable-prefix-caching",))
     comment = None
     if v == "radix":
-        comment = ("vLLM has no radix prefix cache: its hash-based prefix caching is the "
-                   "nearest equivalent")
+        comment = (
+            "vLLM has no radix prefix cache: its hash-based prefix caching is the "
+            "nearest equivalent"
+        )
     return Flags(("--enable-prefix-caching",), comment)
 
 
@@ -85,17 +97,22 @@ def _sglang_prefix(v: str, _c: EngineConfig) -> Flags:
     if v == "none":
         return Flags(("--disable-radix-cache",))
     if v == "hash":
-        return Flags((), "SGLang has no hash prefix cache: its radix cache (on by default) is "
-                         "the nearest equivalent")
+        return Flags(
+            (),
+            "SGLang has no hash prefix cache: its radix cache (on by default) is "
+            "the nearest equivalent",
+        )
     return Flags()
 
 
 def _vllm_policy(v: str, c: EngineConfig) -> Flags:
     if v == "prefill_first":
-        return Flags(("--no-enable-chunked-prefill", "--max-model-len", str(c.max_model_len)),
-                     "vLLM V1 never runs prefill-only steps: without chunked prefill it keeps "
-                     "prompts whole (the nearest equivalent); --max-model-len must not exceed "
-                     "the budget")
+        return Flags(
+            ("--no-enable-chunked-prefill", "--max-model-len", str(c.max_model_len)),
+            "vLLM V1 never runs prefill-only steps: without chunked prefill it keeps "
+            "prompts whole (the nearest equivalent); --max-model-len must not exceed "
+            "the budget",
+        )
     return Flags()
 
 
@@ -120,17 +137,17 @@ def _none(_v: Any, _c: EngineConfig) -> Flags:
 
 
 FLAGS: dict[str, dict[str, Rule]] = {
-    "max_num_batched_tokens": {"vllm": _value("--max-num-batched-tokens"),
-                               "sglang": _sglang_chunk},
+    "max_num_batched_tokens": {"vllm": _value("--max-num-batched-tokens"), "sglang": _sglang_chunk},
     "long_prefill_token_threshold": {"vllm": _vllm_threshold, "sglang": _none},
     "block_size": {"vllm": _vllm_block, "sglang": _value("--page-size")},
-    "max_num_seqs": {"vllm": _value("--max-num-seqs"),
-                     "sglang": _value("--max-running-requests")},
+    "max_num_seqs": {"vllm": _value("--max-num-seqs"), "sglang": _value("--max-running-requests")},
     "preemption_mode": {"vllm": _vllm_preemption, "sglang": _sglang_preemption},
     "prefix_caching": {"vllm": _vllm_prefix, "sglang": _sglang_prefix},
     "policy": {"vllm": _vllm_policy, "sglang": _sglang_policy},
-    "gpu_memory_utilization": {"vllm": _value("--gpu-memory-utilization"),
-                               "sglang": _value("--mem-fraction-static")},
+    "gpu_memory_utilization": {
+        "vllm": _value("--gpu-memory-utilization"),
+        "sglang": _value("--mem-fraction-static"),
+    },
     "num_gpu_blocks": {"vllm": _vllm_blocks, "sglang": _sglang_blocks},
     "max_model_len": {"vllm": _none, "sglang": _none},
     "swap_space_gb": {"vllm": _none, "sglang": _none},
@@ -139,10 +156,13 @@ FLAGS: dict[str, dict[str, Rule]] = {
 not a serving limit, so it is not exported (except where prefill-first needs it)."""
 
 _LAUNCH = {
-    "vllm": lambda model, tp: ["vllm", "serve", model]
-    + (["--tensor-parallel-size", str(tp)] if tp > 1 else []),
-    "sglang": lambda model, tp: ["python", "-m", "sglang.launch_server", "--model-path", model]
-    + (["--tp-size", str(tp)] if tp > 1 else []),
+    "vllm": lambda model, tp: (
+        ["vllm", "serve", model] + (["--tensor-parallel-size", str(tp)] if tp > 1 else [])
+    ),
+    "sglang": lambda model, tp: (
+        ["python", "-m", "sglang.launch_server", "--model-path", model]
+        + (["--tp-size", str(tp)] if tp > 1 else [])
+    ),
 }
 
 

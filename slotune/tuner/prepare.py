@@ -170,8 +170,10 @@ def prepare(o: TuneOptions) -> Prepared:
     if objective == "goodput" and o.rate is not None:
         notes.append(f"--rate {o.rate:g} starts the goodput search; the searched rate varies")
     if any(r.session_id is not None for r in trace.requests) and load.timestamps is False:
-        notes.append("the trace has sessions: a rate counts new sessions per second; later "
-                     "turns follow when the previous answer (and the tool time) is done")
+        notes.append(
+            "the trace has sessions: a rate counts new sessions per second; later "
+            "turns follow when the previous answer (and the tool time) is done"
+        )
     setup = TuneSetup(
         gpu=o.gpu or "local",
         model=o.model,

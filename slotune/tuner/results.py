@@ -65,8 +65,9 @@ def pareto_front(trials: list[Any]) -> list[Any]:
     return sorted(front, key=lambda t: (-_goodput(t), _score(t)))
 
 
-def select_best(trials: list[Any], objective: str, target: float,
-                baseline: dict[str, Any] | None = None) -> Any | None:
+def select_best(
+    trials: list[Any], objective: str, target: float, baseline: dict[str, Any] | None = None
+) -> Any | None:
     """The recommendation; among equals, the one that changes fewest of ``baseline``'s
     settings (a radix cache that measures the same as hash is not worth a change)."""
     if not trials:
@@ -103,8 +104,7 @@ def trials_frame(study: Any) -> Any:
             row["value"] = t.value if t.values else math.nan
         row["duration_s"] = t.duration.total_seconds() if t.duration else math.nan
         row["user_attrs_feasible"] = t.user_attrs.get("feasible")
-        for key in ("score", "attainment", "rate", "goodput_rps", "goodput_value",
-                    "reused_from"):
+        for key in ("score", "attainment", "rate", "goodput_rps", "goodput_value", "reused_from"):
             if key in t.user_attrs:
                 row[key] = t.user_attrs[key]
         for name, value in t.params.items():
@@ -272,9 +272,11 @@ def _saturation_note(setup: Any, best: Any) -> list[str]:
     rung = best.user_attrs.get("goodput_rung")
     if not setup.ladder or rung is None or rung < setup.ladder["highest"]:
         return []
-    return ["the recommendation meets the SLO at the highest rate searched: the trace is too "
-            "short (or its sessions too few) to load the engine fully, so its goodput is a "
-            "lower bound; use more requests or --objective weighted with a --rate"]
+    return [
+        "the recommendation meets the SLO at the highest rate searched: the trace is too "
+        "short (or its sessions too few) to load the engine fully, so its goodput is a "
+        "lower bound; use more requests or --objective weighted with a --rate"
+    ]
 
 
 def _baseline_value(objective: str, baseline: dict[str, Any]) -> Any:

@@ -93,8 +93,11 @@ class TuneSetup:
     def differences(self, other: TuneSetup) -> list[str]:
         """Fields (besides the sampler and notes) on which two setups disagree."""
         skip = {"sampler", "notes", "load", "ladder"}
-        out = [f.name for f in fields(self)
-               if f.name not in skip and getattr(self, f.name) != getattr(other, f.name)]
+        out = [
+            f.name
+            for f in fields(self)
+            if f.name not in skip and getattr(self, f.name) != getattr(other, f.name)
+        ]
         mine, theirs = self.load, other.load
         for f in fields(LoadSpec):
             if f.name in ("native_rate",):

@@ -111,10 +111,12 @@ class Param:
 def default_params() -> dict[str, Param]:
     """Issue 5's default space."""
     return {
-        "max_num_batched_tokens": Param("max_num_batched_tokens", low=256, high=32768,
-                                        log=True, step=128),
-        "long_prefill_token_threshold": Param("long_prefill_token_threshold", low=64,
-                                              high=32768, log=True, allow_off=True),
+        "max_num_batched_tokens": Param(
+            "max_num_batched_tokens", low=256, high=32768, log=True, step=128
+        ),
+        "long_prefill_token_threshold": Param(
+            "long_prefill_token_threshold", low=64, high=32768, log=True, allow_off=True
+        ),
         "block_size": Param("block_size", values=(8, 16, 32, 64, 128, 256)),
         "preemption_mode": Param("preemption_mode", values=("recompute", "swap")),
         "max_num_seqs": Param("max_num_seqs", low=8, high=1024, log=True),
@@ -156,8 +158,9 @@ class SearchSpace:
                 continue
             if p.is_range:
                 assert p.low is not None and p.high is not None
-                chosen[name] = trial.suggest_int(name, p.low, p.high, log=p.log,
-                                                 step=1 if p.log else p.step)
+                chosen[name] = trial.suggest_int(
+                    name, p.low, p.high, log=p.log, step=1 if p.log else p.step
+                )
             else:
                 chosen[name] = trial.suggest_categorical(name, list(p.values or ()))
         return chosen
@@ -239,8 +242,9 @@ class SearchSpace:
         prefill-first budget rule are applied, and configurations that coincide are kept once.
         """
         names = [n for n in _SEARCH_ORDER if n != "long_prefill_token_threshold"]
-        axes = [self.params[n].grid_values() if not self.params[n].is_fixed else [None]
-                for n in names]
+        axes = [
+            self.params[n].grid_values() if not self.params[n].is_fixed else [None] for n in names
+        ]
         threshold = self.params["long_prefill_token_threshold"]
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
@@ -331,8 +335,9 @@ def load_search_file(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
-        raise SearchSpaceError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                               f"{str(e).splitlines()[0]}") from None
+        raise SearchSpaceError(
+            f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {str(e).splitlines()[0]}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -349,8 +354,9 @@ def _override(default: Param, spec: Any, where: str) -> Param:
     if isinstance(spec, dict):
         unknown = set(spec) - _RANGE_KEYS
         if unknown:
-            raise SearchSpaceError(f"{at}: unknown key(s) {sorted(unknown)}; a range takes "
-                                   f"{sorted(_RANGE_KEYS)}")
+            raise SearchSpaceError(
+                f"{at}: unknown key(s) {sorted(unknown)}; a range takes {sorted(_RANGE_KEYS)}"
+            )
         if not default.is_range:
             raise SearchSpaceError(f"{at}: takes a value or a list of values, not a range")
         merged = {**default.to_dict(), **spec}
@@ -358,8 +364,9 @@ def _override(default: Param, spec: Any, where: str) -> Param:
             merged["high"] = default.high
         for key in ("low", "high", "step"):
             if not _is_int(merged[key]) or merged[key] < 1:
-                raise SearchSpaceError(f"{at}: {key} must be a positive integer "
-                                       f"(got {merged[key]!r})")
+                raise SearchSpaceError(
+                    f"{at}: {key} must be a positive integer (got {merged[key]!r})"
+                )
         for key in ("log", "allow_off"):
             if not isinstance(merged[key], bool):
                 raise SearchSpaceError(f"{at}: {key} must be true or false (got {merged[key]!r})")
@@ -372,8 +379,14 @@ def _override(default: Param, spec: Any, where: str) -> Param:
                 f"{at}: empty range: no multiple of {merged['step']} lies in "
                 f"[{merged['low']}, {merged['high']}]"
             )
-        return Param(name, low=low, high=high, log=merged["log"], step=merged["step"],
-                     allow_off=merged["allow_off"])
+        return Param(
+            name,
+            low=low,
+            high=high,
+            log=merged["log"],
+            step=merged["step"],
+            allow_off=merged["allow_off"],
+        )
     values = spec if isinstance(spec, list) else [spec]
     if not values:
         raise SearchSpaceError(f"{at}: empty list of values; give at least one")
@@ -384,9 +397,7 @@ def _override(default: Param, spec: Any, where: str) -> Param:
 def _check_value(name: str, value: Any, at: str) -> Any:
     if name in _CATEGORICAL:
         if value not in _CATEGORICAL[name]:
-            raise SearchSpaceError(
-                f"{at}: {value!r} is not one of {', '.join(_CATEGORICAL[name])}"
-            )
+            raise SearchSpaceError(f"{at}: {value!r} is not one of {', '.join(_CATEGORICAL[name])}")
         return value
     if name == "long_prefill_token_threshold" and (value is False or value in ("off", 0)):
         return 0
@@ -445,4 +456,3 @@ def describe(space: SearchSpace) -> dict[str, str]:
         else:
             out[name] = ", ".join(str(v) for v in p.values or ())
     return out
-

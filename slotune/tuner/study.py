@@ -90,10 +90,12 @@ def _with_driver(url: str) -> str:
     import importlib.util
 
     for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix) and importlib.util.find_spec("psycopg") is None and (
-            importlib.util.find_spec("psycopg2") is not None
+        if (
+            url.startswith(prefix)
+            and importlib.util.find_spec("psycopg") is None
+            and (importlib.util.find_spec("psycopg2") is not None)
         ):
-            return "postgresql+psycopg2://" + url[len(prefix):]
+            return "postgresql+psycopg2://" + url[len(prefix) :]
     return url
 
 
@@ -112,8 +114,9 @@ def create(url: str, name: str, setup: TuneSetup, baseline: dict[str, Any]) -> A
     from slotune.tuner.trial import DIRECTIONS, METRIC_NAMES
 
     storage = open_storage(url)
-    study = optuna.create_study(storage=storage, study_name=name,
-                                directions=list(DIRECTIONS[setup.objective]))
+    study = optuna.create_study(
+        storage=storage, study_name=name, directions=list(DIRECTIONS[setup.objective])
+    )
     study.set_metric_names(list(METRIC_NAMES[setup.objective]))
     study.set_user_attr(SETUP_ATTR, setup.to_dict())
     study.set_user_attr(BASELINE_ATTR, baseline)
@@ -129,7 +132,8 @@ def _enqueue_baseline(study: Any, setup: TuneSetup, baseline: dict[str, Any]) ->
     if setup.sampler == "grid":
         return
     params = SearchSpace.from_dict(setup.space).params_for(
-        EngineConfig.from_dict(baseline["config"]))
+        EngineConfig.from_dict(baseline["config"])
+    )
     if params is not None:
         study.enqueue_trial(params, user_attrs={"baseline": True})
 
@@ -156,7 +160,10 @@ def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
     quiet_optuna()
     if name == "tpe":
         return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, constant_liar=True,
+            seed=seed,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
             n_startup_trials=max(3, min(10, n_trials // 4)),
         )
     if name == "nsga2":
@@ -185,8 +192,11 @@ def enqueue_grid(study: Any, space: SearchSpace, seed: int, total: int) -> int:
     random.Random(seed).shuffle(points)
     trials = study.get_trials(deepcopy=False)
     seen = {config_key_of(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs}
-    seen |= {config_key(space.config_from_params(t.params)) for t in trials
-             if t.state == TrialState.WAITING}
+    seen |= {
+        config_key(space.config_from_params(t.params))
+        for t in trials
+        if t.state == TrialState.WAITING
+    }
     planned = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.WAITING))
     for params in points:
         if planned >= total:
@@ -199,9 +209,16 @@ def enqueue_grid(study: Any, space: SearchSpace, seed: int, total: int) -> int:
     return len(points)
 
 
-def run_worker(url: str, name: str, n_trials: int, worker: int, *, timeout: float | None = None,
-               callbacks: list[Callable[[Any, Any], None]] | None = None,
-               evaluator: Any | None = None) -> None:
+def run_worker(
+    url: str,
+    name: str,
+    n_trials: int,
+    worker: int,
+    *,
+    timeout: float | None = None,
+    callbacks: list[Callable[[Any, Any], None]] | None = None,
+    evaluator: Any | None = None,
+) -> None:
     """Run ``n_trials`` trials of a stored study in this process (reusing ``evaluator``'s
     loaded trace and cached runs when given)."""
     import optuna
@@ -216,13 +233,17 @@ def run_worker(url: str, name: str, n_trials: int, worker: int, *, timeout: floa
     study = optuna.load_study(study_name=name, storage=open_storage(url), sampler=sampler)
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)
-    objective = TrialObjective(setup, evaluator, SearchSpace.from_dict(setup.space),
-                               baseline_rung=baseline.get("goodput_rung"), worker=worker)
+    objective = TrialObjective(
+        setup,
+        evaluator,
+        SearchSpace.from_dict(setup.space),
+        baseline_rung=baseline.get("goodput_rung"),
+        worker=worker,
+    )
     study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks or [])
 
 
-def _worker_entry(url: str, name: str, n_trials: int, worker: int,
-                  timeout: float | None) -> None:
+def _worker_entry(url: str, name: str, n_trials: int, worker: int, timeout: float | None) -> None:
     with contextlib.suppress(KeyboardInterrupt):
         run_worker(url, name, n_trials, worker, timeout=timeout)
 
@@ -233,18 +254,26 @@ def split_trials(n_trials: int, n_jobs: int) -> list[int]:
     return [n_trials // n_jobs + (1 if i < n_trials % n_jobs else 0) for i in range(n_jobs)]
 
 
-def run_workers(url: str, name: str, n_trials: int, n_jobs: int, *,
-                timeout: float | None = None,
-                on_progress: Callable[[Any], None] | None = None,
-                evaluator: Any | None = None) -> None:
+def run_workers(
+    url: str,
+    name: str,
+    n_trials: int,
+    n_jobs: int,
+    *,
+    timeout: float | None = None,
+    on_progress: Callable[[Any], None] | None = None,
+    evaluator: Any | None = None,
+) -> None:
     """Run ``n_trials`` more trials on ``n_jobs`` processes: this one and ``n_jobs - 1``
     spawned workers on the same storage. ``on_progress(study)`` follows every trial."""
     import optuna
 
     quotas = split_trials(n_trials, n_jobs)
     ctx = multiprocessing.get_context("spawn")
-    children = [ctx.Process(target=_worker_entry, args=(url, name, q, i + 1, timeout), daemon=True)
-                for i, q in enumerate(quotas[1:])]
+    children = [
+        ctx.Process(target=_worker_entry, args=(url, name, q, i + 1, timeout), daemon=True)
+        for i, q in enumerate(quotas[1:])
+    ]
     for child in children:
         child.start()
     watcher = optuna.load_study(study_name=name, storage=open_storage(url))
@@ -254,8 +283,9 @@ def run_workers(url: str, name: str, n_trials: int, n_jobs: int, *,
             on_progress(watcher)
 
     try:
-        run_worker(url, name, quotas[0], 0, timeout=timeout, callbacks=[progress],
-                   evaluator=evaluator)
+        run_worker(
+            url, name, quotas[0], 0, timeout=timeout, callbacks=[progress], evaluator=evaluator
+        )
         while any(c.is_alive() for c in children):
             progress(None, None)
             time.sleep(0.25)

@@ -74,8 +74,9 @@ def test_missing_search_file(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_study(tmp_path: Path) -> None:
-    result = runner.invoke(app, [*OK, "--resume", "--study-name", "ghost",
-                                 "--out", str(tmp_path / "o")])
+    result = runner.invoke(
+        app, [*OK, "--resume", "--study-name", "ghost", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "no study named 'ghost'" in result.output
 
 
@@ -85,6 +86,6 @@ def test_export_bad_input(tmp_path: Path) -> None:
     bad = tmp_path / "best.json"
     bad.write_text("{}")
     result = runner.invoke(app, ["export", str(bad)])
-    assert result.exit_code == 2 and "no \"config\"" in result.output
+    assert result.exit_code == 2 and 'no "config"' in result.output
     result = runner.invoke(app, ["export", str(bad), "--format", "toml"])
     assert result.exit_code == 2 and "unknown format" in result.output

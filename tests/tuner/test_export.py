@@ -23,22 +23,43 @@ def test_the_table_covers_every_engine_config_field() -> None:
 
 
 def test_vllm_command() -> None:
-    text = export(best(max_num_batched_tokens=4096, long_prefill_token_threshold=512,
-                       block_size=32, max_num_seqs=128, prefix_caching="none"), "vllm")
+    text = export(
+        best(
+            max_num_batched_tokens=4096,
+            long_prefill_token_threshold=512,
+            block_size=32,
+            max_num_seqs=128,
+            prefix_caching="none",
+        ),
+        "vllm",
+    )
     assert "#" not in text
     assert text.startswith("vllm serve meta-llama/Meta-Llama-3-8B-Instruct ")
-    for piece in ("--max-num-batched-tokens 4096", "--long-prefill-token-threshold 512",
-                  "--block-size 32", "--max-num-seqs 128", "--no-enable-prefix-caching",
-                  "--gpu-memory-utilization 0.9"):
+    for piece in (
+        "--max-num-batched-tokens 4096",
+        "--long-prefill-token-threshold 512",
+        "--block-size 32",
+        "--max-num-seqs 128",
+        "--no-enable-prefix-caching",
+        "--gpu-memory-utilization 0.9",
+    ):
         assert piece in text
 
 
 def test_sglang_command() -> None:
-    text = export(best(max_num_batched_tokens=4096, block_size=32, max_num_seqs=128,
-                       prefix_caching="none"), "sglang")
+    text = export(
+        best(max_num_batched_tokens=4096, block_size=32, max_num_seqs=128, prefix_caching="none"),
+        "sglang",
+    )
     assert text.startswith("python -m sglang.launch_server --model-path ")
-    for piece in ("--chunked-prefill-size 4096", "--page-size 32", "--max-running-requests 128",
-                  "--disable-radix-cache", "--enable-mixed-chunk", "--mem-fraction-static 0.9"):
+    for piece in (
+        "--chunked-prefill-size 4096",
+        "--page-size 32",
+        "--max-running-requests 128",
+        "--disable-radix-cache",
+        "--enable-mixed-chunk",
+        "--mem-fraction-static 0.9",
+    ):
         assert piece in text
     assert "#" not in text
 
@@ -55,14 +76,26 @@ def test_tensor_parallel_flags() -> None:
         ({"preemption_mode": "swap"}, "vllm", "vLLM V1 has no swap preemption", None),
         ({"preemption_mode": "swap"}, "sglang", "SGLang has no swap preemption", None),
         ({"prefix_caching": "hash"}, "sglang", "SGLang has no hash prefix cache", None),
-        ({"prefix_caching": "radix"}, "vllm", "vLLM has no radix prefix cache",
-         "--enable-prefix-caching"),
+        (
+            {"prefix_caching": "radix"},
+            "vllm",
+            "vLLM has no radix prefix cache",
+            "--enable-prefix-caching",
+        ),
         ({"block_size": 256}, "vllm", "vLLM serves block sizes", "--block-size 128"),
         ({"block_size": 8}, "vllm", "vLLM serves block sizes", "--block-size 16"),
-        ({"policy": "prefill_first", "max_num_batched_tokens": 4096}, "vllm",
-         "never runs prefill-only steps", "--no-enable-chunked-prefill"),
-        ({"long_prefill_token_threshold": 256}, "sglang", "no per-request long-prefill",
-         "--chunked-prefill-size 256"),
+        (
+            {"policy": "prefill_first", "max_num_batched_tokens": 4096},
+            "vllm",
+            "never runs prefill-only steps",
+            "--no-enable-chunked-prefill",
+        ),
+        (
+            {"long_prefill_token_threshold": 256},
+            "sglang",
+            "no per-request long-prefill",
+            "--chunked-prefill-size 256",
+        ),
     ],
 )
 def test_unsupported_choices_get_a_comment_and_the_nearest_equivalent(
@@ -87,9 +120,11 @@ def test_supported_choices_have_no_comment() -> None:
 def test_json_and_yaml_are_the_engine_config() -> None:
     b = best(max_num_seqs=77, policy="prefill_first", max_num_batched_tokens=2048)
     assert EngineConfig.from_dict(json.loads(export(b, "json"))) == EngineConfig.from_dict(
-        b["config"])
+        b["config"]
+    )
     assert EngineConfig.from_dict(yaml.safe_load(export(b, "yaml"))) == EngineConfig.from_dict(
-        b["config"])
+        b["config"]
+    )
 
 
 def test_unknown_format() -> None:

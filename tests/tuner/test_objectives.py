@@ -30,7 +30,8 @@ def test_weighted_score_is_the_weighted_ratio_to_the_targets() -> None:
     assert weighted_score(summary(150.0, 100.0), targets, weights, 99) == pytest.approx(1.25)
     assert weighted_score(summary(150.0, 100.0), targets, {"ttft": 1.0}, 99) == pytest.approx(0.5)
     assert weighted_score(summary(150.0, 100.0), targets, weights, 50) == pytest.approx(
-        0.5 * 10 / 300 + 0.5 * 5 / 50)
+        0.5 * 10 / 300 + 0.5 * 5 / 50
+    )
 
 
 def test_a_metric_with_its_own_slo_percentile_is_scored_at_it() -> None:
@@ -43,7 +44,8 @@ def test_a_metric_with_its_own_slo_percentile_is_scored_at_it() -> None:
 def test_an_undefined_percentile_scores_the_penalty() -> None:
     targets = {"ttft": 300.0, "tpot": 50.0}
     assert weighted_score(summary(None, 20.0), targets, {"ttft": 0.5, "tpot": 0.5}, 99) == (
-        PENALTY_SCORE)
+        PENALTY_SCORE
+    )
 
 
 def test_attainment_constraint_is_feasible_at_or_above_target() -> None:
@@ -59,14 +61,20 @@ def test_weights_parse_and_normalize() -> None:
     assert resolve_weights(None, ["ttft", "tpot"]) == {"ttft": 0.5, "tpot": 0.5}
     assert resolve_weights(None, ["ttft"]) == {"ttft": 1.0}
     assert resolve_weights(None, ["ttft", "itl", "tpot"]) == pytest.approx(
-        {"ttft": 1 / 3, "itl": 1 / 3, "tpot": 1 / 3})
+        {"ttft": 1 / 3, "itl": 1 / 3, "tpot": 1 / 3}
+    )
     assert resolve_weights(None, ["e2e", "itl"]) == {"e2e": 0.5, "itl": 0.5}
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("ttft=fast", "not a number"), ("ttft", "METRIC=WEIGHT"), ("speed=1", "unknown metric"),
-     ("ttft=-1", ">= 0"), ("", "no weight")],
+    [
+        ("ttft=fast", "not a number"),
+        ("ttft", "METRIC=WEIGHT"),
+        ("speed=1", "unknown metric"),
+        ("ttft=-1", ">= 0"),
+        ("", "no weight"),
+    ],
 )
 def test_bad_weights_are_rejected(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -20,16 +20,34 @@ from slotune.tuner.study import open_storage
 
 URL = os.environ.get("SLOTUNE_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(
-    not URL, reason="SLOTUNE_TEST_POSTGRES_URL is not set (no PostgreSQL server to test against; "
-                    ".ci/run starts one)")
+    not URL,
+    reason="SLOTUNE_TEST_POSTGRES_URL is not set (no PostgreSQL server to test against; "
+    ".ci/run starts one)",
+)
 
 
 def test_two_worker_processes_share_a_postgres_study(tmp_path: Path) -> None:
     assert URL is not None
     name = f"pg-{uuid.uuid4().hex[:10]}"
-    args = ["tune", "--gpu", "h100", "--slo", "ttft=300ms,tpot=50ms", "--num-requests", "30",
-            "--objective", "weighted", "--rate", "4", "--storage", URL, "--study-name", name,
-            "--out", str(tmp_path / "out")]
+    args = [
+        "tune",
+        "--gpu",
+        "h100",
+        "--slo",
+        "ttft=300ms,tpot=50ms",
+        "--num-requests",
+        "30",
+        "--objective",
+        "weighted",
+        "--rate",
+        "4",
+        "--storage",
+        URL,
+        "--study-name",
+        name,
+        "--out",
+        str(tmp_path / "out"),
+    ]
     try:
         result = CliRunner().invoke(app, [*args, "--trials", "6", "--n-jobs", "2"])
         assert result.exit_code == 0, result.output

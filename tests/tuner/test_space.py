@@ -34,8 +34,13 @@ def sample(space: SearchSpace, n: int, seed: int = 0) -> list[tuple[dict, Engine
 def test_default_space_searches_the_seven_knobs() -> None:
     space = build_space(max_model_len=2048)
     assert set(space.free_names) == {
-        "max_num_batched_tokens", "long_prefill_token_threshold", "block_size",
-        "preemption_mode", "max_num_seqs", "prefix_caching", "policy",
+        "max_num_batched_tokens",
+        "long_prefill_token_threshold",
+        "block_size",
+        "preemption_mode",
+        "max_num_seqs",
+        "prefix_caching",
+        "policy",
     }
     assert space.fixed == {"max_model_len": 2048}
 
@@ -69,31 +74,44 @@ def test_every_sampled_trial_is_a_valid_config_and_conditionals_hold() -> None:
 
 def test_threshold_at_or_above_the_budget_is_off() -> None:
     space = build_space(max_model_len=2048)
-    config = space.config_from_params({
-        "policy": "chunked", "max_num_batched_tokens": 1024, THRESHOLD_GATE: True,
-        "long_prefill_token_threshold": 4096, "block_size": 16, "max_num_seqs": 64,
-        "preemption_mode": "recompute", "prefix_caching": "hash",
-    })
+    config = space.config_from_params(
+        {
+            "policy": "chunked",
+            "max_num_batched_tokens": 1024,
+            THRESHOLD_GATE: True,
+            "long_prefill_token_threshold": 4096,
+            "block_size": 16,
+            "max_num_seqs": 64,
+            "preemption_mode": "recompute",
+            "prefix_caching": "hash",
+        }
+    )
     assert config.long_prefill_token_threshold == 0
 
 
 def test_prefill_first_is_dropped_when_no_budget_can_hold_a_prompt() -> None:
-    space = build_space(max_model_len=8000,
-                        overrides={"max_num_batched_tokens": {"low": 256, "high": 4096}})
+    space = build_space(
+        max_model_len=8000, overrides={"max_num_batched_tokens": {"low": 256, "high": 4096}}
+    )
     assert space.params["policy"].values == ("chunked",)
     with pytest.raises(SearchSpaceError, match="prefill_first"):
-        build_space(max_model_len=8000, overrides={
-            "max_num_batched_tokens": {"high": 4096}, "policy": "prefill_first"})
+        build_space(
+            max_model_len=8000,
+            overrides={"max_num_batched_tokens": {"high": 4096}, "policy": "prefill_first"},
+        )
 
 
 def test_overrides_fix_narrow_and_choose() -> None:
-    space = build_space(max_model_len=2048, overrides={
-        "max_num_batched_tokens": {"low": 1000, "high": 5000},
-        "block_size": 32,
-        "prefix_caching": ["hash", "radix"],
-        "long_prefill_token_threshold": "off",
-        "gpu_memory_utilization": 0.8,
-    })
+    space = build_space(
+        max_model_len=2048,
+        overrides={
+            "max_num_batched_tokens": {"low": 1000, "high": 5000},
+            "block_size": 32,
+            "prefix_caching": ["hash", "radix"],
+            "long_prefill_token_threshold": "off",
+            "gpu_memory_utilization": 0.8,
+        },
+    )
     budget = space.params["max_num_batched_tokens"]
     assert (budget.low, budget.high, budget.step, budget.log) == (1024, 4992, 128, True)
     assert space.params["block_size"].is_fixed
@@ -126,8 +144,12 @@ def test_bad_overrides_name_the_problem(overrides: dict, message: str) -> None:
 
 def test_empty_search_space_is_an_error() -> None:
     everything_fixed = {
-        "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 0, "block_size": 16,
-        "preemption_mode": "recompute", "max_num_seqs": 256, "prefix_caching": "hash",
+        "max_num_batched_tokens": 2048,
+        "long_prefill_token_threshold": 0,
+        "block_size": 16,
+        "preemption_mode": "recompute",
+        "max_num_seqs": 256,
+        "prefix_caching": "hash",
         "policy": "chunked",
     }
     with pytest.raises(SearchSpaceError, match="empty search space"):
@@ -148,11 +170,17 @@ def test_search_file_yaml_and_json(tmp_path) -> None:
 
 
 def test_grid_holds_distinct_valid_configs() -> None:
-    space = build_space(max_model_len=2048, overrides={
-        "max_num_batched_tokens": [1024, 4096], "block_size": [16, 32],
-        "max_num_seqs": [64, 256], "preemption_mode": "recompute", "prefix_caching": "hash",
-        "long_prefill_token_threshold": {"low": 256, "high": 2048},
-    })
+    space = build_space(
+        max_model_len=2048,
+        overrides={
+            "max_num_batched_tokens": [1024, 4096],
+            "block_size": [16, 32],
+            "max_num_seqs": [64, 256],
+            "preemption_mode": "recompute",
+            "prefix_caching": "hash",
+            "long_prefill_token_threshold": {"low": 256, "high": 2048},
+        },
+    )
     grid = space.grid()
     configs = [space.config_from_params(p) for p in grid]
     keys = {json.dumps(c.to_dict(), sort_keys=True) for c in configs}

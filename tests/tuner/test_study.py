@@ -14,11 +14,18 @@ from slotune.tuner.study import make_sampler, split_trials
 from slotune.tuner.trial import TrialObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-SPACE = build_space(max_model_len=1024, overrides={
-    "max_num_batched_tokens": 2048, "long_prefill_token_threshold": "off", "block_size": 16,
-    "preemption_mode": "recompute", "prefix_caching": "hash", "policy": "chunked",
-    "max_num_seqs": {"low": 8, "high": 512},
-})
+SPACE = build_space(
+    max_model_len=1024,
+    overrides={
+        "max_num_batched_tokens": 2048,
+        "long_prefill_token_threshold": "off",
+        "block_size": 16,
+        "preemption_mode": "recompute",
+        "prefix_caching": "hash",
+        "policy": "chunked",
+        "max_num_seqs": {"low": 8, "high": 512},
+    },
+)
 
 
 class FakeEvaluator:
@@ -32,20 +39,28 @@ class FakeEvaluator:
     def measure(self, config, rate=None) -> Measurement:
         self.runs += 1
         att = 1.0 if config.max_num_seqs >= 100 else 0.5
-        return Measurement(rate, {"slo_attainment": att}, config.max_num_seqs / 100, att,
-                           att >= 0.99)
+        return Measurement(
+            rate, {"slo_attainment": att}, config.max_num_seqs / 100, att, att >= 0.99
+        )
 
 
 def setup(objective: str = "weighted") -> TuneSetup:
-    return TuneSetup(gpu="h100", model="llama-3-8b", slo="ttft=300ms,tpot=50ms",
-                     objective=objective, weights={"ttft": 0.5, "tpot": 0.5}, percentile=99,
-                     attainment=0.99, space=SPACE.to_dict(), load=LoadSpec(rate=1.0))
+    return TuneSetup(
+        gpu="h100",
+        model="llama-3-8b",
+        slo="ttft=300ms,tpot=50ms",
+        objective=objective,
+        weights={"ttft": 0.5, "tpot": 0.5},
+        percentile=99,
+        attainment=0.99,
+        space=SPACE.to_dict(),
+        load=LoadSpec(rate=1.0),
+    )
 
 
 def run_study(sampler: str, n: int = 30) -> tuple[optuna.Study, FakeEvaluator]:
     evaluator = FakeEvaluator()
-    study = optuna.create_study(
-        direction="minimize", sampler=make_sampler(sampler, 1, n_trials=n))
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, 1, n_trials=n))
     study.optimize(TrialObjective(setup(), evaluator, SPACE), n_trials=n)  # type: ignore[arg-type]
     return study, evaluator
 
@@ -89,14 +104,20 @@ class FakeGoodputEvaluator(FakeEvaluator):
 
 
 def test_goodput_trials_reuse_measured_configurations() -> None:
-    space = build_space(max_model_len=1024, overrides={
-        "max_num_batched_tokens": 2048, "long_prefill_token_threshold": "off",
-        "block_size": 16, "preemption_mode": "recompute", "prefix_caching": "hash",
-        "policy": "chunked", "max_num_seqs": {"low": 8, "high": 16},
-    })
+    space = build_space(
+        max_model_len=1024,
+        overrides={
+            "max_num_batched_tokens": 2048,
+            "long_prefill_token_threshold": "off",
+            "block_size": 16,
+            "preemption_mode": "recompute",
+            "prefix_caching": "hash",
+            "policy": "chunked",
+            "max_num_seqs": {"low": 8, "high": 16},
+        },
+    )
     evaluator = FakeGoodputEvaluator()
-    study = optuna.create_study(direction="maximize",
-                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(TrialObjective(setup("goodput"), evaluator, space), n_trials=25)  # type: ignore[arg-type]
     trials = finished(study)
     assert evaluator.runs == len({t.user_attrs["config"]["max_num_seqs"] for t in trials}) < 25
@@ -107,21 +128,38 @@ def test_goodput_trials_reuse_measured_configurations() -> None:
 def test_goodput_selection_breaks_ties_by_score() -> None:
     study = optuna.create_study(direction="maximize")
     for goodput, score in ((5.0, 0.9), (7.0, 0.8), (7.0, 0.6), (3.0, 0.1)):
-        study.add_trial(optuna.trial.create_trial(
-            value=goodput,
-            user_attrs={"config": {}, "goodput_value": goodput, "goodput_rps": goodput,
-                        "score": score}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=goodput,
+                user_attrs={
+                    "config": {},
+                    "goodput_value": goodput,
+                    "goodput_rps": goodput,
+                    "score": score,
+                },
+            )
+        )
     best = select_best(finished(study), "goodput", 0.99)
     assert (best.user_attrs["goodput_rps"], best.user_attrs["score"]) == (7.0, 0.6)
     simpler = optuna.create_study(direction="maximize")
     for cache in ("radix", "hash"):
-        simpler.add_trial(optuna.trial.create_trial(value=7.0, user_attrs={
-            "config": {"prefix_caching": cache}, "goodput_value": 7.0, "score": 0.5}))
+        simpler.add_trial(
+            optuna.trial.create_trial(
+                value=7.0,
+                user_attrs={
+                    "config": {"prefix_caching": cache},
+                    "goodput_value": 7.0,
+                    "score": 0.5,
+                },
+            )
+        )
     chosen = select_best(finished(simpler), "goodput", 0.99, {"prefix_caching": "hash"})
     assert chosen.user_attrs["config"]["prefix_caching"] == "hash"
     front = pareto_front(finished(study))
     assert [(t.user_attrs["goodput_rps"], t.user_attrs["score"]) for t in front] == [
-        (7.0, 0.6), (3.0, 0.1)]
+        (7.0, 0.6),
+        (3.0, 0.1),
+    ]
 
 
 def test_split_trials_is_exact() -> None:

@@ -33,9 +33,24 @@ def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> 
     output = tune("--objective", "weighted", "--rate", "4", "--trials", "4", "--out", str(out))
     assert "Recommended vs vLLM defaults" in output
     best = json.loads((out / "best.json").read_text())
-    for key in ("config", "metrics", "objective", "objective_value", "slo", "gpu", "model", "tp",
-                "trace", "baseline", "seed", "sampler", "study_name", "date",
-                "slotune_version", "commands"):
+    for key in (
+        "config",
+        "metrics",
+        "objective",
+        "objective_value",
+        "slo",
+        "gpu",
+        "model",
+        "tp",
+        "trace",
+        "baseline",
+        "seed",
+        "sampler",
+        "study_name",
+        "date",
+        "slotune_version",
+        "commands",
+    ):
         assert key in best, key
     assert best["objective"] == "weighted" and best["trace"]["name"] == "sharegpt-like"
     assert best["trace"]["stats"]["requests"] == 30
@@ -45,8 +60,15 @@ def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> 
     with open(out / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
-    assert {"number", "state", "value", "config_max_num_batched_tokens", "ttft_ms_p99",
-            "slo_attainment", "user_attrs_feasible"} <= set(rows[0])
+    assert {
+        "number",
+        "state",
+        "value",
+        "config_max_num_batched_tokens",
+        "ttft_ms_p99",
+        "slo_attainment",
+        "user_attrs_feasible",
+    } <= set(rows[0])
     for run in ("best", "baseline"):
         for name in ("summary.json", "requests.csv", "steps.csv"):
             assert (out / "runs" / run / name).is_file(), (run, name)
@@ -109,20 +131,40 @@ def test_pareto_reports_the_front(tmp_path: Path) -> None:
     front = best["pareto_front"]
     assert front and best["trial"] in {p["trial"] for p in front}
     for a in front:
-        assert not any(b["goodput"] >= a["goodput"] and b["score"] <= a["score"]
-                       and (b["goodput"], b["score"]) != (a["goodput"], a["score"])
-                       for b in front)
+        assert not any(
+            b["goodput"] >= a["goodput"]
+            and b["score"] <= a["score"]
+            and (b["goodput"], b["score"]) != (a["goodput"], a["score"])
+            for b in front
+        )
 
 
 def test_tuner_beats_a_clearly_bad_baseline(tmp_path: Path) -> None:
     """Long prompts on an A100: vLLM's 2048-token budget makes every decode wait behind
     long prefill chunks, so inter-token latency blows through a 50 ms SLO."""
     out = tmp_path / "out"
-    result = runner.invoke(app, [
-        "tune", "--gpu", "a100-80g", "--trace", "long-context", "--num-requests", "40",
-        "--rate", "2", "--slo", "ttft=2000ms,itl=50ms", "--objective", "weighted",
-        "--trials", "10", "--out", str(out),
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "--gpu",
+            "a100-80g",
+            "--trace",
+            "long-context",
+            "--num-requests",
+            "40",
+            "--rate",
+            "2",
+            "--slo",
+            "ttft=2000ms,itl=50ms",
+            "--objective",
+            "weighted",
+            "--trials",
+            "10",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     best = json.loads((out / "best.json").read_text())
     assert best["baseline"]["score"] > 1.5
@@ -131,23 +173,49 @@ def test_tuner_beats_a_clearly_bad_baseline(tmp_path: Path) -> None:
 
 def test_grid_sampler_runs_every_point_once(tmp_path: Path) -> None:
     search = tmp_path / "grid.yaml"
-    search.write_text("max_num_batched_tokens: [1024, 4096]\nmax_num_seqs: [64, 256]\n"
-                      "long_prefill_token_threshold: off\nblock_size: 16\npolicy: chunked\n"
-                      "preemption_mode: recompute\nprefix_caching: hash\n")
+    search.write_text(
+        "max_num_batched_tokens: [1024, 4096]\nmax_num_seqs: [64, 256]\n"
+        "long_prefill_token_threshold: off\nblock_size: 16\npolicy: chunked\n"
+        "preemption_mode: recompute\nprefix_caching: hash\n"
+    )
     out = tmp_path / "out"
-    output = tune("--objective", "weighted", "--rate", "4", "--sampler", "grid", "--trials",
-                  "10", "--search", str(search), "--out", str(out))
+    output = tune(
+        "--objective",
+        "weighted",
+        "--rate",
+        "4",
+        "--sampler",
+        "grid",
+        "--trials",
+        "10",
+        "--search",
+        str(search),
+        "--out",
+        str(out),
+    )
     assert "Grid: 4 configurations" in output
     trials = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
-    points = {(t.user_attrs["config"]["max_num_batched_tokens"],
-               t.user_attrs["config"]["max_num_seqs"]) for t in trials}
+    points = {
+        (t.user_attrs["config"]["max_num_batched_tokens"], t.user_attrs["config"]["max_num_seqs"])
+        for t in trials
+    }
     assert len(trials) == 4 and points == {(1024, 64), (1024, 256), (4096, 64), (4096, 256)}
 
 
 def test_two_workers_on_sqlite_share_the_study(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    tune("--objective", "weighted", "--rate", "4", "--trials", "4", "--n-jobs", "2",
-         "--out", str(out))
+    tune(
+        "--objective",
+        "weighted",
+        "--rate",
+        "4",
+        "--trials",
+        "4",
+        "--n-jobs",
+        "2",
+        "--out",
+        str(out),
+    )
     trials = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
     assert len(trials) == 4
     assert {t.user_attrs["worker"] for t in trials} == {0, 1}
@@ -165,11 +233,27 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     import time
 
     out = tmp_path / "out"
-    args = [sys.executable, "-c", "from slotune.cli.app import main; main()", *SMALL,
-            "--objective", "weighted", "--rate", "4", "--study-name", "c", "--out", str(out)]
-    proc = subprocess.Popen([*args, "--trials", "500"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    args = [
+        sys.executable,
+        "-c",
+        "from slotune.cli.app import main; main()",
+        *SMALL,
+        "--objective",
+        "weighted",
+        "--rate",
+        "4",
+        "--study-name",
+        "c",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [*args, "--trials", "500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     storage = f"sqlite:///{out}/study.db"
     deadline = time.monotonic() + 60
     done = 0
@@ -184,8 +268,11 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output
     assert "run the same command with --resume" in output and "Traceback" not in output
-    kept = [t for t in optuna.load_study(study_name="c", storage=storage).trials
-            if t.state.name == "COMPLETE"]
+    kept = [
+        t
+        for t in optuna.load_study(study_name="c", storage=storage).trials
+        if t.state.name == "COMPLETE"
+    ]
     assert len(kept) >= 3
     before = {t.number: t.datetime_complete for t in kept}
     total = len(kept) + 2

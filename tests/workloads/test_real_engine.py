@@ -20,12 +20,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_run_engine_with_the_torch_executor(tiny_model: Path) -> None:
     reqs = (
         TraceRequest(request_id="a", prompt_len=40, output_len=4, session_id="s"),
-        TraceRequest(request_id="b", prompt_len=12, output_len=3, session_id="s", turn=1,
-                     think_time_s=0.01, parent_id="a"),
+        TraceRequest(
+            request_id="b",
+            prompt_len=12,
+            output_len=3,
+            session_id="s",
+            turn=1,
+            think_time_s=0.01,
+            parent_id="a",
+        ),
         TraceRequest(request_id="c", prompt_len=30, output_len=5),
     )
-    engine = Engine.local(EngineConfig(max_num_batched_tokens=64, max_model_len=256),
-                          model=str(tiny_model), device="cpu")
+    engine = Engine.local(
+        EngineConfig(max_num_batched_tokens=64, max_model_len=256),
+        model=str(tiny_model),
+        device="cpu",
+    )
     res = run_engine(engine, Trace(name="tiny", requests=reqs), ArrivalSpec(rate=50, constant=True))
     df = res.requests.set_index("request_id")
     assert df["error"].isna().all()
