@@ -17,7 +17,8 @@ group is dormant: its commits and the reuse of its blocks are logged in order, u
 before anyone could look them up). The first lookup into a group replays its log, which
 leaves exactly the entries eager hashing would have left, and from then on the group
 hashes eagerly. A dormant group whose blocks have all been reused is dropped: it would
-replay to nothing.
+replay to nothing. While a group has one request, the reuse of its blocks is not even
+logged: nothing in the group could win a key that a reused block gave up.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class HashPrefixCache:
                 if group is None:
                     group = self._dormant[h0] = _Group(h0, key0)
                 if group.key0 == key0:
+                    if len(group.members) == 1:
+                        self._second_member(group)
                     group.members.append((hashes, token_ids))
                     self._log(group, hashes, token_ids, blocks, 0, num_full_blocks)
                     return hashes, []
@@ -161,6 +164,14 @@ class HashPrefixCache:
                 block.block_hash = h
                 block.block_key = key
 
+    @staticmethod
+    def _second_member(group: _Group) -> None:
+        """From now on reuse is logged; drop the blocks the first request lost unlogged."""
+        group.log = [
+            (token_ids, [b if b.block_key is group else None for b in logged], first)  # type: ignore[union-attr,misc]
+            for token_ids, logged, first in group.log  # type: ignore[misc]
+        ]
+
     def _replay(self, group: _Group) -> None:
         """Hash a dormant group's log in order, leaving what eager hashing would have left."""
         del self._dormant[group.h0]
@@ -169,7 +180,6 @@ class HashPrefixCache:
         chains: dict[int, list[tuple[int, Key]]] = {}
         owner: dict[int, tuple[KVCacheBlock, Key]] = {}
         registered: dict[int, int] = {}  # id(block) -> its hash, while it owns one
-        live: dict[int, KVCacheBlock] = {}
         for event in group.log:
             if type(event) is tuple:
                 token_ids, logged, first = event
@@ -177,20 +187,26 @@ class HashPrefixCache:
                 if chain is None or len(chain) < first + len(logged):
                     chain = chains[id(token_ids)] = _chain(token_ids, bs, first + len(logged))
                 for block, (h, key) in zip(logged, chain[first:], strict=False):
-                    live[id(block)] = block
+                    if block is None:
+                        continue
                     if id(block) not in registered and h not in owner:
                         owner[h] = (block, key)
                         registered[id(block)] = h
             else:
-                live.pop(id(event), None)
                 h = registered.pop(id(event), None)
                 if h is not None:
                     del owner[h]
-        for block in live.values():
-            block.block_key = None
+        kept = []  # logged blocks not reused since (whether logged or not: one request)
+        for event in group.log:
+            if type(event) is tuple:
+                for block in event[1]:
+                    if block is not None and block.block_key is group:
+                        block.block_key = None
+                        kept.append(block)
+        kept_ids = {id(block) for block in kept}
         cached = self._blocks
         for h, (block, key) in owner.items():
-            if cached.setdefault(h, block) is block:
+            if id(block) in kept_ids and cached.setdefault(h, block) is block:
                 block.block_hash = h
                 block.block_key = key
         for hashes, token_ids in group.members:
@@ -215,10 +231,12 @@ class HashPrefixCache:
                 group: _Group = key  # type: ignore[assignment]
                 block.block_key = None
                 group.live -= 1
-                if group.live:
-                    group.log.append(block)
-                else:
+                if not group.live:
                     del self._dormant[group.h0]
+                    group.log = []  # its requests' states point back to it: no cycle
+                    group.members = []
+                elif len(group.members) > 1:
+                    group.log.append(block)
 
     def acquire(self, block: KVCacheBlock) -> None:
         raise AssertionError("hash-cached blocks live in the free queue")

@@ -1,0 +1,157 @@
+"""The hash cache hashes dormant groups lazily; it must leave what eager hashing leaves.
+
+The reference below is the eager cache (hash every full block at commit). Both run the
+same random sequence of admissions (lookup, hit, new blocks), growth, commits, forks and
+frees over a tiny token alphabet, so prefixes are shared, blocks are reused and groups
+are replayed at every point of their lives.
+"""
+
+from __future__ import annotations
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from slotune.engine.kv_cache import BlockPool, HashPrefixCache
+from slotune.engine.kv_cache.block_pool import KVCacheBlock
+
+
+class EagerHashCache:
+    num_evictable = 0
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._blocks: dict[int, KVCacheBlock] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def copy_state(self, state: list[int]) -> list[int]:
+        return list(state)
+
+    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], list]:
+        bs, blocks, hashes, parent = self.block_size, [], [], None
+        for i in range(max_blocks):
+            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            block = self._blocks.get(hash(key))
+            if block is None or block.block_key != key:
+                break
+            blocks.append(block)
+            parent = hash(key)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def commit(self, hashes: list, token_ids: list[int], blocks: list, num_full: int) -> tuple:
+        bs = self.block_size
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_full):
+            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            parent = h = hash(key)
+            hashes.append(h)
+            block = blocks[i]
+            if block.block_hash is None and self._blocks.setdefault(h, block) is block:
+                block.block_hash, block.block_key = h, key
+        return hashes, []
+
+    def forget_all(self, blocks: list[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block.block_hash is not None:
+                del self._blocks[block.block_hash]
+                block.block_hash = block.block_key = None
+
+
+class World:
+    def __init__(self, cache: object) -> None:
+        self.cache = cache
+        self.pool = BlockPool(10, cache)  # type: ignore[arg-type]
+        self.reqs: list[list] = []  # [tokens, blocks, state]
+        self.trace: list[object] = []
+
+    def admit(self, tokens: list[int]) -> None:
+        bs = self.cache.block_size  # type: ignore[attr-defined]
+        hit, state = self.cache.match(tokens, (len(tokens) - 1) // bs)  # type: ignore[attr-defined]
+        self.trace.append(([b.block_id for b in hit], list(state)))
+        need = -(-len(tokens) // bs) - len(hit)
+        if need > self.pool.free_queue.num_free_blocks - sum(b.ref_cnt == 0 for b in hit):
+            return
+        self.pool.touch(hit)
+        self.reqs.append([list(tokens), hit + self.pool.get_new_blocks(need), state])
+
+    def commit(self, i: int, k: int) -> None:
+        tokens, blocks, state = self.reqs[i % len(self.reqs)]
+        num_full = min(len(tokens) // self.cache.block_size, len(blocks), k)  # type: ignore[attr-defined]
+        self.cache.commit(state, tokens, blocks, num_full)  # type: ignore[attr-defined]
+
+    def grow(self, i: int, extra: list[int]) -> None:
+        req = self.reqs[i % len(self.reqs)]
+        bs = self.cache.block_size  # type: ignore[attr-defined]
+        need = -(-(len(req[0]) + len(extra)) // bs) - len(req[1])
+        if need > self.pool.free_queue.num_free_blocks:
+            return
+        req[0].extend(extra)
+        req[1] += self.pool.get_new_blocks(need)
+
+    def fork(self, i: int) -> None:
+        tokens, blocks, state = self.reqs[i % len(self.reqs)]
+        bs = self.cache.block_size  # type: ignore[attr-defined]
+        full = len(state) * bs
+        self.pool.touch(blocks[: len(state)])
+        self.reqs.append([tokens[:full], blocks[: len(state)], self.cache.copy_state(state)])  # type: ignore[attr-defined]
+
+    def free(self, i: int) -> None:
+        _, blocks, _ = self.reqs.pop(i % len(self.reqs))
+        self.pool.free_blocks(blocks[::-1])
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.lists(st.integers(0, 1), min_size=1, max_size=9)),
+        st.tuples(st.just("commit"), st.integers(0, 9), st.integers(0, 5)),
+        st.tuples(st.just("grow"), st.integers(0, 9), st.lists(st.integers(0, 1), max_size=4)),
+        st.tuples(st.just("fork"), st.integers(0, 9)),
+        st.tuples(st.just("free"), st.integers(0, 9)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(ops)
+@example(  # a second request joins a group after one of the first's blocks was reused
+    [
+        ("admit", [0, 0, 1, 1, 1]),
+        ("commit", 0, 2),
+        ("free", 0),
+        ("admit", [1] * 13),
+        ("admit", [0, 0]),
+        ("grow", 1, [0, 1]),
+        ("commit", 1, 2),
+        ("admit", [0, 0, 1, 1, 1]),
+    ]
+)
+@example(  # a logged block reused while its group is dormant must not be replayed as cached
+    [
+        ("admit", [0, 1, 0, 0, 0, 0]),
+        ("admit", [0, 0, 0, 0, 0, 0, 0]),
+        ("commit", 0, 3),
+        ("free", 0),
+        ("admit", [0, 0, 0, 0, 0, 0, 0]),
+    ]
+)
+def test_lazy_hash_cache_equals_eager(program: list[tuple]) -> None:
+    lazy, eager = World(HashPrefixCache(2)), World(EagerHashCache(2))
+    for op, *args in program:
+        for world in (lazy, eager):
+            if op != "admit" and not world.reqs:
+                continue
+            getattr(world, op)(*args)
+        assert lazy.trace == eager.trace
+        assert [b.block_id for b in lazy.pool.free_queue.blocks()] == [
+            b.block_id for b in eager.pool.free_queue.blocks()
+        ]
+    assert len(lazy.cache) == len(eager.cache)  # type: ignore[arg-type]
+    hashed = [(b.block_hash, b.block_key) for b in lazy.pool.blocks]
+    assert hashed == [(b.block_hash, b.block_key) for b in eager.pool.blocks]
+    assert [r[2] for r in lazy.reqs] == [r[2] for r in eager.reqs]
