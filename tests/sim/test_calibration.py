@@ -42,8 +42,11 @@ def test_fitted_profile_reproduces_the_reference_within_the_reported_error(gpu: 
 @needs_reference
 def test_h100_whole_layer_linear_time_is_close_at_serving_batch_sizes() -> None:
     profile = load_profile("h100")
-    rows = [r for r in mlp_errors(profile, REFERENCE / "h100_llama-2-7b_mlp.csv")
-            if r.op.endswith("proj") and not r.range_name.startswith("1–")]
+    rows = [
+        r
+        for r in mlp_errors(profile, REFERENCE / "h100_llama-2-7b_mlp.csv")
+        if r.op.endswith("proj") and not r.range_name.startswith("1–")
+    ]
     assert rows and all(r.median_pct < 10 for r in rows)
 
 

@@ -9,8 +9,13 @@ GIB = 1 << 30
 
 def test_llama_2_7b_block_count_matches_the_hand_calculation() -> None:
     profile, model = load_profile("a100-80g"), get_model("llama-2-7b")
-    config = EngineConfig(max_num_batched_tokens=512, max_num_seqs=256, block_size=16,
-                          gpu_memory_utilization=0.9, swap_space_gb=4)
+    config = EngineConfig(
+        max_num_batched_tokens=512,
+        max_num_seqs=256,
+        block_size=16,
+        gpu_memory_utilization=0.9,
+        swap_space_gb=4,
+    )
     # By hand: 0.9 × 80 GiB, less 13.48 GB of weights, 1 GiB runtime reserve, and the
     # activations of a 512-token step (per token 2 B × (3·4096 + 3·4096 + 3·11008)) plus
     # fp32 logits of 256 sampled rows; divided by 16 tokens × 0.5 MiB.
@@ -32,7 +37,8 @@ def test_a_bigger_token_budget_costs_kv_blocks() -> None:
     big = determine_capacity(profile, model, 1, EngineConfig(max_num_batched_tokens=16384))
     assert big.num_gpu_blocks < small.num_gpu_blocks
     grown = activation_workspace_bytes(model, 1, 16384, 256) - activation_workspace_bytes(
-        model, 1, 512, 256)
+        model, 1, 512, 256
+    )
     freed_blocks = small.num_gpu_blocks - big.num_gpu_blocks
     assert freed_blocks == pytest.approx(grown / kv_block_bytes(model, 1, 16), abs=1)
 

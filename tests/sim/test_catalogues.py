@@ -5,10 +5,29 @@ import pytest
 
 from slotune.engine.sim import GPUS, MODELS, UnknownNameError, get_gpu, get_model, load_profile
 
-REQUIRED_GPUS = ("h100", "h100-pcie", "h200", "a100-80g", "a100-40g", "l40s", "a10g", "l4",
-                 "b200", "mi300x")
-REQUIRED_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",
-                   "mistral-7b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b")
+REQUIRED_GPUS = (
+    "h100",
+    "h100-pcie",
+    "h200",
+    "a100-80g",
+    "a100-40g",
+    "l40s",
+    "a10g",
+    "l4",
+    "b200",
+    "mi300x",
+)
+REQUIRED_MODELS = (
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "qwen2.5-32b",
+    "qwen2.5-72b",
+)
 
 
 def test_catalogues_hold_the_required_names() -> None:
@@ -45,8 +64,16 @@ def test_llama_2_7b_shape_weights_and_kv() -> None:
 
 @pytest.mark.parametrize(
     ("name", "billions"),
-    [("llama-2-13b", 13.0), ("llama-2-70b", 69.0), ("llama-3-8b", 8.0), ("llama-3-70b", 70.6),
-     ("mistral-7b", 7.2), ("qwen2.5-7b", 7.6), ("qwen2.5-32b", 32.8), ("qwen2.5-72b", 72.7)],
+    [
+        ("llama-2-13b", 13.0),
+        ("llama-2-70b", 69.0),
+        ("llama-3-8b", 8.0),
+        ("llama-3-70b", 70.6),
+        ("mistral-7b", 7.2),
+        ("qwen2.5-7b", 7.6),
+        ("qwen2.5-32b", 32.8),
+        ("qwen2.5-72b", 72.7),
+    ],
 )
 def test_parameter_counts_match_the_published_sizes(name: str, billions: float) -> None:
     assert get_model(name).num_params / 1e9 == pytest.approx(billions, rel=0.01)
@@ -59,9 +86,15 @@ def test_gqa_kv_bytes() -> None:
 
 def test_hf_config_path_is_read(tmp_path: Path) -> None:
     cfg = {
-        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "num_hidden_layers": 24,
-        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
-        "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
         "eos_token_id": 151643,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -16,9 +16,22 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 def test_estimate_json_has_the_per_layer_ops_and_the_step() -> None:
-    code, out = _run("estimate", "--gpu", "h100", "--model", "llama-3-8b", "--tokens", "512",
-                     "--context", "1024", "--decode-batch", "16", "--decode-context", "900",
-                     "--json")
+    code, out = _run(
+        "estimate",
+        "--gpu",
+        "h100",
+        "--model",
+        "llama-3-8b",
+        "--tokens",
+        "512",
+        "--context",
+        "1024",
+        "--decode-batch",
+        "16",
+        "--decode-context",
+        "900",
+        "--json",
+    )
     assert code == 0, out
     data = json.loads(out)
     assert set(data["per_layer_ms"]) >= OPS
@@ -28,8 +41,18 @@ def test_estimate_json_has_the_per_layer_ops_and_the_step() -> None:
 
 
 def test_estimate_with_tp_has_allreduce_and_the_table_prints() -> None:
-    code, out = _run("estimate", "--gpu", "a100-80g", "--model", "llama-2-70b", "--tp", "4",
-                     "--tokens", "256", "--json")
+    code, out = _run(
+        "estimate",
+        "--gpu",
+        "a100-80g",
+        "--model",
+        "llama-2-70b",
+        "--tp",
+        "4",
+        "--tokens",
+        "256",
+        "--json",
+    )
     assert code == 0, out
     assert json.loads(out)["per_layer_ms"]["allreduce"] > 0
     code, out = _run("estimate", "--gpu", "h100", "--model", "llama-2-7b", "--tokens", "128")
@@ -39,8 +62,9 @@ def test_estimate_with_tp_has_allreduce_and_the_table_prints() -> None:
 def test_estimate_accepts_a_profile_path(tmp_path: Path) -> None:
     path = tmp_path / "my-gpu.json"
     shutil.copy(PROFILE_DIR / "h100.json", path)
-    code, out = _run("estimate", "--gpu", str(path), "--model", "llama-2-7b", "--tokens", "64",
-                     "--json")
+    code, out = _run(
+        "estimate", "--gpu", str(path), "--model", "llama-2-7b", "--tokens", "64", "--json"
+    )
     assert code == 0, out
     assert json.loads(out)["gpu"] == "h100"
 
@@ -58,8 +82,18 @@ def test_gpus_and_models_list_the_catalogues() -> None:
     code, out = _run("gpus", "--json")
     assert code == 0
     names = {g["name"] for g in json.loads(out)}
-    assert {"h100", "h100-pcie", "h200", "a100-80g", "a100-40g", "l40s", "a10g", "l4", "b200",
-            "mi300x"} <= names
+    assert {
+        "h100",
+        "h100-pcie",
+        "h200",
+        "a100-80g",
+        "a100-40g",
+        "l40s",
+        "a10g",
+        "l4",
+        "b200",
+        "mi300x",
+    } <= names
     code, out = _run("models", "--json")
     assert code == 0
     by_name = {m["name"]: m for m in json.loads(out)}

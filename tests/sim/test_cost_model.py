@@ -68,8 +68,10 @@ def test_attention_floors_and_growth(cm: CostModel) -> None:
 
 def test_small_blocks_make_decode_attention_slower() -> None:
     profile, model = load_profile("h100"), get_model("llama-2-7b")
-    times = [CostModel(profile, model, block_size=b).decode_step_seconds(64, 64 * 2000)
-             for b in (1, 8, 16, 32, 128)]
+    times = [
+        CostModel(profile, model, block_size=b).decode_step_seconds(64, 64 * 2000)
+        for b in (1, 8, 16, 32, 128)
+    ]
     assert times == sorted(times, reverse=True)
     assert times[0] > 1.5 * times[2]
 
@@ -120,8 +122,9 @@ def test_profile_efficiency_above_one_is_refused() -> None:
 
 def test_a_profile_file_with_its_own_spec_loads(tmp_path: Path) -> None:
     base = load_profile("h100")
-    custom = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, name="h100-slow",
-                                                               hbm_gbps=1000.0))
+    custom = dataclasses.replace(
+        base, gpu=dataclasses.replace(base.gpu, name="h100-slow", hbm_gbps=1000.0)
+    )
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(custom.to_dict()))
     loaded = load_profile(str(path))

@@ -11,15 +11,19 @@ from slotune.engine.sim import SimExecutor
 
 
 def _request(rid: str, prompt: int, computed: int, stop: tuple[int, ...] = ()) -> Request:
-    req = Request(rid, list(range(1, prompt + 1)), SamplingParams(max_tokens=100,
-                                                                  stop_token_ids=stop),
-                  eos_token_id=2)
+    req = Request(
+        rid,
+        list(range(1, prompt + 1)),
+        SamplingParams(max_tokens=100, stop_token_ids=stop),
+        eos_token_id=2,
+    )
     req.num_computed_tokens = computed
     return req
 
 
-def _output(chunks: dict[str, tuple[int, int, int]], **copies: list[tuple[int, int]]
-            ) -> SchedulerOutput:
+def _output(
+    chunks: dict[str, tuple[int, int, int]], **copies: list[tuple[int, int]]
+) -> SchedulerOutput:
     """``chunks[rid] = (prompt_len, computed, scheduled)``; a request samples when its chunk
     reaches the end of its tokens."""
     so = SchedulerOutput(**copies)

@@ -7,8 +7,9 @@ import pytest
 from slotune.engine import Engine, EngineConfig, SamplingParams
 
 
-def _run(engine: Engine, prompts: dict[str, list[int]], max_tokens: int,
-         stagger: bool = False) -> tuple[dict[str, list[int]], float]:
+def _run(
+    engine: Engine, prompts: dict[str, list[int]], max_tokens: int, stagger: bool = False
+) -> tuple[dict[str, list[int]], float]:
     """Run to completion; return every request's tokens and the simulated time."""
     tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
     clock = 0.0
@@ -29,13 +30,16 @@ def _run(engine: Engine, prompts: dict[str, list[int]], max_tokens: int,
 
 
 def _prompts(n: int, length: int, shared: int = 0) -> dict[str, list[int]]:
-    return {f"r{i}": list(range(1, shared + 1)) + [1000 + i * 7919 + j for j in range(length)]
-            for i in range(n)}
+    return {
+        f"r{i}": list(range(1, shared + 1)) + [1000 + i * 7919 + j for j in range(length)]
+        for i in range(n)
+    }
 
 
 def _engine(**kw: object) -> Engine:
-    base: dict[str, object] = dict(block_size=16, max_num_batched_tokens=512,
-                                   prefix_caching="none", max_model_len=2048)
+    base: dict[str, object] = dict(
+        block_size=16, max_num_batched_tokens=512, prefix_caching="none", max_model_len=2048
+    )
     base.update(kw)
     return Engine.simulated(EngineConfig(**base), gpu="a100-80g", model="llama-2-7b")  # type: ignore[arg-type]
 

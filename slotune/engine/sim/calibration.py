@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-DEFAULT_REFERENCE = Path(__file__).resolve().parents[3] / ".." / "shared" / "reference" / (
-    "gpu-profiles"
+DEFAULT_REFERENCE = (
+    Path(__file__).resolve().parents[3] / ".." / "shared" / "reference" / ("gpu-profiles")
 )
 
 # Which reference files feed which shipped profile.
@@ -147,8 +147,9 @@ def nelder_mead(
 ) -> list[float]:
     """A plain Nelder-Mead minimiser (no SciPy in the dependency set)."""
     n = len(x0)
-    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)]
-                            for i in range(n)]
+    simplex = [list(x0)] + [
+        [x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)
+    ]
     values = [f(x) for x in simplex]
     for _ in range(iters):
         order = sorted(range(n + 1), key=values.__getitem__)
@@ -177,8 +178,9 @@ def nelder_mead(
                 simplex[-1], values[-1] = con, fc
             else:
                 best = simplex[0]
-                simplex = [best] + [[best[j] + 0.5 * (x[j] - best[j]) for j in range(n)]
-                                    for x in simplex[1:]]
+                simplex = [best] + [
+                    [best[j] + 0.5 * (x[j] - best[j]) for j in range(n)] for x in simplex[1:]
+                ]
                 values = [values[0]] + [f(x) for x in simplex[1:]]
     return simplex[min(range(n + 1), key=values.__getitem__)]
 
@@ -276,8 +278,9 @@ def fit_elementwise(gpu: GpuSpec, frames: list[pd.DataFrame]) -> dict[str, Eleme
         if per_byte < 1.0 / bw:  # faster than the datasheet: pin to the floor, refit overhead
             per_byte = 1.0 / bw
             ovh = max(0.0, float(np.sum((t - b * per_byte) / t**2) / np.sum(1.0 / t**2)))
-        out[op] = ElementwiseProfile(overhead_us=round(ovh * 1e6, 4),
-                                     eff=round(min(1.0, 1.0 / (per_byte * bw)), 4))
+        out[op] = ElementwiseProfile(
+            overhead_us=round(ovh * 1e6, 4), eff=round(min(1.0, 1.0 / (per_byte * bw)), 4)
+        )
     return out
 
 
@@ -344,8 +347,9 @@ def fit_attention(gpu: GpuSpec, frames: list[pd.DataFrame]) -> AttentionProfile:
     return best[1]
 
 
-def fit_profile(gpu_name: str, reference: Path, attention_from: GpuProfile | None = None
-                ) -> GpuProfile:
+def fit_profile(
+    gpu_name: str, reference: Path, attention_from: GpuProfile | None = None
+) -> GpuProfile:
     gpu = get_gpu(gpu_name)
     sources = FIT_SOURCES[gpu.name]
     mlp = [_read(reference / f) for f in sources["mlp"]]
@@ -355,21 +359,28 @@ def fit_profile(gpu_name: str, reference: Path, attention_from: GpuProfile | Non
         att_note = f"attention fitted to {', '.join(att_files)}"
     elif attention_from is not None:
         attention = attention_from.attention
-        att_note = (f"attention efficiencies taken from the {attention_from.gpu.name} fit "
-                    "(no attention measurements for this GPU)")
+        att_note = (
+            f"attention efficiencies taken from the {attention_from.gpu.name} fit "
+            "(no attention measurements for this GPU)"
+        )
     else:
         raise ValueError(f"{gpu.name}: no attention data and no profile to take it from")
-    note = (f"Fitted to {', '.join(sources['mlp'])} (linear and memory-bound ops); {att_note}. "
-            "Block indirection, links, copies and CPU overheads are estimates, not fitted.")
-    return GpuProfile(gpu, fit_linear(gpu, mlp), fit_elementwise(gpu, mlp), attention,
-                      SystemProfile(), note=note)
+    note = (
+        f"Fitted to {', '.join(sources['mlp'])} (linear and memory-bound ops); {att_note}. "
+        "Block indirection, links, copies and CPU overheads are estimates, not fitted."
+    )
+    return GpuProfile(
+        gpu, fit_linear(gpu, mlp), fit_elementwise(gpu, mlp), attention, SystemProfile(), note=note
+    )
 
 
 def derive_profile(base: GpuProfile, gpu_name: str) -> GpuProfile:
     gpu = get_gpu(gpu_name)
-    note = (f"Not measured: the {base.gpu.name} profile's efficiencies and overheads applied "
-            f"to the {gpu.name} datasheet figures (bandwidth, peak FLOP/s, links), i.e. scaled "
-            "by datasheet ratios.")
+    note = (
+        f"Not measured: the {base.gpu.name} profile's efficiencies and overheads applied "
+        f"to the {gpu.name} datasheet figures (bandwidth, peak FLOP/s, links), i.e. scaled "
+        "by datasheet ratios."
+    )
     return replace(base, gpu=gpu, note=note)
 
 
@@ -381,8 +392,16 @@ def _summarise(file: str, op: str, rows: list[tuple[str, float]]) -> list[ErrorR
     names = list(dict.fromkeys(name for name, _ in rows))
     for name in names:
         errs = np.array([e for n, e in rows if n == name]) * 100
-        out.append(ErrorRow(file, op, name, len(errs), round(float(np.median(errs)), 1),
-                            round(float(np.percentile(errs, 90)), 1)))
+        out.append(
+            ErrorRow(
+                file,
+                op,
+                name,
+                len(errs),
+                round(float(np.median(errs)), 1),
+                round(float(np.percentile(errs, 90)), 1),
+            )
+        )
     return out
 
 
@@ -412,8 +431,9 @@ def mlp_errors(profile: GpuProfile, path: Path) -> list[ErrorRow]:
                 k, n = (int(v[i]) for v in _gemm_dims(s, op))
                 pred = gemm_seconds(profile.linear, bw, peak, m, k, n)
             else:
-                nbytes = elementwise_bytes(op, m, int(s["hidden"][i]), int(s["qk_dim"][i]),
-                                           int(s["ffn"][i]))
+                nbytes = elementwise_bytes(
+                    op, m, int(s["hidden"][i]), int(s["qk_dim"][i]), int(s["ffn"][i])
+                )
                 pred = elementwise_seconds(profile.elementwise[op], bw, nbytes)
             if op != "embed":
                 layer_pred[i] += pred
@@ -422,11 +442,14 @@ def mlp_errors(profile: GpuProfile, path: Path) -> list[ErrorRow]:
             if name:
                 rows.append((name, abs(pred / meas[i] - 1)))
         out += _summarise(path.name, column, sorted(rows, key=_range_start))
-    layer = [(name, abs(p / q - 1)) for i, (p, q) in enumerate(zip(layer_pred, layer_meas,
-                                                                    strict=True))
-             if q > 0 and (name := _range_name(int(s["m"][i]), TOKEN_RANGES, "tokens"))]
-    return out + _summarise(path.name, "layer (all ops above but emb)",
-                            sorted(layer, key=_range_start))
+    layer = [
+        (name, abs(p / q - 1))
+        for i, (p, q) in enumerate(zip(layer_pred, layer_meas, strict=True))
+        if q > 0 and (name := _range_name(int(s["m"][i]), TOKEN_RANGES, "tokens"))
+    ]
+    return out + _summarise(
+        path.name, "layer (all ops above but emb)", sorted(layer, key=_range_start)
+    )
 
 
 def _range_start(row: tuple[str, float]) -> int:
@@ -446,20 +469,23 @@ def attention_errors(profile: GpuProfile, path: Path) -> list[ErrorRow]:
         if a["prefill"][i]:
             chunk, prior = int(a["chunk"][i]), int(a["prior"][i])
             pred = att.prefill_overhead_us * 1e-6 + prefill_attention_seconds(
-                att, bw, peak, chunk, prior, q, hd, kvb)
+                att, bw, peak, chunk, prior, q, hd, kvb
+            )
             name = _range_name(chunk, CHUNK_RANGES, "chunk tokens")
             if name:
                 pre_rows.append((name, abs(pred / pre_meas[i] - 1)))
         else:
             batch = int(a["batch"][i])
-            pred = decode_attention_seconds(att, bw, batch, batch * (int(a["prior"][i]) + 1), kvb,
-                                            int(a["block_size"][i]))
+            pred = decode_attention_seconds(
+                att, bw, batch, batch * (int(a["prior"][i]) + 1), kvb, int(a["block_size"][i])
+            )
             name = _range_name(batch, BATCH_RANGES, "sequences")
             if name:
                 dec_rows.append((name, abs(pred / dec_meas[i] - 1)))
 
-    return (_summarise(path.name, "attn_prefill", sorted(pre_rows, key=_range_start))
-            + _summarise(path.name, "attn_decode", sorted(dec_rows, key=_range_start)))
+    return _summarise(path.name, "attn_prefill", sorted(pre_rows, key=_range_start)) + _summarise(
+        path.name, "attn_decode", sorted(dec_rows, key=_range_start)
+    )
 
 
 def profile_errors(profile: GpuProfile, reference: Path) -> list[ErrorRow]:
@@ -505,8 +531,11 @@ def fit_all(reference: Path, out_dir: Path) -> list[Path]:
     for name, prof in fitted.items():
         errors = profile_errors(prof, reference)
         summary = {f"{r.file}:{r.op}:{r.range_name}": r.p90_pct for r in errors}
-        written.append(_write(prof, out_dir, {"fitted_from": FIT_SOURCES[name],
-                                              "fit_p90_abs_error_pct": summary}))
+        written.append(
+            _write(
+                prof, out_dir, {"fitted_from": FIT_SOURCES[name], "fit_p90_abs_error_pct": summary}
+            )
+        )
     for name, base in DERIVED_FROM.items():
         written.append(_write(derive_profile(fitted[base], name), out_dir, {"derived_from": base}))
     return written
@@ -515,8 +544,12 @@ def fit_all(reference: Path, out_dir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slotune.engine.sim.calibration")
     parser.add_argument("command", choices=["fit", "report"])
-    parser.add_argument("--reference", type=Path, default=DEFAULT_REFERENCE,
-                        help="folder with the reference *_mlp.csv and *_attention.csv files")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=DEFAULT_REFERENCE,
+        help="folder with the reference *_mlp.csv and *_attention.csv files",
+    )
     parser.add_argument("--out", type=Path, default=PROFILE_DIR, help="where fit writes profiles")
     args = parser.parse_args(argv)
     if not args.reference.is_dir():

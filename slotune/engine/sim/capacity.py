@@ -40,8 +40,12 @@ def activation_workspace_bytes(
 
 def kv_block_bytes(model: ModelSpec, tp: int, block_size: int) -> int:
     """Bytes of one KV block on one GPU (its shard of the KV heads)."""
-    return 2 * model.num_layers * model.kv_heads_per_gpu(tp) * model.head_dim * (
-        model.dtype_bytes * block_size
+    return (
+        2
+        * model.num_layers
+        * model.kv_heads_per_gpu(tp)
+        * model.head_dim
+        * (model.dtype_bytes * block_size)
     )
 
 

@@ -56,8 +56,14 @@ def elementwise_seconds(p: ElementwiseProfile, bw: float, nbytes: float) -> floa
 
 
 def prefill_attention_seconds(
-    p: AttentionProfile, bw: float, peak: float, chunk: int, prior: int, q_heads: int,
-    head_dim: int, kv_bytes_per_token: int,
+    p: AttentionProfile,
+    bw: float,
+    peak: float,
+    chunk: int,
+    prior: int,
+    q_heads: int,
+    head_dim: int,
+    kv_bytes_per_token: int,
 ) -> float:
     """One chunk of ``chunk`` new tokens attending to ``prior`` cached ones and causally to
     itself, without the per-kernel overhead (paid once per step)."""
@@ -74,13 +80,17 @@ def decode_kv_seconds_per_token(
     p: AttentionProfile, bw: float, kv_bytes_per_token: int, block_size: int
 ) -> float:
     """Seconds per context token read by decode attention at ``block_size``."""
-    return kv_bytes_per_token * (1.0 + p.block_indirection_tokens / block_size) / (
-        bw * p.decode_eff
+    return (
+        kv_bytes_per_token * (1.0 + p.block_indirection_tokens / block_size) / (bw * p.decode_eff)
     )
 
 
 def decode_attention_seconds(
-    p: AttentionProfile, bw: float, num_seqs: int, context_sum: int, kv_bytes_per_token: int,
+    p: AttentionProfile,
+    bw: float,
+    num_seqs: int,
+    context_sum: int,
+    kv_bytes_per_token: int,
     block_size: int,
 ) -> float:
     if num_seqs <= 0:
@@ -169,9 +179,7 @@ class CostModel:
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
 
         def elem(op: str) -> float:
-            return elementwise_seconds(
-                ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn)
-            )
+            return elementwise_seconds(ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn))
 
         return {
             "qkv_proj": gemm_seconds(p.linear, bw, peak, m, h, self.qkv_out),
@@ -243,8 +251,10 @@ class CostModel:
             + self._cpu_req * num_requests
         )
         if num_decodes:
-            t += self._dec_fixed + self._dec_per_seq * num_decodes + (
-                self._dec_per_ctx * decode_context_sum
+            t += (
+                self._dec_fixed
+                + self._dec_per_seq * num_decodes
+                + (self._dec_per_ctx * decode_context_sum)
             )
         if prefill_chunks:
             t += self._pre_fixed
@@ -306,8 +316,10 @@ class CostModel:
         if chunks:
             attention += self._pre_fixed + self.prefill_chunk_seconds(*chunks[0])
         if num_decodes:
-            attention += self._dec_fixed + self._dec_per_seq * num_decodes + (
-                self._dec_per_ctx * num_decodes * decode_context
+            attention += (
+                self._dec_fixed
+                + self._dec_per_seq * num_decodes
+                + (self._dec_per_ctx * num_decodes * decode_context)
             )
         per_layer["attention"] = attention / layers
         num_samples = (1 if chunks else 0) + num_decodes
@@ -322,7 +334,11 @@ class CostModel:
             "cpu": self._cpu_step + self._cpu_req * num_requests,
         }
         total = self.step_seconds(
-            num_tokens, num_samples, num_requests, num_decodes, num_decodes * decode_context,
+            num_tokens,
+            num_samples,
+            num_requests,
+            num_decodes,
+            num_decodes * decode_context,
             chunks,
         )
         return StepBreakdown(per_layer, per_step, total)

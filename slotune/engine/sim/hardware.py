@@ -47,37 +47,128 @@ GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5 column), 2023.
-        GpuSpec("h100", "NVIDIA H100 SXM5 80GB", 80, 3350, 989.4, 1978.9, 64, 900, "NVLink 4",
-                "NVIDIA H100 datasheet, SXM column"),
+        GpuSpec(
+            "h100",
+            "NVIDIA H100 SXM5 80GB",
+            80,
+            3350,
+            989.4,
+            1978.9,
+            64,
+            900,
+            "NVLink 4",
+            "NVIDIA H100 datasheet, SXM column",
+        ),
         # Same datasheet, PCIe column (NVLink bridge 600 GB/s).
-        GpuSpec("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, 2000, 756.0, 1513.0, 64, 600,
-                "NVLink bridge", "NVIDIA H100 datasheet, PCIe column"),
+        GpuSpec(
+            "h100-pcie",
+            "NVIDIA H100 PCIe 80GB",
+            80,
+            2000,
+            756.0,
+            1513.0,
+            64,
+            600,
+            "NVLink bridge",
+            "NVIDIA H100 datasheet, PCIe column",
+        ),
         # NVIDIA H200 Tensor Core GPU datasheet (SXM column), 2024.
-        GpuSpec("h200", "NVIDIA H200 SXM 141GB", 141, 4800, 989.4, 1978.9, 64, 900, "NVLink 4",
-                "NVIDIA H200 datasheet, SXM column"),
+        GpuSpec(
+            "h200",
+            "NVIDIA H200 SXM 141GB",
+            141,
+            4800,
+            989.4,
+            1978.9,
+            64,
+            900,
+            "NVLink 4",
+            "NVIDIA H200 datasheet, SXM column",
+        ),
         # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column); no FP8 tensor cores.
-        GpuSpec("a100-80g", "NVIDIA A100 SXM4 80GB", 80, 2039, 312.0, None, 32, 600, "NVLink 3",
-                "NVIDIA A100 datasheet, 80GB SXM column"),
+        GpuSpec(
+            "a100-80g",
+            "NVIDIA A100 SXM4 80GB",
+            80,
+            2039,
+            312.0,
+            None,
+            32,
+            600,
+            "NVLink 3",
+            "NVIDIA A100 datasheet, 80GB SXM column",
+        ),
         # Same datasheet, 40GB SXM column.
-        GpuSpec("a100-40g", "NVIDIA A100 SXM4 40GB", 40, 1555, 312.0, None, 32, 600, "NVLink 3",
-                "NVIDIA A100 datasheet, 40GB SXM column"),
+        GpuSpec(
+            "a100-40g",
+            "NVIDIA A100 SXM4 40GB",
+            40,
+            1555,
+            312.0,
+            None,
+            32,
+            600,
+            "NVLink 3",
+            "NVIDIA A100 datasheet, 40GB SXM column",
+        ),
         # NVIDIA L40S datasheet; no NVLink, GPUs talk over PCIe Gen4 x16 (64 GB/s both ways).
-        GpuSpec("l40s", "NVIDIA L40S 48GB", 48, 864, 362.05, 733.0, 32, 64, "PCIe 4.0",
-                "NVIDIA L40S datasheet"),
+        GpuSpec(
+            "l40s",
+            "NVIDIA L40S 48GB",
+            48,
+            864,
+            362.05,
+            733.0,
+            32,
+            64,
+            "PCIe 4.0",
+            "NVIDIA L40S datasheet",
+        ),
         # AWS G5 / NVIDIA A10G figures (A10G: 24 GB GDDR6, 600 GB/s, 70 dense BF16 TFLOP/s
         # against the A10's 125), as compared by Baseten's "A10 vs A10G" note.
-        GpuSpec("a10g", "NVIDIA A10G 24GB (AWS)", 24, 600, 70.0, None, 32, 64, "PCIe 4.0",
-                "AWS G5 instance spec; Baseten A10 vs A10G comparison"),
+        GpuSpec(
+            "a10g",
+            "NVIDIA A10G 24GB (AWS)",
+            24,
+            600,
+            70.0,
+            None,
+            32,
+            64,
+            "PCIe 4.0",
+            "AWS G5 instance spec; Baseten A10 vs A10G comparison",
+        ),
         # NVIDIA L4 Tensor Core GPU datasheet.
-        GpuSpec("l4", "NVIDIA L4 24GB", 24, 300, 121.0, 242.5, 32, 64, "PCIe 4.0",
-                "NVIDIA L4 datasheet"),
+        GpuSpec(
+            "l4", "NVIDIA L4 24GB", 24, 300, 121.0, 242.5, 32, 64, "PCIe 4.0", "NVIDIA L4 datasheet"
+        ),
         # NVIDIA HGX B200 datasheet, per GPU (180 GB HBM3e, 7.7 TB/s, NVLink 5 1.8 TB/s).
-        GpuSpec("b200", "NVIDIA B200 180GB (HGX)", 180, 7700, 2250.0, 4500.0, 64, 1800,
-                "NVLink 5", "NVIDIA HGX B200 datasheet, per-GPU figures"),
+        GpuSpec(
+            "b200",
+            "NVIDIA B200 180GB (HGX)",
+            180,
+            7700,
+            2250.0,
+            4500.0,
+            64,
+            1800,
+            "NVLink 5",
+            "NVIDIA HGX B200 datasheet, per-GPU figures",
+        ),
         # AMD Instinct MI300X datasheet; Infinity Fabric: 7 peer links × 128 GB/s = 896 GB/s
         # to the other GPUs of an 8-GPU platform.
-        GpuSpec("mi300x", "AMD Instinct MI300X 192GB", 192, 5300, 1307.4, 2614.9, 64, 896,
-                "Infinity Fabric", "AMD Instinct MI300X datasheet"),
+        GpuSpec(
+            "mi300x",
+            "AMD Instinct MI300X 192GB",
+            192,
+            5300,
+            1307.4,
+            2614.9,
+            64,
+            896,
+            "Infinity Fabric",
+            "AMD Instinct MI300X datasheet",
+        ),
     )
 }
 

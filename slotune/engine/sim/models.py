@@ -78,10 +78,31 @@ class ModelSpec:
         return (self.num_layers * per_layer + vocab + h) * self.dtype_bytes
 
 
-def _llama(name: str, h: int, layers: int, heads: int, kv: int, ffn: int, vocab: int,
-           max_pos: int, eos: tuple[int, ...], **kw: object) -> ModelSpec:
-    return ModelSpec(name, h, layers, heads, kv, h // heads, ffn, vocab,
-                     max_position_embeddings=max_pos, eos_token_ids=eos, **kw)  # type: ignore[arg-type]
+def _llama(
+    name: str,
+    h: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    ffn: int,
+    vocab: int,
+    max_pos: int,
+    eos: tuple[int, ...],
+    **kw: object,
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        h,
+        layers,
+        heads,
+        kv,
+        h // heads,
+        ffn,
+        vocab,
+        max_position_embeddings=max_pos,
+        eos_token_ids=eos,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -93,12 +114,15 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, (128001, 128009)),
         _llama("llama-3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, (128001, 128009)),
         _llama("mistral-7b", 4096, 32, 32, 8, 14336, 32000, 32768, (2,)),  # v0.1
-        _llama("qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, (151643, 151645),
-               qkv_bias=True),
-        _llama("qwen2.5-32b", 5120, 64, 40, 8, 27648, 152064, 32768, (151643, 151645),
-               qkv_bias=True),
-        _llama("qwen2.5-72b", 8192, 80, 64, 8, 29568, 152064, 32768, (151643, 151645),
-               qkv_bias=True),
+        _llama(
+            "qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 32768, (151643, 151645), qkv_bias=True
+        ),
+        _llama(
+            "qwen2.5-32b", 5120, 64, 40, 8, 27648, 152064, 32768, (151643, 151645), qkv_bias=True
+        ),
+        _llama(
+            "qwen2.5-72b", 8192, 80, 64, 8, 29568, 152064, 32768, (151643, 151645), qkv_bias=True
+        ),
     )
 }
 

@@ -151,13 +151,18 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
         _check_nonneg(f"{where}: elementwise.{op}.overhead_us", e.overhead_us)
     for name in ("prefill_prefix_eff", "prefill_causal_eff", "decode_eff"):
         _check_eff(f"{where}: attention.{name}", getattr(attention, name))
-    for name in ("prefill_overhead_us", "decode_overhead_us", "decode_per_seq_us",
-                 "block_indirection_tokens"):
+    for name in (
+        "prefill_overhead_us",
+        "decode_overhead_us",
+        "decode_per_seq_us",
+        "block_indirection_tokens",
+    ):
         _check_nonneg(f"{where}: attention.{name}", getattr(attention, name))
     _check_eff(f"{where}: system.allreduce_eff", system.allreduce_eff)
     _check_eff(f"{where}: system.host_link_eff", system.host_link_eff)
-    return GpuProfile(gpu, linear, elementwise, attention, system,
-                      note=str(data.get("note", "")), source=where)
+    return GpuProfile(
+        gpu, linear, elementwise, attention, system, note=str(data.get("note", "")), source=where
+    )
 
 
 def load_profile(gpu: str) -> GpuProfile:
