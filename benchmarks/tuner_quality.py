@@ -204,7 +204,9 @@ def main() -> None:
         default=1,
         help="tuner runs on the full default space (compared to the grid)",
     )
-    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument(
+        "--num-requests", type=int, default=None, help="default: as `slotune tune` (500 or all)"
+    )
     parser.add_argument("--slo", default="ttft=300ms,tpot=50ms")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args()

@@ -44,7 +44,8 @@ def tune(
         int | None,
         _opt(
             "--num-requests",
-            "Requests per trial (default: 200; 32 real); more come closer to steady state, slower.",
+            "Requests per trial (default: 500, or the whole trace if shorter; 32 with --backend "
+            "engine); more come closer to steady state, slower.",
         ),
     ] = None,
     rate: Annotated[float | None, _opt("--rate", "Poisson request rate (req/s).")] = None,

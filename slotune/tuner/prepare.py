@@ -20,7 +20,7 @@ from slotune.tuner.setup import LoadSpec, TuneSetup
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
 from slotune.tuner.study import SAMPLERS, StudyError, default_storage, study_names
 
-DEFAULT_NUM_REQUESTS = {"sim": 200, "engine": 32}
+DEFAULT_NUM_REQUESTS = {"sim": 500, "engine": 32}
 """Requests per trial by default. Simulated: enough for a meaningful p99, few enough that
 the default 50-trial study finishes well under a minute on 2 cores. Real engine: every
 request is real compute on this machine."""
@@ -135,11 +135,12 @@ def prepare(o: TuneOptions) -> Prepared:
     except ValueError as e:
         raise TuneInputError(str(e)) from None
     gpu = _check_hardware(o)
-    num_requests = o.num_requests or DEFAULT_NUM_REQUESTS[o.backend]
     try:
-        trace = load_trace(o.trace, format=o.format, num_requests=num_requests, seed=o.seed)
+        trace = load_trace(o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed)
     except (ValueError, OSError) as e:
         raise TuneInputError(f"--trace: {e}") from None
+    if o.num_requests is None:  # the default takes what a short trace has
+        trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
     where = f"--search {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
@@ -188,7 +189,7 @@ def prepare(o: TuneOptions) -> Prepared:
         backend=o.backend,
         trace=o.trace,
         trace_format=o.format,
-        num_requests=num_requests,
+        num_requests=len(trace),
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,
