@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,83 +14,73 @@ from rich.table import Table
 
 from slotune.cli import engine_options as eo
 from slotune.cli.app import app
+from slotune.cli.common import fail, opt
 
 BACKENDS = ("sim", "engine", "http")
 
 
-def _opt(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, show_default=True)
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
 @app.command()
 def bench(
-    gpu: Annotated[
-        str, _opt("--gpu", "Simulated GPU (`slotune gpus`) or a profile JSON.")
-    ] = "h100",
+    gpu: Annotated[str, opt("--gpu", "Simulated GPU (`slotune gpus`) or a profile JSON.")] = "h100",
     model: Annotated[
         str,
-        _opt(
+        opt(
             "--model",
             "Model name (sim), checkpoint folder (engine), or the served model name (http).",
         ),
     ] = "llama-3-8b",
-    tp: Annotated[int, _opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
-    backend: Annotated[str, _opt("--backend", "sim | engine | http.")] = "sim",
-    url: Annotated[str | None, _opt("--url", "Server URL for --backend http.")] = None,
-    endpoint: Annotated[str, _opt("--endpoint", "completions | chat (http).")] = "completions",
-    trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
-    format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
-    num_requests: Annotated[int | None, _opt("--num-requests", "Use the first N requests.")] = None,
+    tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
+    backend: Annotated[str, opt("--backend", "sim | engine | http.")] = "sim",
+    url: Annotated[str | None, opt("--url", "Server URL for --backend http.")] = None,
+    endpoint: Annotated[str, opt("--endpoint", "completions | chat (http).")] = "completions",
+    trace: Annotated[str, opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
+    format: Annotated[str | None, opt("--format", "Trace file format (detected).")] = None,
+    num_requests: Annotated[int | None, opt("--num-requests", "Use the first N requests.")] = None,
     multi_turn: Annotated[
-        bool, _opt("--multi-turn", "ShareGPT: conversations as sessions.")
+        bool, opt("--multi-turn", "ShareGPT: conversations as sessions.")
     ] = False,
-    tokenizer: Annotated[str | None, _opt("--tokenizer", "tokenizer.json for text traces.")] = None,
-    rate: Annotated[float | None, _opt("--rate", "Open-loop request rate (req/s).")] = None,
+    tokenizer: Annotated[str | None, opt("--tokenizer", "tokenizer.json for text traces.")] = None,
+    rate: Annotated[float | None, opt("--rate", "Open-loop request rate (req/s).")] = None,
     burstiness: Annotated[
-        float, _opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
+        float, opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
     ] = 1.0,
-    constant: Annotated[bool, _opt("--constant", "Constant gaps of 1/rate.")] = False,
-    concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,
-    timestamps: Annotated[bool, _opt("--timestamps", "Replay the trace's own timestamps.")] = False,
-    time_scale: Annotated[float, _opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
-    slo: Annotated[str | None, _opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
+    constant: Annotated[bool, opt("--constant", "Constant gaps of 1/rate.")] = False,
+    concurrency: Annotated[int | None, opt("--concurrency", "Closed loop of N users.")] = None,
+    timestamps: Annotated[bool, opt("--timestamps", "Replay the trace's own timestamps.")] = False,
+    time_scale: Annotated[float, opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
+    slo: Annotated[str | None, opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
     block_size: eo.BlockSize = None,
     max_num_seqs: eo.MaxNumSeqs = None,
     max_model_len: Annotated[
-        int | None, _opt("--max-model-len", "Default: the trace's longest request.")
+        int | None, opt("--max-model-len", "Default: the trace's longest request.")
     ] = None,
     preemption_mode: eo.PreemptionMode = None,
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
     config: eo.ConfigJson = None,
-    seed: Annotated[int, _opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
+    seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[
-        Path | None, _opt("--out", "Write summary.json, requests.csv, steps.csv here.")
+        Path | None, opt("--out", "Write summary.json, requests.csv, steps.csv here.")
     ] = None,
-    as_json: Annotated[bool, _opt("--json", "Print the summary as JSON.")] = False,
+    as_json: Annotated[bool, opt("--json", "Print the summary as JSON.")] = False,
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
     from slotune.workloads import ArrivalSpec, load_trace, parse_slo, summarize
 
     if backend not in BACKENDS:
-        _fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+        fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend == "http" and not url:
-        _fail("--backend http needs --url (e.g. http://localhost:8000)")
+        fail("--backend http needs --url (e.g. http://localhost:8000)")
     if endpoint not in ("completions", "chat"):
-        _fail(f"--endpoint: {endpoint!r} is not completions or chat")
+        fail(f"--endpoint: {endpoint!r} is not completions or chat")
     console = Console(stderr=as_json)
     try:
         slo_obj = parse_slo(slo) if slo else None
     except ValueError as exc:
-        _fail(f"--slo: {exc}")
+        fail(f"--slo: {exc}")
     try:
         arrivals = ArrivalSpec(
             rate=rate,
@@ -101,7 +91,7 @@ def bench(
             constant=constant,
         )
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         tr = load_trace(
             trace,
@@ -112,9 +102,9 @@ def bench(
             multi_turn=multi_turn,
         )
     except (ValueError, OSError) as exc:
-        _fail(f"--trace: {exc}")
+        fail(f"--trace: {exc}")
     if timestamps and not tr.has_timestamps:
-        _fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
+        fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
     overrides = {
         "max_num_batched_tokens": max_num_batched_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold,
@@ -190,7 +180,7 @@ def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) ->
     try:
         return eo.build_engine_config(config, overrides, longest_request)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _run(
@@ -247,7 +237,7 @@ def _run(
                 progress=on_progress,
             )
         except (ValueError, FileNotFoundError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
 
 def _write(out: Path, result: Any, summary: dict[str, Any], console: Console) -> None:

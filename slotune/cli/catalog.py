@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from slotune.cli.app import app
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+from slotune.cli.common import fail
 
 
 @app.command()
@@ -133,19 +128,19 @@ def estimate(
         ("--decode-context", decode_context),
     ):
         if value < 0:
-            _fail(f"{name} must be >= 0 (got {value})")
+            fail(f"{name} must be >= 0 (got {value})")
     if tokens == 0 and decode_batch == 0:
-        _fail("the step is empty: give --tokens > 0 or --decode-batch > 0")
+        fail("the step is empty: give --tokens > 0 or --decode-batch > 0")
     if decode_batch and decode_context < 1:
-        _fail("--decode-context must be >= 1 when --decode-batch is given")
+        fail("--decode-context must be >= 1 when --decode-batch is given")
     if block_size < 1:
-        _fail(f"--block-size must be >= 1 (got {block_size})")
+        fail(f"--block-size must be >= 1 (got {block_size})")
     try:
         profile = load_profile(gpu)
         spec = get_model(model)
         cm = CostModel(profile, spec, tp, block_size)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
     result = {
         "gpu": profile.gpu.name,

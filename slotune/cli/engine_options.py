@@ -8,28 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-
-
-def _opt(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, show_default=True)
-
+from slotune.cli.common import opt
 
 MaxNumBatchedTokens = Annotated[
-    int | None, _opt("--max-num-batched-tokens", "Token budget per step.")
+    int | None, opt("--max-num-batched-tokens", "Token budget per step.")
 ]
 LongPrefillTokenThreshold = Annotated[
-    int | None, _opt("--long-prefill-token-threshold", "Chunk cap (0 = off).")
+    int | None, opt("--long-prefill-token-threshold", "Chunk cap (0 = off).")
 ]
-BlockSize = Annotated[int | None, _opt("--block-size", "KV block size.")]
-MaxNumSeqs = Annotated[int | None, _opt("--max-num-seqs", "Max running requests.")]
-PreemptionMode = Annotated[str | None, _opt("--preemption-mode", "recompute | swap.")]
-PrefixCaching = Annotated[str | None, _opt("--prefix-caching", "none | hash | radix.")]
-Policy = Annotated[str | None, _opt("--policy", "chunked | prefill_first.")]
-NumGpuBlocks = Annotated[int | None, _opt("--num-gpu-blocks", "Override the KV pool size.")]
+BlockSize = Annotated[int | None, opt("--block-size", "KV block size.")]
+MaxNumSeqs = Annotated[int | None, opt("--max-num-seqs", "Max running requests.")]
+PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swap.")]
+PrefixCaching = Annotated[str | None, opt("--prefix-caching", "none | hash | radix.")]
+Policy = Annotated[str | None, opt("--policy", "chunked | prefill_first.")]
+NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV pool size.")]
 ConfigJson = Annotated[
     str | None,
-    _opt(
+    opt(
         "--config",
         "EngineConfig as a JSON file (best.json works) or inline JSON; flags override it.",
     ),

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from slotune.cli.app import app
+from slotune.cli.common import fail
 
 
 @app.command()
@@ -26,21 +25,14 @@ def export(
     from slotune.tuner.export import export as render
 
     if format not in FORMATS:
-        _fail(f"--format: unknown format {format!r}; use one of {', '.join(FORMATS)}")
+        fail(f"--format: unknown format {format!r}; use one of {', '.join(FORMATS)}")
     try:
         data = json.loads(best.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ValueError('no "config" mapping; expected the best.json of `slotune tune`')
         text = render(data, format)
     except OSError as e:
-        _fail(f"{best}: cannot read ({e.strerror})")
+        fail(f"{best}: cannot read ({e.strerror})")
     except ValueError as e:
-        _fail(f"{best}: {e}")
+        fail(f"{best}: {e}")
     typer.echo(text)
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(
-        f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
-    )
-    raise typer.Exit(2)

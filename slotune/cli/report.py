@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from slotune.cli.app import app
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+from slotune.cli.common import fail
 
 
 def _kind(folder: Path) -> str | None:
@@ -36,10 +32,10 @@ def report(
 ) -> None:
     """Rebuild report.html from a tune or bench folder's stored study and runs."""
     if not folder.is_dir():
-        _fail(f"{folder}: no such folder; give the --out folder of `slotune tune` or `bench`")
+        fail(f"{folder}: no such folder; give the --out folder of `slotune tune` or `bench`")
     kind = _kind(folder)
     if kind is None:
-        _fail(
+        fail(
             f"{folder}: found neither best.json/study.db (a tune folder) nor "
             "summary.json/requests.csv (a bench folder)"
         )
@@ -49,6 +45,6 @@ def report(
     try:
         path = build(folder, output)
     except (OSError, ValueError, KeyError) as exc:
-        _fail(f"{folder}: could not build the report: {exc}")
+        fail(f"{folder}: could not build the report: {exc}")
     size_mb = path.stat().st_size / 1e6
     Console().print(f"wrote {kind} report [bold]{path}[/bold] ({size_mb:.1f} MB)", highlight=False)

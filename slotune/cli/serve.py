@@ -2,41 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
-import typer
 from rich.console import Console
 
 from slotune.cli import engine_options as eo
 from slotune.cli.app import app
+from slotune.cli.common import fail, opt
 
 DEFAULT_MAX_MODEL_LEN = 8192
-
-
-def _opt(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, show_default=True)
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 @app.command()
 def serve(
     model: Annotated[
-        str | None, _opt("--model", "Checkpoint folder to run (e.g. from `slotune init-model`).")
+        str | None, opt("--model", "Checkpoint folder to run (e.g. from `slotune init-model`).")
     ] = None,
     gpu: Annotated[
-        str | None, _opt("--gpu", "Simulate this GPU (`slotune gpus`) instead of running a model.")
+        str | None, opt("--gpu", "Simulate this GPU (`slotune gpus`) instead of running a model.")
     ] = None,
-    sim_model: Annotated[str, _opt("--sim-model", "Simulated model (with --gpu).")] = "llama-3-8b",
-    tp: Annotated[int, _opt("--tp", "Tensor-parallel GPUs (with --gpu).")] = 1,
-    device: Annotated[str, _opt("--device", "auto | cpu | cuda (with --model).")] = "auto",
-    host: Annotated[str, _opt("--host", "Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, _opt("--port", "Port to listen on.")] = 8000,
+    sim_model: Annotated[str, opt("--sim-model", "Simulated model (with --gpu).")] = "llama-3-8b",
+    tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (with --gpu).")] = 1,
+    device: Annotated[str, opt("--device", "auto | cpu | cuda (with --model).")] = "auto",
+    host: Annotated[str, opt("--host", "Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, opt("--port", "Port to listen on.")] = 8000,
     served_model_name: Annotated[
-        str | None, _opt("--served-model-name", "Model name clients send (default: --model).")
+        str | None, opt("--served-model-name", "Model name clients send (default: --model).")
     ] = None,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
@@ -44,7 +35,7 @@ def serve(
     max_num_seqs: eo.MaxNumSeqs = None,
     max_model_len: Annotated[
         int | None,
-        _opt("--max-model-len", f"Default: the model's context, at most {DEFAULT_MAX_MODEL_LEN}."),
+        opt("--max-model-len", f"Default: the model's context, at most {DEFAULT_MAX_MODEL_LEN}."),
     ] = None,
     preemption_mode: eo.PreemptionMode = None,
     prefix_caching: eo.PrefixCaching = None,
@@ -57,7 +48,7 @@ def serve(
     With --gpu the engine is simulated; responses are paced by its simulated step times.
     """
     if (model is None) == (gpu is None):
-        _fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")
+        fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")
     overrides = {
         "max_num_batched_tokens": max_num_batched_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold,
@@ -74,7 +65,7 @@ def serve(
             config, overrides, lambda: _model_max_len(model, sim_model)
         )
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from slotune.engine.server import local_model, simulated_model
     from slotune.engine.server import serve as run_server
 
@@ -94,7 +85,7 @@ def serve(
             )
             what = f"simulated {sim_model} on {gpu}" + (f" x{tp}" if tp > 1 else "")
     except (ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     console = Console()
     console.print(
         f"serving [bold]{served.name}[/bold] ({what}) at http://{host}:{port}/v1  "
@@ -105,7 +96,7 @@ def serve(
     try:
         run_server(engine, served, host=host, port=port)
     except OSError as exc:
-        _fail(f"--host/--port: cannot listen on {host}:{port}: {exc}")
+        fail(f"--host/--port: cannot listen on {host}:{port}: {exc}")
 
 
 def _model_max_len(model: str | None, sim_model: str) -> int:

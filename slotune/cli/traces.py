@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from slotune.cli.app import app
+from slotune.cli.common import fail
 
 traces_app = typer.Typer(help="List, inspect and convert workload traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _load(
@@ -41,7 +37,7 @@ def _load(
             multi_turn=multi_turn,
         )
     except (ValueError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _stats_table(rows: list[dict[str, Any]], title: str) -> Table:
@@ -159,7 +155,7 @@ def convert(
     try:
         trace.to_jsonl(dst)
     except OSError as exc:
-        _fail(f"cannot write {dst}: {exc}")
+        fail(f"cannot write {dst}: {exc}")
     console = Console()
     console.print(f"wrote {dst}: {len(trace)} requests", highlight=False)
     _print_notes(console, trace.stats())

@@ -3,88 +3,77 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from slotune.cli.app import app
+from slotune.cli.common import fail, opt
 
 _console = Console()
 
 
-def _opt(flag: str, help_text: str) -> Any:
-    return typer.Option(flag, help=help_text, show_default=True)
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(
-        f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
-    )
-    raise typer.Exit(2)
-
-
 @app.command()
 def tune(
-    slo: Annotated[str, _opt("--slo", "Latency SLO: ttft=300ms,tpot=50ms or ttft:p90=300ms.")],
-    gpu: Annotated[str | None, _opt("--gpu", "GPU (`slotune gpus`) or a profile JSON.")] = None,
+    slo: Annotated[str, opt("--slo", "Latency SLO: ttft=300ms,tpot=50ms or ttft:p90=300ms.")],
+    gpu: Annotated[str | None, opt("--gpu", "GPU (`slotune gpus`) or a profile JSON.")] = None,
     model: Annotated[
         str,
-        _opt(
+        opt(
             "--model",
             "Model name (`slotune models`), an HF config.json, "
             "or a checkpoint folder with --backend engine.",
         ),
     ] = "llama-3-8b",
-    tp: Annotated[int, _opt("--tp", "Tensor-parallel GPUs.")] = 1,
-    trace: Annotated[str, _opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
-    format: Annotated[str | None, _opt("--format", "Trace file format (detected).")] = None,
+    tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs.")] = 1,
+    trace: Annotated[str, opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
+    format: Annotated[str | None, opt("--format", "Trace file format (detected).")] = None,
     num_requests: Annotated[
         int | None,
-        _opt(
+        opt(
             "--num-requests",
             "Requests per trial (default: 500, or the whole trace if shorter; 32 with --backend "
             "engine); more come closer to steady state, slower.",
         ),
     ] = None,
-    rate: Annotated[float | None, _opt("--rate", "Poisson request rate (req/s).")] = None,
-    burstiness: Annotated[float, _opt("--burstiness", "Gamma arrival shape; needs --rate.")] = 1.0,
-    concurrency: Annotated[int | None, _opt("--concurrency", "Closed loop of N users.")] = None,
+    rate: Annotated[float | None, opt("--rate", "Poisson request rate (req/s).")] = None,
+    burstiness: Annotated[float, opt("--burstiness", "Gamma arrival shape; needs --rate.")] = 1.0,
+    concurrency: Annotated[int | None, opt("--concurrency", "Closed loop of N users.")] = None,
     objective: Annotated[
         str | None,
-        _opt(
+        opt(
             "--objective",
             "weighted | goodput | pareto (default: goodput when the trace has no "
             "timestamps and no --rate is given, else weighted).",
         ),
     ] = None,
-    weights: Annotated[str | None, _opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
-    percentile: Annotated[float, _opt("--percentile", "Percentile of the weighted score.")] = 99.0,
-    attainment: Annotated[float, _opt("--attainment", "Target share of requests in SLO.")] = 0.99,
-    trials: Annotated[int, _opt("--trials", "Finished trials the study should have.")] = 50,
-    timeout: Annotated[float | None, _opt("--timeout", "Stop new trials after N seconds.")] = None,
+    weights: Annotated[str | None, opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
+    percentile: Annotated[float, opt("--percentile", "Percentile of the weighted score.")] = 99.0,
+    attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
+    trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
+    timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
     sampler: Annotated[
         str | None,
-        _opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
+        opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
     ] = None,
-    seed: Annotated[int, _opt("--seed", "Seed of the sampler, trace and arrivals.")] = 0,
+    seed: Annotated[int, opt("--seed", "Seed of the sampler, trace and arrivals.")] = 0,
     search: Annotated[
-        str | None, _opt("--search", "YAML/JSON file fixing or narrowing the search space.")
+        str | None, opt("--search", "YAML/JSON file fixing or narrowing the search space.")
     ] = None,
     storage: Annotated[
-        str | None, _opt("--storage", "Optuna storage URL (default: SQLite in --out).")
+        str | None, opt("--storage", "Optuna storage URL (default: SQLite in --out).")
     ] = None,
     study_name: Annotated[
-        str | None, _opt("--study-name", "Study name (default: <gpu>-<model>-<trace>-<objective>).")
+        str | None, opt("--study-name", "Study name (default: <gpu>-<model>-<trace>-<objective>).")
     ] = None,
-    resume: Annotated[bool, _opt("--resume", "Continue an existing study.")] = False,
-    n_jobs: Annotated[int, _opt("--n-jobs", "Parallel worker processes on one storage.")] = 1,
+    resume: Annotated[bool, opt("--resume", "Continue an existing study.")] = False,
+    n_jobs: Annotated[int, opt("--n-jobs", "Parallel worker processes on one storage.")] = 1,
     backend: Annotated[
-        str, _opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
+        str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
     out: Annotated[
-        str | None, _opt("--out", "Output folder (default: slotune-out/<study-name>/).")
+        str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
@@ -121,7 +110,7 @@ def tune(
         prepared = prepare(options)
         place = place_study(options, prepared.setup.objective)
     except TuneInputError as e:
-        _fail(str(e))
+        fail(str(e))
     _run(options, prepared, place)
 
 
@@ -136,10 +125,10 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         try:
             study, setup, baseline = studies.load(place.storage, place.name)
         except studies.StudyError as e:
-            _fail(str(e))
+            fail(str(e))
         diff = setup.differences(prepared.setup)
         if diff:
-            _fail(
+            fail(
                 f"--resume: study {place.name!r} was created with other {', '.join(diff)}; "
                 "resume with the options it was created with"
             )
@@ -178,7 +167,7 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         )
         raise typer.Exit(130) from None
     except studies.StudyError as e:
-        _fail(str(e))
+        fail(str(e))
     done = studies.count_finished(study)
     if options.timeout and done < options.trials:
         _console.print(
@@ -286,7 +275,7 @@ def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evalua
                 storage=place.storage,
             )
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
     _console.print(_comparison_table(outputs.best))
     for note in outputs.best["notes"][len(setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
