@@ -105,17 +105,7 @@ def bench(
         fail(f"--trace: {exc}")
     if timestamps and not tr.has_timestamps:
         fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
-    overrides = {
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "long_prefill_token_threshold": long_prefill_token_threshold,
-        "block_size": block_size,
-        "max_num_seqs": max_num_seqs,
-        "max_model_len": max_model_len,
-        "preemption_mode": preemption_mode,
-        "prefix_caching": prefix_caching,
-        "policy": policy,
-        "num_gpu_blocks": num_gpu_blocks,
-    }
+    overrides = eo.flag_overrides(locals())
     engine_config = None if backend == "http" else _engine_config(config, overrides, tr)
     stats = tr.stats()
     if stats.get("tokenizer"):

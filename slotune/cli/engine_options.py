@@ -31,6 +31,24 @@ ConfigJson = Annotated[
 ]
 
 
+ENGINE_FLAGS = (
+    "max_num_batched_tokens",
+    "long_prefill_token_threshold",
+    "block_size",
+    "max_num_seqs",
+    "max_model_len",
+    "preemption_mode",
+    "prefix_caching",
+    "policy",
+    "num_gpu_blocks",
+)
+
+
+def flag_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """The engine flags among a command's parameters (pass its ``locals()``)."""
+    return {name: values[name] for name in ENGINE_FLAGS}
+
+
 def build_engine_config(
     config: str | None, overrides: dict[str, Any], default_max_model_len: Callable[[], int]
 ) -> Any:

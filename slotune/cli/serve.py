@@ -49,17 +49,7 @@ def serve(
     """
     if (model is None) == (gpu is None):
         fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")
-    overrides = {
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "long_prefill_token_threshold": long_prefill_token_threshold,
-        "block_size": block_size,
-        "max_num_seqs": max_num_seqs,
-        "max_model_len": max_model_len,
-        "preemption_mode": preemption_mode,
-        "prefix_caching": prefix_caching,
-        "policy": policy,
-        "num_gpu_blocks": num_gpu_blocks,
-    }
+    overrides = eo.flag_overrides(locals())
     try:
         engine_config = eo.build_engine_config(
             config, overrides, lambda: _model_max_len(model, sim_model)
