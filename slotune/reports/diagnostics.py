@@ -32,25 +32,28 @@ class Diagnostic:
     message: str
 
 
-def _ratio(run: RunData, metric: str) -> tuple[float, float] | None:
+def _tail(
+    run: RunData, metric: str, name: str, threshold: float, digits: int
+) -> tuple[bool, str] | None:
+    """Whether p99/p50 of ``metric`` exceeds ``threshold``, and that measurement in words."""
     p50, p99 = percentile(run, metric, "p50"), percentile(run, metric, "p99")
     if p50 is None or p99 is None or p50 <= 0:
         return None
-    return p50, p99
+    ratio = p99 / p50
+    measured = (
+        f"p99 {name} is {ratio:.1f}× the median ({p99:.{digits}f} ms vs {p50:.{digits}f} ms; "
+        f"threshold {threshold:g}×)"
+    )
+    return ratio > threshold, measured
 
 
 def head_of_line(run: RunData) -> Diagnostic:
     title = "Head-of-line blocking"
-    found = _ratio(run, "ttft_ms")
+    found = _tail(run, "ttft_ms", "TTFT", HOL_RATIO, digits=0)
     if found is None:
         return Diagnostic("hol", title, None, "Not evaluated: no TTFT percentiles were stored.")
-    p50, p99 = found
-    ratio = p99 / p50
-    measured = (
-        f"p99 TTFT is {ratio:.1f}× the median ({p99:.0f} ms vs {p50:.0f} ms; "
-        f"threshold {HOL_RATIO:g}×)"
-    )
-    if ratio > HOL_RATIO:
+    triggered, measured = found
+    if triggered:
         return Diagnostic(
             "hol",
             title,
@@ -164,16 +167,11 @@ def prefix_cache(run: RunData, shares_prefixes: bool | None) -> Diagnostic:
 
 def tpot_tail(run: RunData) -> Diagnostic:
     title = "TPOT tail"
-    found = _ratio(run, "tpot_ms")
+    found = _tail(run, "tpot_ms", "TPOT", TPOT_RATIO, digits=1)
     if found is None:
         return Diagnostic("tpot", title, None, "Not evaluated: no TPOT percentiles were stored.")
-    p50, p99 = found
-    ratio = p99 / p50
-    measured = (
-        f"p99 TPOT is {ratio:.1f}× the median ({p99:.1f} ms vs {p50:.1f} ms; "
-        f"threshold {TPOT_RATIO:g}×)"
-    )
-    if ratio > TPOT_RATIO:
+    triggered, measured = found
+    if triggered:
         budget = run.config.get("max_num_batched_tokens")
         budget_text = f"max_num_batched_tokens={budget}" if budget is not None else "the budget"
         return Diagnostic(
