@@ -26,19 +26,17 @@ GPU, MODEL, BUDGET = "a100-80g", "llama-2-7b", 512
 
 
 def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-untyped-def]
-    import numpy as np
+    from slotune.workloads.generators import LengthDist, length_trace
 
-    from slotune.workloads import LengthDist, Trace, TraceRequest
-
-    rng = np.random.default_rng(seed)
-    prompts = LengthDist(mean=1350, sigma=0.8, low=16, high=3800).sample(rng, num_requests)
-    outputs = LengthDist(mean=240, sigma=0.8, low=4, high=1024).sample(rng, num_requests)
-    outputs = np.minimum(outputs, 4096 - prompts)
-    reqs = tuple(
-        TraceRequest(request_id=f"c{i}", prompt_len=int(p), output_len=int(o))
-        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    return length_trace(
+        "conversation-like",
+        num_requests,
+        LengthDist(mean=1350, sigma=0.8, low=16, high=3800),
+        LengthDist(mean=240, sigma=0.8, low=4, high=1024),
+        max_total=4096,
+        seed=seed,
+        id_prefix="c",
     )
-    return Trace(name="conversation-like", requests=reqs, seed=seed)
 
 
 def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[str, float]:

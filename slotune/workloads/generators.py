@@ -51,18 +51,40 @@ class _Keys:
         return self._next
 
 
+def length_trace(
+    name: str,
+    num_requests: int,
+    prompt: LengthDist,
+    output: LengthDist,
+    *,
+    max_total: int,
+    seed: int = 0,
+    id_prefix: str = "r",
+) -> Trace:
+    """Independent requests with drawn prompt and output lengths, prompt + output capped at
+    ``max_total`` (the output gives way)."""
+    rng = np.random.default_rng(seed)
+    prompts = prompt.sample(rng, num_requests)
+    outputs = np.minimum(output.sample(rng, num_requests), max_total - prompts)
+    reqs = tuple(
+        TraceRequest(request_id=f"{id_prefix}{i}", prompt_len=int(p), output_len=int(o))
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    )
+    return Trace(name=name, requests=reqs, seed=seed)
+
+
 def sharegpt_like(num_requests: int = 1000, *, seed: int = 0) -> Trace:
     """Lengths shaped like ShareGPT after vLLM's filters (Llama-3 tokenizer): means of about
     230 prompt and 200 output tokens, prompt 4..1024 and prompt + output <= 2048."""
-    rng = np.random.default_rng(seed)
-    prompts = LengthDist(mean=330, sigma=1.1, low=4, high=1024).sample(rng, num_requests)
-    outputs = LengthDist(mean=228, sigma=0.95, low=4, high=1024).sample(rng, num_requests)
-    outputs = np.minimum(outputs, 2048 - prompts)
-    reqs = tuple(
-        TraceRequest(request_id=f"sg{i}", prompt_len=int(p), output_len=int(o))
-        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    return length_trace(
+        "sharegpt-like",
+        num_requests,
+        LengthDist(mean=330, sigma=1.1, low=4, high=1024),
+        LengthDist(mean=228, sigma=0.95, low=4, high=1024),
+        max_total=2048,
+        seed=seed,
+        id_prefix="sg",
     )
-    return Trace(name="sharegpt-like", requests=reqs, seed=seed)
 
 
 def shared_prefix(
