@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
+from slotune.engine.config import EngineConfig
 from slotune.reports.fmt import is_number
 
-CONFIG_FIELDS: tuple[str, ...] = (
-    "max_num_batched_tokens",
-    "long_prefill_token_threshold",
-    "block_size",
-    "max_num_seqs",
-    "max_model_len",
-    "preemption_mode",
-    "swap_space_gb",
-    "prefix_caching",
-    "policy",
-    "gpu_memory_utilization",
-    "num_gpu_blocks",
-)
+CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EngineConfig))
 
 
 def section(best: dict[str, Any], key: str) -> dict[str, Any]:
