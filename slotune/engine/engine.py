@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import Executor, ExecutorOutput, KVCacheCapacity
@@ -16,6 +16,18 @@ from slotune.engine.scheduler import Scheduler
 from slotune.engine.stretch import StretchPlan, StretchPlanner
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
+
+
+class ArrivalFeed(Protocol):
+    """Where ``Engine.fast_forward`` finds the requests that arrive during a stretch."""
+
+    def next_time(self) -> float | None:
+        """When the next request is due (None: none is)."""
+        ...
+
+    def due(self, now: float) -> list[Request]:
+        """The requests due by ``now`` (built with ``Engine.new_request``), taken."""
+        ...
 
 
 class Engine:
@@ -106,6 +118,21 @@ class Engine:
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
     ) -> None:
+        self.enqueue(self.new_request(request_id, prompt_token_ids, params, arrival_time))
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request built by ``new_request``."""
+        self.scheduler.add_request(request)
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float = 0.0,
+    ) -> Request:
+        """A validated request for this engine, its id taken, not yet scheduled: what
+        ``add_request`` adds, or what a ``fast_forward`` feed hands in."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
         request = Request(
@@ -121,7 +148,8 @@ class Engine:
         if params.n > 1:
             self._num_completions[request_id] = params.n
             self._used_ids.update(f"{request_id}#{i}" for i in range(1, params.n))
-        self.scheduler.add_request(request)
+        request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
+        return request
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         where = f"add_request({request_id!r})"
@@ -199,26 +227,33 @@ class Engine:
         *,
         stop_at_finish: bool = False,
         max_steps: int = 1 << 20,
-    ) -> list[tuple[RequestOutput, int]]:
+        arrivals: ArrivalFeed | None = None,
+    ) -> list[tuple[RequestOutput, int]] | None:
         """Run a stretch of steps at once, exactly as ``step()`` would run them one by one;
-        ``[]`` (and nothing done) when the next step is not certain enough for that (see
+        None (and nothing done) when the next step is not certain enough for that (see
         ``slotune.engine.stretch``) or the executor cannot tell durations and tokens in
         advance (only the simulator can).
 
         For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
-        1..j, added left to right. The stretch ends with the first step that ends at or
-        after ``until_time_s`` (the next arrival: the caller adds it after that step, as
-        after any step), after ``max_steps``, before a step the planner is unsure of, or
-        with the first finish if ``stop_at_finish`` (a caller that may send requests when
-        one finishes). ``last_steps`` holds one ``StepStats`` per step. Returns each
-        request's output with the index (into ``last_steps``) of the step that sampled its
-        first new token; it sampled one token in each step from there.
+        1..j, added left to right. With ``arrivals``, the requests due by each step's end
+        join the waiting queue after it, as a caller adding them between steps would do, and
+        the stretch runs on through them; without, it ends with the first step that ends at
+        or after ``until_time_s`` (the caller adds the next arrival after it). A stretch also
+        ends after ``max_steps``, before a step the planner is unsure of, or with the first
+        finish if ``stop_at_finish`` (a caller that may send requests when one finishes).
+        ``last_steps`` holds one ``StepStats`` per step. Returns each request's output with
+        the index (into ``last_steps``) of the step that sampled its first new token; it
+        sampled one token in each step from there.
         """
         if not self._stretches:
-            return []
-        planner = StretchPlanner.start(self.scheduler, stop_at_finish)
+            return None
+        scheduler = self.scheduler
+        if arrivals is not None and any(r.stop_ids for r in scheduler.running):
+            # a stop token would cut the stretch short after its arrivals were handed in
+            until_time_s, arrivals = arrivals.next_time(), None
+        planner = StretchPlanner.start(scheduler, stop_at_finish)
         if planner is None:
-            return []
+            return None
         executor: Any = self.executor
         seconds = executor.planned_step_seconds
         plan = planner.plan
@@ -236,29 +271,35 @@ class Engine:
             )
             durations.append(d)
             t += d
-            if until_time_s is not None and t >= until_time_s:
+            if arrivals is not None:
+                due = arrivals.due(t)
+                if due:
+                    planner.arrive(due)
+            elif until_time_s is not None and t >= until_time_s:
                 break
             if len(durations) >= max_steps or not planner.plan_step():
                 break
         plan = planner.finish()
         tokens = self._stretch_tokens(plan)
         if tokens is None:  # a stop token ends a request early: plan up to it again
+            if arrivals is not None:
+                raise RuntimeError("fast_forward: a stop token after arrivals were handed in")
             return self.fast_forward(
                 start_time_s,
                 until_time_s,
                 stop_at_finish=stop_at_finish,
                 max_steps=self._stop_step(plan),
             )
-        result = self.scheduler.apply_stretch(plan, tokens)
-        waiting = len(self.scheduler.waiting)
+        result = scheduler.apply_stretch(plan, tokens)
         num_blocks = self.kv_cache.num_gpu_blocks
         steps = [
             StepStats(d, total, prefill, total - prefill, running, waiting, used / num_blocks, 0)
-            for d, total, prefill, running, used in zip(
+            for d, total, prefill, running, waiting, used in zip(
                 durations,
                 plan.num_tokens,
                 plan.num_prefill,
                 result.num_running,
+                result.num_waiting,
                 result.used_blocks,
                 strict=True,
             )

@@ -76,6 +76,7 @@ class StretchResult(NamedTuple):
     outputs: list[RequestOutput]  # each sampling request's tokens, in running order
     used_blocks: list[int]  # GPU blocks in use after each step's allocations
     num_running: list[int]  # running requests after each step
+    num_waiting: list[int]  # waiting requests after each step (before its arrivals)
 
 
 class Scheduler:
@@ -403,59 +404,104 @@ class Scheduler:
     def apply_stretch(self, plan: StretchPlan, tokens: list[list[int]]) -> StretchResult:
         """Apply the planned steps at once, exactly as that many rounds of ``schedule`` and
         ``update_from_output`` would. ``tokens[i]`` holds what request ``i`` of the plan
-        samples in its steps (``[]`` if none); only its last token may be a stop token,
-        which ends the request with the plan's last step. Finished requests free their
-        blocks step by step; their ids reach the executor with the next ``schedule``.
+        samples in its steps (``[]`` if none); only the last token of a request running at
+        the start may be a stop token, which ends it with the plan's last step. Finished
+        requests free their blocks step by step; their ids reach the executor with the
+        next ``schedule``.
         """
         kv = self.kv_cache
         requests = plan.requests
         last = plan.num_steps - 1
         last_sample = plan.last_sample
-        outputs: list[RequestOutput] = []
+        outputs: list[RequestOutput | None] = [None] * len(requests)
         ending: list[tuple[Request, RequestStatus]] = []
-        ending_at: list[int] = []  # the plan indices of ``ending``
-        for i, (req, num, toks) in enumerate(zip(requests, plan.scheduled, tokens, strict=True)):
-            req.num_computed_tokens += num
+        status_of: dict[int, RequestStatus] = {}
+        for i in range(plan.num_start):
+            toks = tokens[i]
             if toks:
-                if len(toks) > 1:
-                    head = toks[:-1]
-                    req.output_token_ids.extend(head)
-                    req.all_token_ids.extend(head)
-                output = _take_token(req, toks[-1], ending)
-                output.new_token_ids = toks
-                outputs.append(output)
-                if len(ending) > len(ending_at):
-                    ending_at.append(i)
-        if plan.fills:
-            plan.fills.sort()
-            uncommitted = kv.uncommitted
-            for _, i in plan.fills:
-                uncommitted[requests[i].request_id] = requests[i]
-        status_of = {i: status for i, (_, status) in zip(ending_at, ending, strict=True)}
+                outputs[i] = self._take_run(requests[i], toks, ending)
+                if len(status_of) < len(ending):
+                    status_of[i] = ending[-1][1]
         finishes = plan.finishes
-        # a stop token may end requests with the last step too
-        finishes[last] = [i for i in ending_at if last_sample[i] == last]
+        stopped = [
+            i
+            for i, status in status_of.items()
+            if status is FINISHED_STOPPED and i not in finishes[last]
+        ]
+        if stopped:  # a stop token ends requests with the last step too
+            finishes[last] = sorted(finishes[last] + stopped)
+        final = [c + n for c, n in zip(plan.start_computed, plan.scheduled, strict=True)]
         pool = kv.pool
+        uncommitted = kv.uncommitted
+        index_of: dict[str, int] | None = None
         used: list[int] = []
         running: list[int] = []
+        waiting: list[int] = []
         num_running = len(self.running)
         for j, allocs in enumerate(plan.allocs):
             if allocs:
                 kv.grow([(requests[i].request_id, n) for i, n in allocs])
+            for i, n in plan.admits[j]:
+                req = requests[i]
+                if uncommitted:  # the lookup commits them as they are before this step
+                    if index_of is None:
+                        index_of = {r.request_id: k for k, r in enumerate(requests)}
+                    for rid, r in uncommitted.items():
+                        r.num_computed_tokens = plan.computed_after(index_of[rid], j)
+                self._admit_planned(req, n)
+                if tokens[i]:
+                    outputs[i] = self._take_run(req, tokens[i], ending)
+                    if len(status_of) < len(ending):
+                        status_of[i] = ending[-1][1]
+                num_running += 1
             used.append(pool.num_used_blocks)
+            for i in plan.fills[j]:
+                uncommitted[requests[i].request_id] = requests[i]
             for i in finishes[j]:
                 req = requests[i]
                 status = status_of.get(i)
                 if status is None or last_sample[i] != j:
                     raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
+                req.num_computed_tokens = final[i]
                 self._finish(req, status)
                 num_running -= 1
             running.append(num_running)
+            waiting.append(len(self.waiting))
+            for req in plan.arrivals[j]:
+                self.add_request(req)
+        for req, computed in zip(requests, final, strict=True):
+            req.num_computed_tokens = computed
         self.steps += plan.num_steps
         self.max_step_tokens = max(self.max_step_tokens, *plan.num_tokens)
         if ending:
             self.running = [r for r in self.running if r.status is RUNNING]
-        return StretchResult(outputs, used, running)
+        return StretchResult([o for o in outputs if o is not None], used, running, waiting)
+
+    @staticmethod
+    def _take_run(
+        req: Request, tokens: list[int], ending: list[tuple[Request, RequestStatus]]
+    ) -> RequestOutput:
+        """Append a stretch's sampled ``tokens`` to ``req`` and report them."""
+        if len(tokens) > 1:
+            head = tokens[:-1]
+            req.output_token_ids.extend(head)
+            req.all_token_ids.extend(head)
+        output = _take_token(req, tokens[-1], ending)
+        output.new_token_ids = tokens
+        return output
+
+    def _admit_planned(self, req: Request, n: int) -> None:
+        """Admit the waiting head as ``_schedule_waiting`` does when its lookup misses."""
+        if self.waiting.popleft() is not req:
+            raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
+        kv = self.kv_cache
+        hit = kv.get_computed_blocks(req)
+        if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
+            raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
+        req.num_computed_tokens = 0
+        req.num_cached_tokens = 0
+        req.status = RUNNING
+        self.running.append(req)
 
     def swap_in_blocks(self, req: Request, budget: int) -> int | None:
         """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;

@@ -1,25 +1,35 @@
 """Stretches: runs of engine steps worked out in advance and applied at once.
 
-Between two arrivals a simulated engine mostly repeats itself: decoding requests take one
-token per step, a freshly admitted prompt takes its chunks, and now and then a request
-finishes. Nothing in such a step needs the scheduler's general machinery (no admission,
-prefix-cache lookup, preemption, copy-on-write or fork), so ``StretchPlanner`` works out
+A simulated engine mostly repeats itself: decoding requests take one token per step, a
+prompt takes its chunks, a new request is admitted when budget is left, now and then a
+request finishes. Nothing in such a step needs the scheduler's general machinery
+(preemption, copy-on-write, forks, prefix-cache hits), so ``StretchPlanner`` works out
 step after step with integer bookkeeping only: what each step schedules (the numbers an
-executor's cost model reads), which blocks it allocates in which order, which blocks it
-fills, which requests sample and which finish. ``apply_stretch`` then applies the first
-``k`` planned steps: tokens appended in bulk, blocks taken in exactly the order single
-steps take them, filled blocks queued for the prefix cache in the same order, finished
-requests freed step by step. The state afterwards (block ids and free-queue order
-included) is the one ``k`` rounds of ``schedule`` and ``update_from_output`` leave.
+executor's cost model reads), which requests it admits, which blocks it allocates in which
+order, which requests fill blocks, which sample and which finish. ``apply_stretch`` then
+applies the planned steps: tokens appended in bulk, admissions, block allocations, prefix
+commits and frees in exactly the order single steps make them. The state afterwards
+(block ids, free-queue order and prefix-cache contents included) is the one that many
+rounds of ``schedule`` and ``update_from_output`` leave.
 
-A step can be planned only when it is certain to be such a step: nothing in the waiting
-queue could be admitted or even looked up (a lookup commits blocks and touches the radix
-tree) because the running requests take the whole budget, all seats are taken, or a
-swapped head's blocks are not free; every allocation fits in the blocks free before the
-stretch (frees during it are ignored, so the plan never over-commits); no prompt needs a
-fork (``n > 1``). When a request finishes while others wait, or when the caller asks (it
-may send new requests when one finishes), that step is the last. Stop tokens are the
-caller's to check: it knows the tokens and may plan a shorter stretch again.
+Decoders in front of the running list (in running order, before the first request that is
+still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
+block fill and finish; a request joins them as soon as everything in front of it decodes.
+The others are stepped one by one.
+
+A step is planned only when it is certain to be such a step: every running allocation fits
+in the free blocks (frees during the stretch are counted, conservatively when blocks are
+shared), every running decoder fits in the budget, no prompt needs a fork (``n > 1``), and
+the waiting head either stays out without being tried (no budget left, no seat, or a
+swapped head whose blocks are not free) or is a new request whose admission is certain: no
+stop tokens, its first chunk's blocks are free, and its prefix lookup cannot hit (no prefix
+cache, or a hash cache that holds nothing under its first block and no running request
+that could commit one). A radix lookup touches the tree, so it ends a stretch.
+
+Arrivals during a stretch reach the planner through ``arrive`` after the step they
+follow. When a request finishes and the caller asks (it may send requests then), that step
+is the last. Stop tokens are the caller's to check: it knows the tokens and may plan a
+shorter stretch again.
 """
 
 from __future__ import annotations
@@ -33,31 +43,25 @@ if TYPE_CHECKING:
 
 Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
 
-
-def _budget_left_estimate(s: Scheduler) -> int:
-    """Roughly the budget the next step leaves after the running requests, counting the
-    latest admitted (still prefilling) ones exactly and the others as decoders."""
-    budget = s.config.max_num_batched_tokens
-    running = s.running
-    num = len(running)
-    for req in reversed(running):
-        n = len(req.all_token_ids) - req.num_computed_tokens
-        if n == 1 and req.output_token_ids:
-            break
-        num -= 1
-        budget -= min(n, s.threshold, max(budget, 0))
-    return budget - num
+_STAYS = None  # the waiting head is not admitted in this step, and nothing changes
+_UNSURE = False  # the next step might do something a plan cannot: end before it
 
 
 class StretchPlan:
-    """Planned steps, as lists indexed by step (0-based), and per request in running order.
+    """Planned steps, as lists indexed by step (0-based), and per request.
 
-    Request ``i`` samples one token in each step from ``first_sample[i]`` through
-    ``last_sample[i]`` (0-based steps; ``first_sample[i] == -1``: it does not sample).
+    ``requests`` are the running requests at the start in running order, then the ones the
+    stretch admits, in admission order (so index order is running order). Request ``i``
+    samples one token in each step from ``first_sample[i]`` through ``last_sample[i]``
+    (``first_sample[i] == -1``: it does not sample) and computes ``scheduled[i]`` tokens.
     """
 
     __slots__ = (
+        "admits",
+        "agg_computed",
+        "agg_start",
         "allocs",
+        "arrivals",
         "chunks",
         "context_sum",
         "fills",
@@ -68,14 +72,18 @@ class StretchPlan:
         "num_prefill",
         "num_requests",
         "num_samples",
+        "num_start",
         "num_steps",
         "num_tokens",
+        "progress",
         "requests",
         "scheduled",
+        "start_computed",
     )
 
     def __init__(self, requests: list[Request]) -> None:
         self.requests = requests
+        self.num_start = len(requests)
         self.num_steps = 0
         self.num_tokens: list[int] = []
         self.num_prefill: list[int] = []
@@ -85,19 +93,48 @@ class StretchPlan:
         self.context_sum: list[int] = []
         self.chunks: list[list[Chunk]] = []
         self.allocs: list[list[tuple[int, int]]] = []  # per step: (request index, blocks)
+        self.admits: list[list[tuple[int, int]]] = []  # per step: (request index, tokens)
+        self.fills: list[list[int]] = []  # per step: requests that filled a block
         self.finishes: list[list[int]] = []  # per step: request indices, in running order
-        self.fills: list[tuple[int, int]] = []  # (step, request index): first filled block
-        self.scheduled: list[int] = [0] * len(requests)  # tokens computed in all steps
+        self.arrivals: list[list[Request]] = []  # per step: requests arriving after it
+        self.scheduled: list[int] = [0] * len(requests)
         self.first_sample = [-1] * len(requests)
         self.last_sample = [-1] * len(requests)
+        self.start_computed = [r.num_computed_tokens for r in requests]
+        # how far each request has computed: one token per step from step agg_start
+        # (1-based; 0: never) on, from agg_computed; before that, (step, computed after)
+        self.agg_start = [0] * len(requests)
+        self.agg_computed = [0] * len(requests)
+        self.progress: dict[int, list[tuple[int, int]]] = {}
+
+    def computed_after(self, i: int, k: int) -> int:
+        """Request ``i``'s computed tokens after the first ``k`` steps."""
+        s = self.agg_start[i]
+        if s and k >= s - 1:
+            return self.agg_computed[i] + k - s + 1
+        computed = self.start_computed[i]
+        for step, after in self.progress.get(i, ()):
+            if step > k:
+                break
+            computed = after
+        return computed
+
+    def _add(self, request: Request) -> int:
+        self.requests.append(request)
+        for per_request in (self.scheduled, self.first_sample, self.last_sample):
+            per_request.append(0 if per_request is self.scheduled else -1)
+        self.start_computed.append(0)
+        self.agg_start.append(0)
+        self.agg_computed.append(0)
+        return len(self.requests) - 1
 
 
 class _Other:
-    """A running request outside the decoding prefix, stepped one by one while planning."""
+    """A running request behind a prefilling one, stepped one by one while planning."""
 
     __slots__ = (
         "computed",
-        "filled",
+        "extra",
         "has_output",
         "index",
         "max_num_tokens",
@@ -106,15 +143,19 @@ class _Other:
         "total",
     )
 
-    def __init__(self, index: int, req: Request, slots: int) -> None:
+    def __init__(self, index: int, req: Request, slots: int, extra: int = 0) -> None:
         self.index = index
         self.computed = req.num_computed_tokens
         self.total = len(req.all_token_ids)
         self.slots = slots
+        self.extra = extra  # blocks allocated during the stretch
         self.has_output = bool(req.output_token_ids)
         self.max_num_tokens = req.max_num_tokens
         self.n = req.sampling_params.n
-        self.filled = False
+
+
+def _is_decoder(req: Request) -> bool:
+    return len(req.all_token_ids) - req.num_computed_tokens == 1 and bool(req.output_token_ids)
 
 
 class StretchPlanner:
@@ -123,81 +164,106 @@ class StretchPlanner:
     def __init__(self, scheduler: Scheduler, stop_at_finish: bool) -> None:
         self.sched = scheduler
         kv = scheduler.kv_cache
-        self.bs = bs = scheduler.block_size
+        self.kv = kv
+        self.bs = scheduler.block_size
         self.budget = scheduler.config.max_num_batched_tokens
         self.threshold = scheduler.threshold
         self.max_model_len = scheduler.max_model_len
-        self.caching = kv.cache is not None
-        self.free = kv.num_free_blocks  # frees during the stretch are not counted
-        self.stop_at_finish = stop_at_finish or bool(scheduler.waiting)
-        self.head: Request | None = None  # a swapped waiting head that could take a seat
+        self.cache = kv.cache
+        self.free = kv.num_free_blocks
+        self.free_exact = True  # False once a finish frees blocks still shared
+        self.stop_at_finish = stop_at_finish
         self.ended = False
+        self.waiting: list[Request] = list(scheduler.waiting)
+        self.next_waiting = 0
+        self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
+        self.unknown_first_block = False
         running = scheduler.running
         self.plan = StretchPlan(list(running))
-        # decoders before the first other request ("the prefix"), kept as aggregates
+        num = len(running)
+        # the aggregate: decoders in front of the running list
+        self.alloc_at: dict[int, list[int]] = {}
+        self.finish_at: dict[int, list[int]] = {}
+        self.fill_at: dict[int, list[int]] = {}
+        self.finish_step = [0] * num
+        self.base = [0] * num  # context of request i in step j: base[i] + j
+        self.extra = [0] * num  # blocks allocated during the stretch
+        self.sum_base = 0
+        self.alive = 0
         req_blocks = kv.req_blocks
-        alloc_at: dict[int, list[int]] = {}
-        finish_at: dict[int, list[int]] = {}
-        fill_at: dict[int, list[int]] = {}
-        finish_step: list[int] = []
-        sum_computed = 0
-        num = 0
+        prefix = 0
         for req in running:
-            computed = req.num_computed_tokens
-            total = len(req.all_token_ids)
-            if total - computed != 1 or not req.output_token_ids:
+            if not _is_decoder(req):
                 break
-            finish = req.max_num_tokens - total  # the 1-based step that samples its last token
-            finish_step.append(finish)
-            first = req_blocks[req.request_id].num_slots - computed + 1
-            if first <= finish:
-                alloc_at.setdefault(first, []).append(num)
-            finish_at.setdefault(finish, []).append(num)
-            if self.caching:
-                fill = bs - computed % bs
-                if fill <= finish:
-                    fill_at.setdefault(fill, []).append(num)
-            sum_computed += computed
-            num += 1
-        self.num_prefix = self.alive = num
-        self.sum_computed = sum_computed
-        self.finish_step = finish_step
-        self.alloc_at = alloc_at
-        self.finish_at = finish_at
-        self.fill_at = fill_at
+            self._join(
+                prefix,
+                req.num_computed_tokens,
+                len(req.all_token_ids),
+                req.max_num_tokens,
+                req_blocks[req.request_id].num_slots,
+                1,
+            )
+            prefix += 1
         self.others = [
             _Other(i, r, req_blocks[r.request_id].num_slots)
-            for i, r in enumerate(running[num:], num)
+            for i, r in enumerate(running[prefix:], prefix)
         ]
-        self.allocated = 0
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
         """A planner with its first step planned, or None when that step is not certain."""
         s = scheduler
-        if not s.running or s.kv_cache.cow_pending or s.pending_outputs:
+        if not (s.running or s.waiting) or s.kv_cache.cow_pending or s.pending_outputs:
             return None
         head = s.waiting[0] if s.waiting else None
-        if head is not None:
+        if head is not None and not _admission_may_be_certain(s, head):
             n = head.sampling_params.n
             seats = n if n > 1 and not head.output_token_ids else 1
-            if len(s.running) + s.fork_seats + seats > s.max_num_seqs:
-                head = None  # no seat for it before someone finishes
-            elif head.status is not RequestStatus.SWAPPED:
-                if s.prefill_first:
-                    return None  # prompts come first: the next step looks it up
-                if _budget_left_estimate(s) > 0:
-                    return None  # the head will be looked up: don't plan a failing step
+            has_seat = len(s.running) + s.fork_seats + seats <= s.max_num_seqs
+            if s.prefill_first or (has_seat and _budget_left_estimate(s) > 0):
+                return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
-        if planner.alive > planner.budget:
-            return None  # not every decoder fits in a step
-        planner.head = head
         return planner if planner.plan_step() else None
+
+    def _join(self, i: int, computed: int, total: int, max_tokens: int, slots: int, s: int) -> None:
+        """Request ``i`` decodes in the aggregate from (1-based) step ``s`` on."""
+        last = s + max_tokens - total - 1  # the step that samples its last token
+        self.finish_step[i] = last
+        self.finish_at.setdefault(last, []).append(i)
+        alloc = s + slots - computed
+        if alloc <= last:
+            self.alloc_at.setdefault(alloc, []).append(i)
+        if self.cache is not None:
+            fill = s - 1 + self.bs - computed % self.bs
+            if fill <= last:
+                self.fill_at.setdefault(fill, []).append(i)
+        self.base[i] = base = computed + 1 - s
+        self.sum_base += base
+        self.alive += 1
+        plan = self.plan
+        plan.agg_start[i] = s
+        plan.agg_computed[i] = computed
+        if plan.first_sample[i] < 0:
+            plan.first_sample[i] = s - 1
+
+    def arrive(self, requests: list[Request]) -> None:
+        """Requests that arrive after the last planned step (they wait from the next one)."""
+        self.plan.arrivals[-1].extend(requests)
+        self.waiting.extend(requests)
 
     def plan_step(self) -> bool:
         """Plan the next step; False (and nothing planned) if it is not certain."""
         if self.ended:
             return False
+        has_waiting = self.next_waiting < len(self.waiting)
+        if not (self.alive or self.others or has_waiting) or self.alive > self.budget:
+            return self._end_before(None, 0)
+        if (
+            has_waiting
+            and self.sched.prefill_first
+            and self.waiting[self.next_waiting].status is not RequestStatus.SWAPPED
+        ):
+            return self._end_before(None, 0)  # prompts come first: it is looked up
         plan = self.plan
         j = plan.num_steps + 1  # 1-based, as the buckets
         prefix_allocs = self.alloc_at.pop(j, None)
@@ -209,7 +275,7 @@ class StretchPlanner:
         alive = self.alive
         budget = self.budget - alive
         num_tokens = num_samples = num_requests = num_decodes = alive
-        context = self.sum_computed + j * alive
+        context = self.sum_base + j * alive
         prefill = 0
         chunks: list[Chunk] = []
         stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
@@ -242,9 +308,38 @@ class StretchPlanner:
             num_tokens += n
             budget -= n
             stepped.append((o, n, slots))
-        if self.allocated + new_blocks > self.free or not self._head_stays(budget, new_blocks):
+        if new_blocks > self.free:
+            return self._end_before(prefix_allocs, j)  # someone would be preempted
+        admitted: list[_Other] = []
+        free_left = self.free - new_blocks
+        seated = alive + len(self.others)
+        while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
+            head = self.waiting[self.next_waiting + len(admitted)]
+            decision = self._admission(head, budget, seated + len(admitted), free_left)
+            if decision is _STAYS:
+                break
+            if decision is _UNSURE:
+                return self._end_before(prefix_allocs, j)
+            n, blocks = decision  # type: ignore[misc]
+            o = _Other(-1, head, blocks * bs, blocks)
+            admitted.append(o)
+            stepped.append((o, n, o.slots))
+            free_left -= blocks
+            new_blocks += blocks
+            if n == o.total:
+                num_samples += 1
+            if n == 1:
+                num_decodes += 1
+                context += 1
+            else:
+                chunks.append((n, 0))
+            prefill += n
+            num_requests += 1
+            num_tokens += n
+            budget -= n
+        if not num_tokens:
             return self._end_before(prefix_allocs, j)
-        self.allocated += new_blocks
+        self.free -= new_blocks
         plan.num_steps = j
         plan.num_tokens.append(num_tokens)
         plan.num_prefill.append(prefill)
@@ -254,37 +349,86 @@ class StretchPlanner:
         plan.context_sum.append(context)
         plan.chunks.append(chunks)
         plan.allocs.append(allocs)
-        # the update, prefix decoders first (running order)
+        plan.arrivals.append([])
+        admits: list[tuple[int, int]] = []
+        if admitted:
+            self._seat(admitted, stepped, admits)
+        plan.admits.append(admits)
+        self._update(j, prefix_allocs, stepped)
+        return True
+
+    def _seat(
+        self,
+        admitted: list[_Other],
+        stepped: list[tuple[_Other, int, int]],
+        admits: list[tuple[int, int]],
+    ) -> None:
+        """Give the requests admitted in this step their plan indices."""
+        plan = self.plan
+        tokens = {id(o): n for o, n, _ in stepped}
+        for o in admitted:
+            req = self.waiting[self.next_waiting]
+            self.next_waiting += 1
+            o.index = plan._add(req)
+            self.finish_step.append(0)
+            self.base.append(0)
+            self.extra.append(0)
+            admits.append((o.index, tokens[id(o)]))
+            if self.first_hashes is not None:
+                self._note_first_block(req)
+        self.others.extend(admitted)
+
+    def _update(
+        self, j: int, prefix_allocs: list[int] | None, stepped: list[tuple[_Other, int, int]]
+    ) -> None:
+        """What the update after step ``j`` does: fills, samples, finishes, frees."""
+        plan = self.plan
+        bs = self.bs
         if prefix_allocs:
             alloc_at = self.alloc_at
             finish_step = self.finish_step
+            extra = self.extra
             nxt = j + bs
             for i in prefix_allocs:
+                extra[i] += 1
                 if nxt <= finish_step[i]:
                     alloc_at.setdefault(nxt, []).append(i)
-        fills = self.fill_at.pop(j, None)
-        if fills:
-            fills.sort()
-            plan.fills.extend((j - 1, i) for i in fills)
+        fills: list[int] = []
+        prefix_fills = self.fill_at.pop(j, None)
+        if prefix_fills:
+            prefix_fills.sort()
+            fills = prefix_fills
+            fill_at = self.fill_at
+            finish_step = self.finish_step
+            nxt = j + bs
+            for i in prefix_fills:
+                if nxt <= finish_step[i]:
+                    fill_at.setdefault(nxt, []).append(i)
         finished: list[int] = []
         done = self.finish_at.pop(j, None)
         if done:
-            requests = plan.requests
             done.sort()
             for i in done:
-                self.sum_computed -= requests[i].num_computed_tokens
+                self.sum_base -= self.base[i]
                 plan.last_sample[i] = j - 1
+                plan.scheduled[i] += j - plan.agg_start[i] + 1
+                self._free_blocks_of(i, self.extra[i])
             self.alive -= len(done)
             finished.extend(done)
+        caching = self.cache is not None
+        progress = plan.progress
         for o, n, slots in stepped:
             i = o.index
             computed = o.computed + n
             o.computed = computed
-            o.slots = slots
+            if slots != o.slots:
+                o.extra += (slots - o.slots) // bs
+                o.slots = slots
             plan.scheduled[i] += n
-            if self.caching and computed % bs < n and not o.filled:
-                o.filled = True
-                plan.fills.append((j - 1, i))
+            if caching:
+                progress.setdefault(i, []).append((j, computed))
+                if computed % bs < n:
+                    fills.append(i)
             if computed == o.total:
                 if plan.first_sample[i] < 0:
                     plan.first_sample[i] = j - 1
@@ -293,12 +437,84 @@ class StretchPlanner:
                 if o.total >= o.max_num_tokens:
                     plan.last_sample[i] = j - 1
                     finished.append(i)
+                    self._free_blocks_of(i, o.extra)
+        plan.fills.append(fills)
         if finished:
             self.others = [o for o in self.others if plan.last_sample[o.index] < 0]
-            if self.stop_at_finish or not (self.alive or self.others):
+            if self.stop_at_finish:
                 self.ended = True
         plan.finishes.append(finished)
-        return True
+        others = self.others
+        while others and others[0].total - others[0].computed == 1 and others[0].has_output:
+            o = others.pop(0)
+            self.extra[o.index] = o.extra
+            self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
+
+    def _free_blocks_of(self, i: int, extra: int) -> None:
+        """Count the blocks request ``i`` frees when it finishes (only those it alone held
+        at the start come back; blocks shared then make the count a lower bound)."""
+        freed = extra
+        if i < self.plan.num_start:
+            rid = self.plan.requests[i].request_id
+            refs = [b.ref_cnt for b in self.kv.req_blocks[rid].blocks]
+            alone = refs.count(1)
+            if alone < len(refs):
+                self.free_exact = False
+            freed += alone
+        self.free += freed
+
+    def _admission(
+        self, head: Request, budget: int, seated: int, free_left: int
+    ) -> tuple[int, int] | bool | None:
+        """What trying the waiting head does in this step: ``_STAYS``, ``_UNSURE``, or
+        ``(tokens, blocks)`` of its certain admission."""
+        s = self.sched
+        n_seq = head.sampling_params.n
+        seats = n_seq if n_seq > 1 and not head.output_token_ids else 1
+        if seated + s.fork_seats + seats > s.max_num_seqs:
+            return _STAYS  # not tried: no seat before someone finishes
+        if head.status is RequestStatus.SWAPPED:
+            need = s.swap_in_blocks(head, budget)
+            if need is None:
+                return _STAYS  # its chunk does not fit the budget: not tried
+            if need > free_left and seated and self.free_exact:
+                return _STAYS  # tried, fails, changes nothing
+            return _UNSURE
+        if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
+            return _UNSURE
+        n = min(len(head.all_token_ids), self.threshold, budget)
+        blocks = -(-n // self.bs)
+        if blocks > free_left:
+            if self.cache is None and seated and self.free_exact:
+                return _STAYS  # no lookup; the allocation fails, changing nothing
+            return _UNSURE
+        return n, blocks
+
+    def _certain_miss(self, head: Request) -> bool:
+        """Whether the head's prefix lookup surely finds nothing (and so changes nothing
+        beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
+        cache = self.cache
+        if cache is None:
+            return True
+        tokens = head.all_token_ids
+        if len(tokens) <= self.bs:
+            return True  # no full block to look up
+        if self.first_hashes is None:
+            self.first_hashes = set()
+            for req in self.plan.requests:
+                self._note_first_block(req)
+        if self.unknown_first_block:
+            return False
+        h0 = cache.first_block_hash(tokens)  # type: ignore[attr-defined]
+        return h0 not in self.first_hashes and not cache.may_hit(h0)  # type: ignore[attr-defined]
+
+    def _note_first_block(self, req: Request) -> None:
+        """A running request may commit its first block before a later lookup."""
+        tokens = req.all_token_ids
+        if len(tokens) >= self.bs:
+            self.first_hashes.add(self.cache.first_block_hash(tokens))  # type: ignore[union-attr]
+        elif req.max_num_tokens >= self.bs:
+            self.unknown_first_block = True  # its first block holds tokens not sampled yet
 
     def _end_before(self, prefix_allocs: list[int] | None, j: int) -> bool:
         if prefix_allocs is not None:
@@ -306,28 +522,46 @@ class StretchPlanner:
         self.ended = True
         return False
 
-    def _head_stays(self, budget: int, new_blocks: int) -> bool:
-        """Whether the waiting head (if it could take a seat) stays out in this step
-        without being tried: no budget is left for it. A swapped head may also be
-        tried: that fails, changing nothing, when its blocks are not free."""
-        head = self.head
-        if head is None or budget <= 0:
-            return True
-        if head.status is not RequestStatus.SWAPPED:
-            return False  # a lookup (it commits blocks and touches the radix tree)
-        need = self.sched.swap_in_blocks(head, budget)
-        return need is None or need > self.free - self.allocated - new_blocks
-
     def finish(self) -> StretchPlan:
         """The plan so far, with every sampling request's range of steps filled in."""
         plan = self.plan
         last = plan.num_steps - 1
-        num = self.num_prefix
-        plan.first_sample[:num] = [0] * num
-        ends = [s if s >= 0 else last for s in plan.last_sample[:num]]
-        plan.last_sample[:num] = ends
-        plan.scheduled[:num] = [s + 1 for s in ends]
-        for i in range(num, len(plan.requests)):
+        for i, s in enumerate(plan.agg_start):
+            if s and plan.last_sample[i] < 0:
+                plan.last_sample[i] = last
+                plan.scheduled[i] += last + 1 - s + 1
+        for i in range(len(plan.requests)):
             if plan.first_sample[i] >= 0 and plan.last_sample[i] < 0:
                 plan.last_sample[i] = last
         return plan
+
+
+def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
+    """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
+    or a new request without stop tokens or fork, under the chunked policy, with no prefix
+    cache or one whose missing lookups change nothing (hash, not radix)."""
+    if head.status is RequestStatus.SWAPPED:
+        return True
+    cache = s.kv_cache.cache
+    return (
+        head.status is RequestStatus.WAITING
+        and not s.prefill_first
+        and head.sampling_params.n == 1
+        and not head.stop_ids
+        and (cache is None or hasattr(cache, "may_hit"))
+    )
+
+
+def _budget_left_estimate(s: Scheduler) -> int:
+    """Roughly the budget the next step leaves after the running requests, counting the
+    latest admitted (still prefilling) ones exactly and the others as decoders."""
+    budget = s.config.max_num_batched_tokens
+    running = s.running
+    num = len(running)
+    for req in reversed(running):
+        n = len(req.all_token_ids) - req.num_computed_tokens
+        if n == 1 and req.output_token_ids:
+            break
+        num -= 1
+        budget -= min(n, s.threshold, max(budget, 0))
+    return budget - num

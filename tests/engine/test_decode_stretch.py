@@ -24,7 +24,9 @@ def _tokens(plan: StretchPlan) -> list[list[int]]:
     ]
 
 
-def drive(w: Workload, cfg: tuple, fast: bool) -> tuple:
+def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
+    """Run the workload stepping one by one (``single``), with stretches that end at the
+    next arrival (``until``), or with stretches fed the arrivals (``feed``)."""
     policy, preemption, caching, block_size = cfg
     config = EngineConfig(
         max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN + w.budget,
@@ -38,38 +40,47 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple:
     )
     need = max(-(-(len(j.prompt) + j.max_tokens) // block_size) for j in w.jobs)
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
+    fast = mode != "single"
     executor = DeterministicExecutor(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)
     engine = Engine(config, executor)
     scheduler = engine.scheduler
     tokens: dict[tuple[str, int], list[int]] = {}
     reasons: dict[tuple[str, int], str] = {}
-    arrivals = sorted({j.arrive for j in w.jobs})
+    pending = sorted(w.jobs, key=lambda j: j.arrive)
+
+    def arriving(step: int) -> list:
+        due = []
+        while pending and pending[0].arrive <= step:
+            j = pending.pop(0)
+            params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
+            due.append(engine.new_request(j.rid, j.prompt, params))
+        return due
+
+    def record(outputs: list) -> None:
+        for out in outputs:
+            tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+            if out.finished:
+                reasons[(out.request_id, out.index)] = out.finish_reason  # type: ignore[assignment]
+
     step = 0
-    while step <= arrivals[-1] or engine.has_unfinished_requests():
-        for j in w.jobs:
-            if j.arrive == step:
-                params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
-                engine.add_request(j.rid, j.prompt, params)
-        upcoming = [a for a in arrivals if a > step]
+    while pending or engine.has_unfinished_requests():
+        for request in arriving(step):
+            engine.enqueue(request)
         planner = StretchPlanner.start(scheduler, stop_at_finish=False) if fast else None
         if planner is not None:
-            while planner.plan.num_steps < (upcoming[0] - step if upcoming else 10**6):
+            while True:
+                if mode == "feed":
+                    planner.arrive(arriving(step + planner.plan.num_steps))
+                elif pending and step + planner.plan.num_steps >= pending[0].arrive:
+                    break
                 if not planner.plan_step():
                     break
             plan = planner.finish()
-            batch = _tokens(plan)
-            for out in scheduler.apply_stretch(plan, batch).outputs:
-                tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
-                if out.finished:
-                    reasons[(out.request_id, out.index)] = out.finish_reason  # type: ignore[assignment]
+            record(scheduler.apply_stretch(plan, _tokens(plan)).outputs)
             step += plan.num_steps
-        elif engine.has_unfinished_requests():
-            for out in engine.step():
-                tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
-                if out.finished:
-                    reasons[(out.request_id, out.index)] = out.finish_reason  # type: ignore[assignment]
-            step += 1
         else:
+            if engine.has_unfinished_requests():
+                record(engine.step())
             step += 1
         check_all(engine, None)
     check_drained(engine)
@@ -83,7 +94,9 @@ def drive(w: Workload, cfg: tuple, fast: bool) -> tuple:
 @given(workloads(), st.sampled_from(ALL_CONFIGS))
 def test_stretches_equal_single_steps(w: Workload, cfg: tuple) -> None:
     w = replace(w, jobs=[replace(j, abort_at=None) for j in w.jobs])
-    assert drive(w, cfg, fast=True) == drive(w, cfg, fast=False)
+    single = drive(w, cfg, "single")
+    assert drive(w, cfg, "until") == single
+    assert drive(w, cfg, "feed") == single
 
 
 def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:
@@ -95,7 +108,7 @@ def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | Non
     return planner.finish()
 
 
-def test_plan_stops_at_block_shortage_at_finishes_and_before_admissions() -> None:
+def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() -> None:
     config = EngineConfig(block_size=4, max_num_seqs=3, prefix_caching="none")
     engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8))
     engine.add_request("a", [2] * 4, SamplingParams(max_tokens=30, ignore_eos=True))
@@ -104,19 +117,22 @@ def test_plan_stops_at_block_shortage_at_finishes_and_before_admissions() -> Non
     held = engine.kv_cache.pool.get_new_blocks(2)  # someone else holds 2: 3 are free
     plan = _plan_all(engine)
     assert plan is not None
-    # b finishes with its 5th token (step 4); a decodes on until it needs a 4th block of
-    # the 3 free at the start (b's freed blocks are not counted)
-    assert plan.last_sample == [7, 3] and plan.finishes[3] == [1]
-    assert plan.num_tokens == [2, 2, 2, 2, 1, 1, 1, 1]
-    assert plan.allocs == [[(0, 1)], [], [(1, 1)], [], [(0, 1)], [], [], []]
+    # b finishes with its 5th token (step 4) and frees its 3 blocks; a takes a block every
+    # 4 steps (1, 5, 9, ...) until none is free: step 21 is not planned
+    assert plan.last_sample == [19, 3] and plan.finishes[3] == [1]
+    assert plan.num_tokens == [2] * 4 + [1] * 16
+    assert [a for a in plan.allocs if a] == [[(0, 1)], [(1, 1)]] + [[(0, 1)]] * 4
     assert _plan_all(engine, stop_at_finish=True).num_steps == 4  # type: ignore[union-attr]
     engine.kv_cache.pool.free_blocks(held)
     engine.add_request("c", [4] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
-    assert _plan_all(engine) is None  # the next step would look c up
+    plan = _plan_all(engine)  # c's admission is certain (no prefix cache): planned too
+    assert plan is not None and plan.admits[0] == [(2, 3)] and plan.first_sample[2] == 0
     engine.step()  # c comes in: all 3 seats are taken
     engine.add_request("d", [5] * 3, SamplingParams(max_tokens=1))
-    plan = _plan_all(engine)  # d waits for a seat: the first finish (b's) ends the stretch
-    assert plan is not None and plan.num_steps == 3 and plan.finishes[-1] == [1]
+    plan = _plan_all(engine)  # d waits for a seat: b's finish (step 3) frees one
+    assert plan is not None and plan.finishes[2] == [1]
+    assert [i for i, a in enumerate(plan.admits) if a] == [3]
+    assert plan.requests[3].request_id == "d" and plan.last_sample[3] == 3
 
 
 def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
@@ -130,7 +146,7 @@ def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     assert plan is not None
     assert plan.num_prefill[:2] == [5, 2] and plan.first_sample == [0, 1]
     assert plan.last_sample == [5, 2] and plan.chunks[:2] == [[(5, 5)], [(2, 10)]]
-    assert plan.fills[0] == (0, 1)  # b fills its third block in the first step
+    assert plan.fills[0] == [1]  # b fills its third block in the first step
 
 
 def test_apply_finishes_on_a_final_stop_token() -> None:
@@ -178,8 +194,8 @@ def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
         tokens: list[int] = []
         reason = None
         while engine.has_unfinished_requests() and reason is None:
-            stretch = engine.fast_forward(0.0, None) if fast else []
-            outs = [o for o, _ in stretch] if stretch else engine.step()
+            stretch = engine.fast_forward(0.0, None) if fast else None
+            outs = [o for o, _ in stretch] if stretch is not None else engine.step()
             for out in outs:
                 if out.request_id == "a":
                     tokens.extend(out.new_token_ids)

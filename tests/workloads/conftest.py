@@ -49,22 +49,23 @@ class FakeEngine:
         self._blocks: set[int] = set()
         self._queries = self._hits = self._steps = 0
 
-    def add_request(
+    def new_request(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
-    ) -> None:
+    ) -> _Req:
         if len(prompt_token_ids) > self.max_len:
             raise ValueError(
                 f"prompt of {len(prompt_token_ids)} tokens exceeds max_model_len {self.max_len}"
             )
         assert params is not None and params.ignore_eos
-        self.added[request_id] = (list(prompt_token_ids), arrival_time)
-        self.waiting.append(
-            _Req(request_id, list(prompt_token_ids), params.max_tokens, arrival_time)
-        )
+        return _Req(request_id, list(prompt_token_ids), params.max_tokens, arrival_time)
+
+    def enqueue(self, request: _Req) -> None:
+        self.added[request.rid] = (list(request.prompt), request.arrival)
+        self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

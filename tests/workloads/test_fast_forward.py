@@ -24,6 +24,27 @@ CASES = {
         shared_prefix(num_groups=4, requests_per_group=30, seed=2),
         ArrivalSpec(rate=8.0),
     ),
+    "hash-shared-prefix-poisson-threshold": (
+        EngineConfig(
+            prefix_caching="hash",
+            max_num_batched_tokens=512,
+            long_prefill_token_threshold=96,
+            num_gpu_blocks=1200,
+        ),
+        shared_prefix(num_groups=5, requests_per_group=30, seed=7),
+        ArrivalSpec(rate=10.0),
+    ),
+    "none-swap-poisson-few-seats": (
+        EngineConfig(
+            prefix_caching="none",
+            preemption_mode="swap",
+            max_num_seqs=6,
+            max_num_batched_tokens=256,
+            num_gpu_blocks=200,
+        ),
+        sharegpt_like(150, seed=8),
+        ArrivalSpec(rate=12.0),
+    ),
     "hash-swap-all-at-once-block8": (
         EngineConfig(prefix_caching="hash", preemption_mode="swap", block_size=8),
         sharegpt_like(120, seed=3),

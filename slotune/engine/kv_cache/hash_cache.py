@@ -79,6 +79,15 @@ class HashPrefixCache:
             self._replay(state[0])  # type: ignore[index]
         return list(state)  # type: ignore[call-overload]
 
+    def first_block_hash(self, token_ids: list[int]) -> int:
+        """The hash a lookup of ``token_ids`` starts from (given a full first block)."""
+        return hash((None, tuple(token_ids[: self.block_size])))
+
+    def may_hit(self, first_hash: int) -> bool:
+        """Whether a lookup starting from ``first_hash`` could find anything now: a cached
+        first block, or a dormant group it would replay. False: it misses, changing nothing."""
+        return first_hash in self._blocks or first_hash in self._dormant
+
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], list[int]]:
         bs = self.block_size
         lookup = self._blocks.get

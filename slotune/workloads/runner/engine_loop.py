@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from slotune.engine.config import EngineConfig
     from slotune.engine.engine import Engine
     from slotune.engine.outputs import StepStats
+    from slotune.engine.request import Request
 
 Progress = Callable[[int, int], None]
 
@@ -80,6 +81,14 @@ class WallClock:
     def advance_steps(self, steps: list[StepStats]) -> list[float]:
         """The steps took the time: they all end now."""
         return [self.now()] * len(steps)
+
+
+class _Feed:
+    """The dispatcher's arrivals as ``Engine.fast_forward`` takes them."""
+
+    def __init__(self, disp: Dispatcher[list[int]], due: Callable[[float], list[Request]]):
+        self.next_time = disp.next_time
+        self.due = due
 
 
 class TokenPrompts:
@@ -188,22 +197,33 @@ def drive_engine(
         if progress is not None:
             progress(rec.num_done, total)
 
-    while True:
-        now = clock.now()
+    def due(now: float) -> list[Request]:
+        """Send what is due by ``now``: the engine's requests (rejected ones end here)."""
+        requests = []
         for rel in disp.pop_due(now):
             i = rel.index
             rec.sent(i, rel.arrival_time, len(rel.prompt))
             if keep_output[i]:
                 outputs[i] = []
             try:
-                engine.add_request(
-                    rel.request_id,
-                    rel.prompt,
-                    SamplingParams(max_tokens=rel.max_tokens, ignore_eos=True),
-                    arrival_time=rel.arrival_time,
+                requests.append(
+                    engine.new_request(
+                        rel.request_id,
+                        rel.prompt,
+                        SamplingParams(max_tokens=rel.max_tokens, ignore_eos=True),
+                        arrival_time=rel.arrival_time,
+                    )
                 )
             except ValueError as exc:
                 end(i, now, error=f"rejected: {exc}")
+        return requests
+
+    # without finishes that release requests, a stretch runs on through arrivals
+    feed = _Feed(disp, due) if fast_forward and not stop_at_finish else None
+    while True:
+        now = clock.now()
+        for request in due(now):
+            engine.enqueue(request)
         if not engine.has_unfinished_requests():
             nxt = disp.next_time()
             if nxt is None:
@@ -212,8 +232,14 @@ def drive_engine(
                 raise RuntimeError("runner: requests in flight but the engine has none unfinished")
             clock.wait_until(nxt)
             continue
-        if fast_forward and (
-            stretch := engine.fast_forward(now, disp.next_time(), stop_at_finish=stop_at_finish)
+        if (
+            fast_forward
+            and (
+                stretch := engine.fast_forward(
+                    now, disp.next_time(), stop_at_finish=stop_at_finish, arrivals=feed
+                )
+            )
+            is not None
         ):
             pairs = stretch
             steps = engine.last_steps
