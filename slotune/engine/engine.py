@@ -259,6 +259,7 @@ class Engine:
         plan = planner.plan
         durations: list[float] = []
         t = start_time_s
+        next_arrival = arrivals.next_time() if arrivals is not None else None
         while True:
             j = plan.num_steps - 1
             d = seconds(
@@ -272,9 +273,9 @@ class Engine:
             durations.append(d)
             t += d
             if arrivals is not None:
-                due = arrivals.due(t)
-                if due:
-                    planner.arrive(due)
+                if next_arrival is not None and t >= next_arrival:
+                    planner.arrive(arrivals.due(t))
+                    next_arrival = arrivals.next_time()
             elif until_time_s is not None and t >= until_time_s:
                 break
             if len(durations) >= max_steps or not planner.plan_step():

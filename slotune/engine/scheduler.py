@@ -438,9 +438,20 @@ class Scheduler:
         running: list[int] = []
         waiting: list[int] = []
         num_running = len(self.running)
+        ids = [r.request_id for r in requests]
+        # allocations wait and go in one batch before the next lookup or free: the free
+        # queue hands out the same blocks in the same order (frees only append to it)
+        pending: list[tuple[str, int]] = []
+        num_pending = 0
         for j, allocs in enumerate(plan.allocs):
             if allocs:
-                kv.grow([(requests[i].request_id, n) for i, n in allocs])
+                for i, n in allocs:
+                    pending.append((ids[i], n))
+                    num_pending += n
+            if pending and (plan.admits[j] or finishes[j]):
+                kv.grow(pending)
+                pending = []
+                num_pending = 0
             for i, n in plan.admits[j]:
                 req = requests[i]
                 if uncommitted:  # the lookup commits them as they are before this step
@@ -454,7 +465,7 @@ class Scheduler:
                     if len(status_of) < len(ending):
                         status_of[i] = ending[-1][1]
                 num_running += 1
-            used.append(pool.num_used_blocks)
+            used.append(pool.num_used_blocks + num_pending)
             for i in plan.fills[j]:
                 uncommitted[requests[i].request_id] = requests[i]
             for i in finishes[j]:
@@ -469,6 +480,8 @@ class Scheduler:
             waiting.append(len(self.waiting))
             for req in plan.arrivals[j]:
                 self.add_request(req)
+        if pending:
+            kv.grow(pending)
         for req, computed in zip(requests, final, strict=True):
             req.num_computed_tokens = computed
         self.steps += plan.num_steps
