@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/sim_speed.py            # 1,000 and 10,000 requests
     .venv/bin/python benchmarks/sim_speed.py --requests 1000 --rate 4
     .venv/bin/python benchmarks/sim_speed.py --fast-forward on off   # both, side by side
+    .venv/bin/python benchmarks/sim_speed.py --fast-forward on off --repeats 5   # min, median
 
 The trace has log-normal lengths with means of about 1,150 prompt and 220 output tokens
 (conversation turns with their history), Poisson arrivals at 4 req/s; llama-2-7b on
@@ -90,6 +91,12 @@ def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[s
     }
 
 
+def _child(n: int, rate: float, mode: str) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", "--requests", str(n), "--rate", str(rate)]
+    out = subprocess.run([*cmd, "--fast-forward", mode], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="*", default=[1000, 10000])
@@ -101,6 +108,9 @@ def main() -> None:
         choices=["on", "off"],
         help="run with the engine's fast-forward on, off, or both (results are identical)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="fresh runs of each, interleaved; min and median"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -108,21 +118,18 @@ def main() -> None:
         return
     print(f"{MODEL} on {GPU}, budget {BUDGET}, Poisson {args.rate:g} req/s")
     for n in args.requests:
-        for mode in args.fast_forward:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                "--requests",
-                str(n),
-                "--rate",
-                str(args.rate),
-                "--fast-forward",
-                mode,
-            ]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            row = json.loads(out.strip().splitlines()[-1])
-            print(json.dumps(row))
+        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in args.fast_forward}
+        for _ in range(args.repeats):
+            for mode in args.fast_forward:
+                rows[mode].append(_child(n, args.rate, mode))
+                if args.repeats == 1:
+                    print(json.dumps(rows[mode][-1]))
+        if args.repeats > 1:
+            for runs in rows.values():
+                cpu = sorted(r["cpu_s"] for r in runs)
+                summary = {k: v for k, v in runs[0].items() if k not in ("wall_s", "cpu_s")}
+                summary.update(repeats=len(runs), cpu_s_min=cpu[0], cpu_s_median=cpu[len(cpu) // 2])
+                print(json.dumps(summary))
 
 
 if __name__ == "__main__":
