@@ -416,12 +416,15 @@ class Scheduler:
         outputs: list[RequestOutput | None] = [None] * len(requests)
         ending: list[tuple[Request, RequestStatus]] = []
         status_of: dict[int, RequestStatus] = {}
+
+        def take(i: int) -> None:
+            outputs[i] = self._take_run(requests[i], tokens[i], ending)
+            if len(status_of) < len(ending):
+                status_of[i] = ending[-1][1]
+
         for i in range(plan.num_start):
-            toks = tokens[i]
-            if toks:
-                outputs[i] = self._take_run(requests[i], toks, ending)
-                if len(status_of) < len(ending):
-                    status_of[i] = ending[-1][1]
+            if tokens[i]:
+                take(i)
         finishes = plan.finishes
         stopped = [
             i
@@ -433,7 +436,6 @@ class Scheduler:
         final = [c + n for c, n in zip(plan.start_computed, plan.scheduled, strict=True)]
         pool = kv.pool
         uncommitted = kv.uncommitted
-        index_of: dict[str, int] | None = None
         used: list[int] = []
         running: list[int] = []
         waiting: list[int] = []
@@ -453,17 +455,9 @@ class Scheduler:
                 pending = []
                 num_pending = 0
             for i, n in plan.admits[j]:
-                req = requests[i]
-                if uncommitted:  # the lookup commits them as they are before this step
-                    if index_of is None:
-                        index_of = {r.request_id: k for k, r in enumerate(requests)}
-                    for rid, r in uncommitted.items():
-                        r.num_computed_tokens = plan.computed_after(index_of[rid], j)
-                self._admit_planned(req, n)
+                self._admit_planned(plan, i, n, j)
                 if tokens[i]:
-                    outputs[i] = self._take_run(req, tokens[i], ending)
-                    if len(status_of) < len(ending):
-                        status_of[i] = ending[-1][1]
+                    take(i)
                 num_running += 1
             used.append(pool.num_used_blocks + num_pending)
             for i in plan.fills[j]:
@@ -503,11 +497,15 @@ class Scheduler:
         output.new_token_ids = tokens
         return output
 
-    def _admit_planned(self, req: Request, n: int) -> None:
-        """Admit the waiting head as ``_schedule_waiting`` does when its lookup misses."""
+    def _admit_planned(self, plan: StretchPlan, i: int, n: int, j: int) -> None:
+        """Admit request ``i`` of the plan (the waiting head) with ``n`` tokens in step
+        ``j``, as ``_schedule_waiting`` does when its lookup misses."""
+        req = plan.requests[i]
         if self.waiting.popleft() is not req:
             raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
         kv = self.kv_cache
+        for r in kv.uncommitted.values():  # the lookup commits them as before this step
+            r.num_computed_tokens = plan.computed_after(plan.index(r.request_id), j)
         hit = kv.get_computed_blocks(req)
         if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
             raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")

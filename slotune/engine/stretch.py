@@ -57,6 +57,7 @@ class StretchPlan:
     """
 
     __slots__ = (
+        "_index",
         "admits",
         "agg_computed",
         "agg_start",
@@ -106,6 +107,13 @@ class StretchPlan:
         self.agg_start = [0] * len(requests)
         self.agg_computed = [0] * len(requests)
         self.progress: dict[int, list[tuple[int, int]]] = {}
+        self._index: dict[str, int] | None = None  # built when apply_stretch first asks
+
+    def index(self, request_id: str) -> int:
+        """The plan index of a request."""
+        if self._index is None:
+            self._index = {r.request_id: i for i, r in enumerate(self.requests)}
+        return self._index[request_id]
 
     def computed_after(self, i: int, k: int) -> int:
         """Request ``i``'s computed tokens after the first ``k`` steps."""
