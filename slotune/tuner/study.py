@@ -14,9 +14,12 @@ import functools
 import logging
 import multiprocessing
 import random
+import signal
+import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +251,30 @@ def _worker_entry(url: str, name: str, n_trials: int, worker: int, timeout: floa
         run_worker(url, name, n_trials, worker, timeout=timeout)
 
 
+@contextlib.contextmanager
+def _noting_interrupts(interrupted: list[bool]) -> Iterator[None]:
+    """The first Ctrl-C only notes the interrupt: the running trial finishes and the
+    study stops after it (``progress`` raises KeyboardInterrupt then). A second one
+    raises at once. Raising from the first would be unreliable: when the signal lands
+    inside a weakref callback or a finalizer (SQLAlchemy and Optuna run many), Python
+    prints the KeyboardInterrupt and drops it, and the study would run on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if interrupted[0]:
+            signal.default_int_handler(signum, frame)
+        interrupted[0] = True
+        sys.stderr.write("\nStopping after the running trial (Ctrl-C again stops now).\n")
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def split_trials(n_trials: int, n_jobs: int) -> list[int]:
     """Trials per worker: as even as possible, the total exact."""
     n_jobs = max(1, min(n_jobs, n_trials)) if n_trials > 0 else 1
@@ -277,19 +304,23 @@ def run_workers(
     for child in children:
         child.start()
     watcher = optuna.load_study(study_name=name, storage=open_storage(url))
+    interrupted = [False]
 
     def progress(_study: Any, _trial: Any) -> None:
+        if interrupted[0]:
+            raise KeyboardInterrupt  # Ctrl-C was pressed during the trial
         if on_progress is not None:
             on_progress(watcher)
 
     try:
-        run_worker(
-            url, name, quotas[0], 0, timeout=timeout, callbacks=[progress], evaluator=evaluator
-        )
-        while any(c.is_alive() for c in children):
+        with _noting_interrupts(interrupted):
+            run_worker(
+                url, name, quotas[0], 0, timeout=timeout, callbacks=[progress], evaluator=evaluator
+            )
+            while any(c.is_alive() for c in children):
+                progress(None, None)
+                time.sleep(0.25)
             progress(None, None)
-            time.sleep(0.25)
-        progress(None, None)
     finally:
         for child in children:
             if child.is_alive():
