@@ -1,6 +1,7 @@
 """Simulator fidelity: the real engine and the calibrated simulator on the same trace.
 
     .venv/bin/python benchmarks/sim_fidelity.py                  # small preset, 200 requests
+    .venv/bin/python benchmarks/sim_fidelity.py --clock cpu --calibrate-each
     .venv/bin/python benchmarks/sim_fidelity.py --model DIR --device cuda --threads 0
 
 On this machine: calibrate the cost model against the real executor (``slotune
@@ -151,6 +152,11 @@ def main() -> None:
         default="wall",
         help="cpu: time steps and the run in process CPU time (CPU device, one thread)",
     )
+    parser.add_argument(
+        "--calibrate-each",
+        action="store_true",
+        help="also calibrate again right before each real run and simulate with that profile",
+    )
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parser.parse_args()
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
@@ -186,10 +192,19 @@ def main() -> None:
         rate = args.load * len(trace) / burst.duration_s
         arrivals = ArrivalSpec(rate=rate)
         sim = run_simulated(config, trace, gpu=str(profile), model=config_json, arrivals=arrivals)
-        reals, steps = [], []
-        for _ in range(args.real_runs):
+        reals, steps, paired = [], [], []
+        for i in range(args.real_runs):
+            run_profile = profile
+            if args.calibrate_each:  # the machine drifts: a calibration just before the run
+                run_profile = work / f"profile-{budget}-{i}.json"
+                fresh = calibrate(model, device=args.device, threads=threads, timer=timer)
+                run_profile.write_text(json.dumps(profile_json(fresh), indent=2))
+                paired_sim = run_simulated(
+                    config, trace, gpu=str(run_profile), model=config_json, arrivals=arrivals
+                )
+                paired.append(metrics(summarize(paired_sim)))
             executor = TorchExecutor(model, device=args.device, threads=threads, timer=timer)
-            cost = CostModel(load_profile(str(profile)), spec, 1, config.block_size)
+            cost = CostModel(load_profile(str(run_profile)), spec, 1, config.block_size)
             recorder = StepRecorder(executor, cost)
             engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
             if args.clock == "cpu":
@@ -203,6 +218,7 @@ def main() -> None:
             "clock": args.clock,
             "real": reals,
             "sim": metrics(summarize(sim)),
+            "paired_sims": paired,
             "steps": steps,
         }
     print_table(rows)
@@ -227,11 +243,28 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
             cells = " | ".join(f"{v:.1f}" for v in values)
             label = key.replace("_", " ")
             print(f"| {label} ({unit}) | {cells} | {sim:.1f} | {err:+.1f}% | {spread:.0f}% |")
+        if r["paired_sims"]:
+            print_paired(reals, r["paired_sims"])
         for i, st in enumerate(r["steps"]):
             print(
                 f"\nreal run {i + 1}: cost model on its {st['steps']} steps: total "
                 f"{st['total_error_pct']:+.1f}%, median |error| {st['median_abs_error_pct']:.1f}%"
             )
+
+
+def print_paired(reals: list[dict[str, float]], sims: list[dict[str, float]]) -> None:
+    """Each real run beside the simulator calibrated just before it."""
+    print("\nEach real run against the simulator calibrated right before it:\n")
+    head = " | ".join(f"real {i + 1} | sim {i + 1} | error {i + 1}" for i in range(len(reals)))
+    print(f"| metric | {head} |")
+    print("|---|" + "---:|" * (3 * len(reals)))
+    for key in reals[0]:
+        cells = []
+        for real, sim in zip(reals, sims, strict=True):
+            err = 100.0 * (sim[key] / real[key] - 1) if real[key] else float("nan")
+            cells.append(f"{real[key]:.1f} | {sim[key]:.1f} | {err:+.1f}%")
+        unit = "tok/s" if key == "throughput" else "ms"
+        print(f"| {key.replace('_', ' ')} ({unit}) | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
