@@ -63,6 +63,16 @@ class Request:
         self.max_num_tokens: int = len(self.prompt_token_ids) + sp.max_tokens
 
     @property
+    def needs_fork(self) -> bool:
+        """An ``n > 1`` request before its first sample (then it forks into ``n``)."""
+        return self.sampling_params.n > 1 and not self.output_token_ids
+
+    @property
+    def seats(self) -> int:
+        """The running seats (``max_num_seqs``) admitting this request takes."""
+        return self.sampling_params.n if self.needs_fork else 1
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

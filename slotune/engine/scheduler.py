@@ -35,10 +35,6 @@ FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 _ANY, _PROMPTS, _SWAPPED = 0, 1, 2  # which waiting requests a pass may admit
 
 
-def _needs_fork(request: Request) -> bool:
-    return request.sampling_params.n > 1 and not request.output_token_ids
-
-
 def request_output(req: Request, tokens: list[int], finish_reason: str | None) -> RequestOutput:
     """What a step reports for ``req``: its new ``tokens``, and why it ended if it did."""
     return RequestOutput(
@@ -241,7 +237,7 @@ class Scheduler:
             swapped = req.status is SWAPPED
             if (kinds == _PROMPTS and swapped) or (kinds == _SWAPPED and not swapped):
                 break
-            seats = req.sampling_params.n if _needs_fork(req) else 1
+            seats = req.seats
             if len(self.running) + self.fork_seats + seats > self.max_num_seqs:
                 break
             n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
@@ -527,7 +523,7 @@ class Scheduler:
     # -- leaving -------------------------------------------------------------------------
 
     def _leave_running(self, request: Request) -> None:
-        if _needs_fork(request):
+        if request.needs_fork:
             self.fork_seats -= request.sampling_params.n - 1
 
     def _finish(self, request: Request, status: RequestStatus, emit: bool = False) -> None:

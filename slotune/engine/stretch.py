@@ -225,9 +225,7 @@ class StretchPlanner:
             return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
-            n = head.sampling_params.n
-            seats = n if n > 1 and not head.output_token_ids else 1
-            has_seat = len(s.running) + s.fork_seats + seats <= s.max_num_seqs
+            has_seat = len(s.running) + s.fork_seats + head.seats <= s.max_num_seqs
             if s.prefill_first or (has_seat and _budget_left_estimate(s) > 0):
                 return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
@@ -477,8 +475,7 @@ class StretchPlanner:
         """What trying the waiting head does in this step: ``_STAYS``, ``_UNSURE``, or
         ``(tokens, blocks)`` of its certain admission."""
         s = self.sched
-        n_seq = head.sampling_params.n
-        seats = n_seq if n_seq > 1 and not head.output_token_ids else 1
+        seats = head.seats
         if seated + s.fork_seats + seats > s.max_num_seqs:
             return _STAYS  # not tried: no seat before someone finishes
         if head.status is RequestStatus.SWAPPED:
