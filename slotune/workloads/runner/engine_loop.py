@@ -4,9 +4,10 @@ One loop serves both. Virtual time: each step advances the clock by the executor
 ``last_step.duration_s``; requests whose arrival passed during a step are added after it
 (their arrival time stays the true one, so the wait counts in their TTFT); an idle engine
 jumps to the next arrival. Nothing sleeps. On a virtual clock the engine may also run a
-whole stretch of decode steps up to the next arrival at once (``Engine.fast_forward``):
-each covered step is recorded and each token gets its own step's end time, exactly as if
-the steps had run one by one. Wall time: the same loop, the clock is
+whole stretch of steps at once (``Engine.fast_forward``): up to the next arrival, or on
+through the arrivals (handed to it as they fall due) when no finish can release a
+request (no sessions, no concurrency cap). Each covered step is recorded and each token
+gets its own step's end time, exactly as if the steps had run one by one. Wall time: the same loop, the clock is
 ``perf_counter`` and an idle engine sleeps until the next arrival.
 """
 
