@@ -7,8 +7,8 @@ jumps to the next arrival. Nothing sleeps. On a virtual clock the engine may als
 whole stretch of steps at once (``Engine.fast_forward``): up to the next arrival, or on
 through the arrivals (handed to it as they fall due) when no finish can release a
 request (no sessions, no concurrency cap). Each covered step is recorded and each token
-gets its own step's end time, exactly as if the steps had run one by one. Wall time: the same loop, the clock is
-``perf_counter`` and an idle engine sleeps until the next arrival.
+gets its own step's end time, exactly as if the steps had run one by one. Wall time: the
+same loop, the clock is ``perf_counter`` and an idle engine sleeps until the next arrival.
 """
 
 from __future__ import annotations
