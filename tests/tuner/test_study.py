@@ -174,3 +174,18 @@ def test_setup_round_trips_through_json() -> None:
     s = setup("goodput")
     assert TuneSetup.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert s.differences(TuneSetup.from_dict(s.to_dict())) == []
+
+
+def test_first_ctrl_c_is_noted_and_a_second_raises() -> None:
+    import signal
+
+    from slotune.tuner.study import _noting_interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    interrupted = [False]
+    with _noting_interrupts(interrupted):
+        signal.raise_signal(signal.SIGINT)  # noted only: the running trial goes on
+        assert interrupted == [True]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
