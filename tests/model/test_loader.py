@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slotune.engine.model.config import ModelConfig
+from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.loader import load_model
 from tests.model.paged import PagedRunner
 from tests.model.test_llama_vs_hf import ATOL, hf_logits, prompt

@@ -14,10 +14,10 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]
 
 import torch
 
+from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.attention import AttentionMetadata, select_backend
 from slotune.engine.model.attention.torch_backend import TorchAttention
 from slotune.engine.model.attention.triton_backend import TritonAttention
-from slotune.engine.model.config import ModelConfig
 from slotune.engine.model.llama import LlamaForCausalLM
 from tests.model.paged import PagedRunner
 

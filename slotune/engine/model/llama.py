@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, write_kv_cache
-from slotune.engine.model.config import ModelConfig
 from slotune.engine.model.rope import RotaryEmbedding, apply_rotary
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from slotune.engine.model.config import ModelConfig
+from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from slotune.engine.model.config import RopeScaling
+from slotune.engine.hf_config import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:

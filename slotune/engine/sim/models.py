@@ -10,9 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from slotune.engine.hf_config import ModelConfig
 from slotune.engine.sim.hardware import UnknownNameError
-
-_SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -145,39 +144,21 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 def model_from_hf_config(path: Path) -> ModelSpec:
     try:
-        cfg = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a model config.json ({e})") from None
-    archs = cfg.get("architectures") or []
-    if archs and not any(a in _SUPPORTED_ARCHS for a in archs):
-        raise ValueError(
-            f"{path}: architecture {archs} is not supported; supported: {list(_SUPPORTED_ARCHS)}"
-        )
-    try:
-        h = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        spec = ModelSpec(
-            name=str(path.parent.name or path.stem),
-            hidden_size=h,
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or h // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", "Qwen2ForCausalLM" in archs)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
-        )
-    except KeyError as e:
-        raise ValueError(f"{path}: config.json lacks the field {e.args[0]!r}") from None
-    return spec
-
-
-def _eos_ids(value: object) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return ()
+    config = ModelConfig.from_hf_dict(data, where=str(path))
+    return ModelSpec(
+        name=str(path.parent.name or path.stem),
+        hidden_size=config.hidden_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        qkv_bias=config.attention_bias,
+        max_position_embeddings=config.max_position_embeddings,
+        eos_token_ids=config.eos_token_ids,
+    )

@@ -61,35 +61,11 @@ def endpoint_url(url: str, endpoint: Endpoint) -> str:
 
 
 def run_http(
-    url: str,
-    trace: Trace,
-    arrivals: ArrivalSpec = ALL_AT_ONCE,
-    *,
-    model: str,
-    endpoint: Endpoint = "completions",
-    seed: int = 0,
-    tokenizer: str | Tokenizer | None = None,
-    timeout_s: float = 600.0,
-    extra_body: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-    progress: Progress | None = None,
+    url: str, trace: Trace, arrivals: ArrivalSpec = ALL_AT_ONCE, **options: Any
 ) -> RunResult:
-    """Replay ``trace`` against an OpenAI-compatible server, in wall time."""
-    return asyncio.run(
-        run_http_async(
-            url,
-            trace,
-            arrivals,
-            model=model,
-            endpoint=endpoint,
-            seed=seed,
-            tokenizer=tokenizer,
-            timeout_s=timeout_s,
-            extra_body=extra_body,
-            headers=headers,
-            progress=progress,
-        )
-    )
+    """Replay ``trace`` against an OpenAI-compatible server, in wall time (``options``:
+    those of ``run_http_async``)."""
+    return asyncio.run(run_http_async(url, trace, arrivals, **options))
 
 
 async def run_http_async(

@@ -1,4 +1,8 @@
-"""The model's shape, read from a Hugging Face ``config.json`` (Llama 2/3, Mistral, Qwen2)."""
+"""The model's shape, read from a Hugging Face ``config.json`` (Llama 2/3, Mistral, Qwen2).
+
+Torch-free: the real executor builds its model from it and the simulator's catalogue its
+cost-model shapes, so both read a checkpoint by the same rules.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# the model_type of a file that names only its architecture
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -49,7 +59,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any], where: str = "config.json") -> ModelConfig:
-        model_type = data.get("model_type")
+        model_type = data.get("model_type") or next(
+            (_ARCHITECTURES[a] for a in data.get("architectures") or () if a in _ARCHITECTURES),
+            None,
+        )
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"{where}: model_type {model_type!r} is not supported; "
