@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slotune.cli import engine_options as eo
+from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
 
@@ -33,13 +34,11 @@ def bench(
     backend: Annotated[str, opt("--backend", "sim | engine | http.")] = "sim",
     url: Annotated[str | None, opt("--url", "Server URL for --backend http.")] = None,
     endpoint: Annotated[str, opt("--endpoint", "completions | chat (http).")] = "completions",
-    trace: Annotated[str, opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
-    format: Annotated[str | None, opt("--format", "Trace file format (detected).")] = None,
-    num_requests: Annotated[int | None, opt("--num-requests", "Use the first N requests.")] = None,
-    multi_turn: Annotated[
-        bool, opt("--multi-turn", "ShareGPT: conversations as sessions.")
-    ] = False,
-    tokenizer: Annotated[str | None, opt("--tokenizer", "tokenizer.json for text traces.")] = None,
+    trace: to.TraceName = "sharegpt-like",
+    format: to.TraceFormat = None,
+    num_requests: to.NumRequests = None,
+    multi_turn: to.MultiTurn = False,
+    tokenizer: to.Tokenizer = None,
     rate: Annotated[float | None, opt("--rate", "Open-loop request rate (req/s).")] = None,
     burstiness: Annotated[
         float, opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
@@ -68,7 +67,7 @@ def bench(
     as_json: Annotated[bool, opt("--json", "Print the summary as JSON.")] = False,
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
-    from slotune.workloads import ArrivalSpec, load_trace, parse_slo, summarize
+    from slotune.workloads import ArrivalSpec, parse_slo, summarize
 
     if backend not in BACKENDS:
         fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -92,17 +91,9 @@ def bench(
         )
     except ValueError as exc:
         fail(str(exc))
-    try:
-        tr = load_trace(
-            trace,
-            format=format,
-            num_requests=num_requests,
-            tokenizer=tokenizer,
-            seed=seed,
-            multi_turn=multi_turn,
-        )
-    except (ValueError, OSError) as exc:
-        fail(f"--trace: {exc}")
+    tr = to.load_trace_or_fail(
+        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace"
+    )
     if timestamps and not tr.has_timestamps:
         fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
     overrides = eo.flag_overrides(locals())

@@ -10,34 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail
 
 traces_app = typer.Typer(help="List, inspect and convert workload traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
-
-
-def _load(
-    name: str,
-    fmt: str | None,
-    num_requests: int | None,
-    tokenizer: str | None,
-    seed: int,
-    multi_turn: bool,
-) -> Any:
-    from slotune.workloads import load_trace
-
-    try:
-        return load_trace(
-            name,
-            format=fmt,
-            num_requests=num_requests,
-            tokenizer=tokenizer,
-            seed=seed,
-            multi_turn=multi_turn,
-        )
-    except (ValueError, OSError) as exc:
-        fail(str(exc))
 
 
 def _stats_table(rows: list[dict[str, Any]], title: str) -> Table:
@@ -104,23 +82,15 @@ def list_traces(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 @traces_app.command("show")
 def show(
     name: Annotated[str, typer.Argument(help="A bundled trace name or a trace file.")],
-    fmt: str | None = typer.Option(
-        None, "--format", help="sharegpt|mooncake|azure|burstgpt|slotune (default: detect)."
-    ),
-    num_requests: int | None = typer.Option(
-        None, "--num-requests", help="Keep the first N requests."
-    ),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="tokenizer.json (or its folder) for text traces."
-    ),
-    multi_turn: bool = typer.Option(
-        False, "--multi-turn", help="ShareGPT: whole conversations as sessions."
-    ),
+    fmt: to.TraceFormat = None,
+    num_requests: to.NumRequests = None,
+    tokenizer: to.Tokenizer = None,
+    multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Statistics of one trace: requests, sessions, length percentiles, prefix sharing."""
-    trace = _load(name, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(name, fmt, num_requests, tokenizer, seed, multi_turn)
     stats = trace.stats()
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
@@ -138,20 +108,14 @@ def show(
 def convert(
     src: Annotated[str, typer.Argument(help="Input trace (bundled name or file).")],
     dst: Annotated[Path, typer.Argument(help="Output file (slotune JSONL).")],
-    fmt: str | None = typer.Option(None, "--format", help="Input format (default: detect)."),
-    num_requests: int | None = typer.Option(
-        None, "--num-requests", help="Keep the first N requests."
-    ),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="tokenizer.json (or its folder) for text traces."
-    ),
-    multi_turn: bool = typer.Option(
-        False, "--multi-turn", help="ShareGPT: whole conversations as sessions."
-    ),
+    fmt: to.TraceFormat = None,
+    num_requests: to.NumRequests = None,
+    tokenizer: to.Tokenizer = None,
+    multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
 ) -> None:
     """Convert any supported trace to slotune's own JSONL."""
-    trace = _load(src, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn)
     try:
         trace.to_jsonl(dst)
     except OSError as exc:

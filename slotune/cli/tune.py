@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
 
@@ -27,8 +28,8 @@ def tune(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs.")] = 1,
-    trace: Annotated[str, opt("--trace", "Bundled trace name or trace file.")] = "sharegpt-like",
-    format: Annotated[str | None, opt("--format", "Trace file format (detected).")] = None,
+    trace: to.TraceName = "sharegpt-like",
+    format: to.TraceFormat = None,
     num_requests: Annotated[
         int | None,
         opt(
