@@ -59,7 +59,7 @@ class Request:
         sp = self.sampling_params
         eos = () if sp.ignore_eos or self.eos_token_id is None else (self.eos_token_id,)
         self.stop_ids: frozenset[int] = frozenset((*sp.stop_token_ids, *eos))  # reason "stop"
-        # prompt + max_tokens (reason "length"); the scheduler caps it at max_model_len
+        # prompt + max_tokens (reason "length"); the engine caps it at max_model_len
         self.max_num_tokens: int = len(self.prompt_token_ids) + sp.max_tokens
 
     @property

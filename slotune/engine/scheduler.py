@@ -104,7 +104,6 @@ class Scheduler:
         self.max_step_tokens = 0
 
     def add_request(self, request: Request) -> None:
-        request.max_num_tokens = min(request.max_num_tokens, self.max_model_len)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 

@@ -127,10 +127,12 @@ class StretchPlan:
             computed = after
         return computed
 
-    def _add(self, request: Request) -> int:
+    def admit(self, request: Request) -> int:
+        """A request admitted during the stretch; its index."""
         self.requests.append(request)
-        for per_request in (self.scheduled, self.first_sample, self.last_sample):
-            per_request.append(0 if per_request is self.scheduled else -1)
+        self.scheduled.append(0)
+        self.first_sample.append(-1)
+        self.last_sample.append(-1)
         self.start_computed.append(0)
         self.agg_start.append(0)
         self.agg_computed.append(0)
@@ -316,7 +318,7 @@ class StretchPlanner:
             stepped.append((o, n, slots))
         if new_blocks > self.free:
             return self._end_before(prefix_allocs, j)  # someone would be preempted
-        admitted: list[_Other] = []
+        admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
         free_left = self.free - new_blocks
         seated = alive + len(self.others)
         while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
@@ -328,7 +330,7 @@ class StretchPlanner:
                 return self._end_before(prefix_allocs, j)
             n, blocks = decision  # type: ignore[misc]
             o = _Other(-1, head, blocks * bs, blocks)
-            admitted.append(o)
+            admitted.append((o, n))
             stepped.append((o, n, o.slots))
             free_left -= blocks
             new_blocks += blocks
@@ -358,31 +360,25 @@ class StretchPlanner:
         plan.arrivals.append([])
         admits: list[tuple[int, int]] = []
         if admitted:
-            self._seat(admitted, stepped, admits)
+            self._seat(admitted, admits)
         plan.admits.append(admits)
         self._update(j, prefix_allocs, stepped)
         return True
 
-    def _seat(
-        self,
-        admitted: list[_Other],
-        stepped: list[tuple[_Other, int, int]],
-        admits: list[tuple[int, int]],
-    ) -> None:
+    def _seat(self, admitted: list[tuple[_Other, int]], admits: list[tuple[int, int]]) -> None:
         """Give the requests admitted in this step their plan indices."""
         plan = self.plan
-        tokens = {id(o): n for o, n, _ in stepped}
-        for o in admitted:
+        for o, n in admitted:
             req = self.waiting[self.next_waiting]
             self.next_waiting += 1
-            o.index = plan._add(req)
+            o.index = plan.admit(req)
             self.finish_step.append(0)
             self.base.append(0)
             self.extra.append(0)
-            admits.append((o.index, tokens[id(o)]))
+            admits.append((o.index, n))
             if self.first_hashes is not None:
                 self._note_first_block(req)
-        self.others.extend(admitted)
+            self.others.append(o)
 
     def _update(
         self, j: int, prefix_allocs: list[int] | None, stepped: list[tuple[_Other, int, int]]
@@ -391,25 +387,16 @@ class StretchPlanner:
         plan = self.plan
         bs = self.bs
         if prefix_allocs:
-            alloc_at = self.alloc_at
-            finish_step = self.finish_step
             extra = self.extra
-            nxt = j + bs
             for i in prefix_allocs:
                 extra[i] += 1
-                if nxt <= finish_step[i]:
-                    alloc_at.setdefault(nxt, []).append(i)
+            self._again(self.alloc_at, prefix_allocs, j + bs)
         fills: list[int] = []
         prefix_fills = self.fill_at.pop(j, None)
         if prefix_fills:
             prefix_fills.sort()
             fills = prefix_fills
-            fill_at = self.fill_at
-            finish_step = self.finish_step
-            nxt = j + bs
-            for i in prefix_fills:
-                if nxt <= finish_step[i]:
-                    fill_at.setdefault(nxt, []).append(i)
+            self._again(self.fill_at, prefix_fills, j + bs)
         finished: list[int] = []
         done = self.finish_at.pop(j, None)
         if done:
@@ -455,6 +442,14 @@ class StretchPlanner:
             o = others.pop(0)
             self.extra[o.index] = o.extra
             self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
+
+    def _again(self, buckets: dict[int, list[int]], members: list[int], step: int) -> None:
+        """Aggregate decoders allocate (or fill) a block every ``block_size`` steps: put
+        ``members`` in the bucket of ``step`` unless they have finished by then."""
+        finish_step = self.finish_step
+        for i in members:
+            if step <= finish_step[i]:
+                buckets.setdefault(step, []).append(i)
 
     def _free_blocks_of(self, i: int, extra: int) -> None:
         """Count the blocks request ``i`` frees when it finishes (only those it alone held
