@@ -282,14 +282,12 @@ class Engine:
                 break
         plan = planner.finish()
         tokens = self._stretch_tokens(plan)
-        if tokens is None:  # a stop token ends a request early: plan up to it again
+        stop = _early_stop_step(plan, tokens)
+        if stop is not None:  # a stop token ends a request early: plan up to it again
             if arrivals is not None:
                 raise RuntimeError("fast_forward: a stop token after arrivals were handed in")
             return self.fast_forward(
-                start_time_s,
-                until_time_s,
-                stop_at_finish=stop_at_finish,
-                max_steps=self._stop_step(plan),
+                start_time_s, until_time_s, stop_at_finish=stop_at_finish, max_steps=stop
             )
         result = scheduler.apply_stretch(plan, tokens)
         num_blocks = self.kv_cache.num_gpu_blocks
@@ -311,33 +309,12 @@ class Engine:
         first = plan.first_sample
         return list(zip(result.outputs, [f for f in first if f >= 0], strict=True))
 
-    def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]] | None:
-        """What each request of the plan samples; None if a stop token comes before the
-        plan's end for its request."""
+    def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]]:
+        """What each request of the plan samples in its planned steps."""
         first, last = plan.first_sample, plan.last_sample
-        runs = self.executor.sampled_token_runs(  # type: ignore[attr-defined]
+        return self.executor.sampled_token_runs(  # type: ignore[attr-defined]
             plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
         )
-        for req, toks in zip(plan.requests, runs, strict=True):
-            stop = req.stop_ids
-            if stop and not stop.isdisjoint(toks[:-1]):
-                return None
-        return runs
-
-    def _stop_step(self, plan: StretchPlan) -> int:
-        """The number of steps up to the first one that samples a stop token."""
-        first, last = plan.first_sample, plan.last_sample
-        runs = self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
-        )
-        steps = plan.num_steps
-        for req, start, toks in zip(plan.requests, first, runs, strict=True):
-            stop = req.stop_ids
-            for j, tok in enumerate(toks if stop else ()):
-                if tok in stop:
-                    steps = min(steps, start + j + 1)
-                    break
-        return steps
 
     def stats(self) -> dict[str, Any]:
         kv = self.kv_cache
@@ -359,3 +336,16 @@ class Engine:
             "max_step_tokens": s.max_step_tokens,
             "fast_forward_steps": self.num_fast_forward_steps,
         }
+
+
+def _early_stop_step(plan: StretchPlan, tokens: list[list[int]]) -> int | None:
+    """The number of steps up to the first one that samples a stop token before its
+    request's last planned token (a stop token there ends the request early); None if no
+    request stops early."""
+    steps = None
+    for req, start, toks in zip(plan.requests, plan.first_sample, tokens, strict=True):
+        stop = req.stop_ids
+        if stop and not stop.isdisjoint(toks[:-1]):
+            j = next(k for k, tok in enumerate(toks) if tok in stop)
+            steps = start + j + 1 if steps is None else min(steps, start + j + 1)
+    return steps
