@@ -43,6 +43,11 @@ class _Group:
         self.members: list[tuple[list[object], list[int]]] = []  # (state, token ids)
 
 
+def _first_key(token_ids: list[int], bs: int) -> Key:
+    """The key of the first block: the group it belongs to."""
+    return (None, tuple(token_ids[:bs]))
+
+
 def _chain(token_ids: list[int], bs: int, n: int) -> list[tuple[int, Key]]:
     """(hash, key) of the first ``n`` full blocks of ``token_ids``."""
     out = []
@@ -81,7 +86,7 @@ class HashPrefixCache:
 
     def first_block_hash(self, token_ids: list[int]) -> int:
         """The hash a lookup of ``token_ids`` starts from (given a full first block)."""
-        return hash((None, tuple(token_ids[: self.block_size])))
+        return hash(_first_key(token_ids, self.block_size))
 
     def may_hit(self, first_hash: int) -> bool:
         """Whether a lookup starting from ``first_hash`` could find anything now: a cached
@@ -118,7 +123,7 @@ class HashPrefixCache:
             return hashes, []
         if first == 0:
             bs = self.block_size
-            key0 = (None, tuple(token_ids[:bs]))
+            key0 = _first_key(token_ids, bs)
             h0 = hash(key0)
             if h0 not in self._eager:
                 group = self._dormant.get(h0)
