@@ -12,7 +12,13 @@ from slotune.engine import Engine, EngineConfig, SamplingParams
 from slotune.engine.stretch import StretchPlan, StretchPlanner
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
-from tests.engine.test_properties import ALL_CONFIGS, MAX_MODEL_LEN, Workload, workloads
+from tests.engine.test_properties import (
+    ALL_CONFIGS,
+    Workload,
+    largest_request_blocks,
+    workload_config,
+    workloads,
+)
 
 
 def _tokens(plan: StretchPlan) -> list[list[int]]:
@@ -27,18 +33,8 @@ def _tokens(plan: StretchPlan) -> list[list[int]]:
 def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
     """Run the workload stepping one by one (``single``), with stretches that end at the
     next arrival (``until``), or with stretches fed the arrivals (``feed``)."""
-    policy, preemption, caching, block_size = cfg
-    config = EngineConfig(
-        max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN + w.budget,
-        long_prefill_token_threshold=w.threshold if policy == "chunked" else 0,
-        block_size=block_size,
-        max_num_seqs=w.max_num_seqs,
-        max_model_len=MAX_MODEL_LEN,
-        preemption_mode=preemption,
-        prefix_caching=caching,
-        policy=policy,
-    )
-    need = max(-(-(len(j.prompt) + j.max_tokens) // block_size) for j in w.jobs)
+    config = workload_config(w, *cfg)
+    need = largest_request_blocks(w, config.block_size)
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
     fast = mode != "single"
     executor = DeterministicExecutor(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)

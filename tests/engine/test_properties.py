@@ -74,11 +74,12 @@ def workloads(draw: st.DrawFn) -> Workload:
     )
 
 
-def run(
+def workload_config(
     w: Workload, policy: str, preemption: str, caching: str, block_size: int
-) -> tuple[dict[tuple[str, int], list[int]], Engine]:
+) -> EngineConfig:
+    """The engine configuration ``cfg`` (one of ``ALL_CONFIGS``) runs workload ``w`` with."""
     chunked = policy == "chunked"
-    config = EngineConfig(
+    return EngineConfig(
         max_num_batched_tokens=w.budget if chunked else MAX_MODEL_LEN + w.budget,
         long_prefill_token_threshold=w.threshold if chunked else 0,
         block_size=block_size,
@@ -88,8 +89,19 @@ def run(
         prefix_caching=caching,  # type: ignore[arg-type]
         policy=policy,  # type: ignore[arg-type]
     )
+
+
+def largest_request_blocks(w: Workload, block_size: int) -> int:
+    """The blocks the largest single request needs: it must fit alone."""
+    return max(-(-(len(j.prompt) + j.max_tokens) // block_size) for j in w.jobs)
+
+
+def run(
+    w: Workload, policy: str, preemption: str, caching: str, block_size: int
+) -> tuple[dict[tuple[str, int], list[int]], Engine]:
+    config = workload_config(w, policy, preemption, caching, block_size)
     # The largest single request must fit alone; anything more is contention.
-    need = max(-(-(len(j.prompt) + j.max_tokens) // block_size) for j in w.jobs)
+    need = largest_request_blocks(w, block_size)
     executor = DeterministicExecutor(need + w.extra_blocks * max(1, 8 // block_size), w.cpu_blocks)
     engine = Engine(config, executor)
     tokens: dict[tuple[str, int], list[int]] = {}
