@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slotune.engine.kv_cache.hash_cache import HashPrefixCache
 from slotune.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -180,6 +181,8 @@ class StretchPlanner:
         self.threshold = scheduler.threshold
         self.max_model_len = scheduler.max_model_len
         self.cache = kv.cache
+        # the cache whose missing lookups a plan can make (see _certain_miss)
+        self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
         self.free = kv.num_free_blocks
         self.free_exact = True  # False once a finish frees blocks still shared
         self.stop_at_finish = stop_at_finish
@@ -493,9 +496,11 @@ class StretchPlanner:
     def _certain_miss(self, head: Request) -> bool:
         """Whether the head's prefix lookup surely finds nothing (and so changes nothing
         beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
-        cache = self.cache
-        if cache is None:
+        if self.cache is None:
             return True
+        cache = self.hash_cache
+        if cache is None:
+            return False
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
             return True  # no full block to look up
@@ -505,14 +510,14 @@ class StretchPlanner:
                 self._note_first_block(req)
         if self.unknown_first_block:
             return False
-        h0 = cache.first_block_hash(tokens)  # type: ignore[attr-defined]
-        return h0 not in self.first_hashes and not cache.may_hit(h0)  # type: ignore[attr-defined]
+        h0 = cache.first_block_hash(tokens)
+        return h0 not in self.first_hashes and not cache.may_hit(h0)
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup."""
         tokens = req.all_token_ids
         if len(tokens) >= self.bs:
-            self.first_hashes.add(self.cache.first_block_hash(tokens))  # type: ignore[union-attr]
+            self.first_hashes.add(self.hash_cache.first_block_hash(tokens))  # type: ignore[union-attr]
         elif req.max_num_tokens >= self.bs:
             self.unknown_first_block = True  # its first block holds tokens not sampled yet
 
@@ -548,7 +553,7 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
         and not s.prefill_first
         and head.sampling_params.n == 1
         and not head.stop_ids
-        and (cache is None or hasattr(cache, "may_hit"))
+        and (cache is None or isinstance(cache, HashPrefixCache))
     )
 
 
