@@ -170,7 +170,7 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
         prompt=PROMPTS[0],
         max_tokens=6,
         temperature=0,
-        logprobs=1,
+        logprobs=0,
         extra_body={"ignore_eos": True},
     )
     lp = r.choices[0].logprobs
@@ -207,7 +207,6 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
         ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
         ("/v1/completions", {"prompt": "hi", "stop_token_ids": ["x"]}, "stop_token_ids"),
         ("/v1/completions", {"prompt": "hi", "stop": ["."]}, "stop"),
-        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, "model"),
         ("/v1/completions", {"prompt": list(range(2000))[:1025]}, "prompt"),
         ("/v1/chat/completions", {"model": "tiny"}, "messages"),
         ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages"),

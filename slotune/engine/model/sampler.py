@@ -3,7 +3,9 @@
 Each row of logits belongs to one request and yields ``n`` tokens (``n > 1`` only at the
 end of the prompt of a request that the engine then forks). A seeded request draws from
 its own generator, kept across steps, so that its whole output is reproducible whatever
-else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``.
+else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``
+(modulo 2**64, so any integer seed is valid). Temperatures below ``GREEDY_BELOW`` sample
+greedily, as vLLM's do: dividing by them would overflow the logits to inf and NaN.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from slotune.engine.sampling_params import SamplingParams
+
+GREEDY_BELOW = 1e-5
+_SEED_MODULUS = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class Sampler:
         """One result per row of ``logits`` [rows, vocab] (float32)."""
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens: list[list[int] | None] = [None] * len(rows)
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        greedy = [i for i, r in enumerate(rows) if _greedy(r.params)]
         plain = [i for i, r in enumerate(rows) if _plain(r)]
         if greedy:
             best = logits[greedy].argmax(dim=-1).tolist()
@@ -69,16 +74,24 @@ class Sampler:
             return None
         gen = self._generators.get(row.request_id)
         if gen is None:
-            gen = torch.Generator(device=device).manual_seed(seed + row.index)
+            gen = torch.Generator(device=device).manual_seed((seed + row.index) % _SEED_MODULUS)
             self._generators[row.request_id] = gen
         return gen
+
+
+def _greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_BELOW
 
 
 def _plain(row: SampleRow) -> bool:
     """Unseeded single draws from the whole distribution: sampled together in one call."""
     p = row.params
     return (
-        not p.greedy and p.seed is None and row.num_samples == 1 and p.top_k <= 0 and p.top_p >= 1.0
+        not _greedy(p)
+        and p.seed is None
+        and row.num_samples == 1
+        and p.top_k <= 0
+        and p.top_p >= 1.0
     )
 
 

@@ -6,6 +6,8 @@ keeps serving meanwhile) and puts every ``RequestOutput`` on its request's queue
 ``pace`` (a simulated engine) it releases a step's tokens only once the step's virtual
 duration has passed since the previous step ended (see ``_paced_release``), so that
 clients observe the simulated latencies. A failing step fails the requests it held, not the loop.
+With ``metrics`` it reports every admission, step, output and abort, timed by ``now()``: the
+loop's clock, or the virtual clock when pacing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from slotune.engine.engine import Engine
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +47,12 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, *, pace: bool = False) -> None:
+    def __init__(
+        self, engine: Engine, *, pace: bool = False, metrics: ServerMetrics | None = None
+    ) -> None:
         self.engine = engine
         self.pace = pace
+        self.metrics = metrics
         self.num_aborted = 0
         self.num_step_errors = 0
         self.virtual_time_s = 0.0  # sum of the step durations the engine reported
@@ -71,6 +77,21 @@ class AsyncEngine:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: handed in but not admitted, or waiting in the engine."""
+        pending = sum(1 for item in self._inbox if not isinstance(item, str))
+        return pending + len(self.engine.scheduler.waiting)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the loop serves (admitted, not yet finished or aborted)."""
+        return len(self._streams)
+
+    def now(self) -> float:
+        """The clock of metrics: virtual seconds when pacing a simulated engine."""
+        return self.virtual_time_s if self.pace else asyncio.get_running_loop().time()
 
     # -- what handlers call --------------------------------------------------------------------
 
@@ -101,12 +122,13 @@ class AsyncEngine:
         release = 0.0
         while True:
             admitted = self._drain()
+            self._report_state()
             if not self.engine.has_unfinished_requests():
                 self._wake.clear()
                 if not self._inbox:
                     await self._wake.wait()
                 continue
-            start = loop.time()
+            start, clock_start = loop.time(), self.now()
             try:
                 outputs = await asyncio.to_thread(self.engine.step)
             except Exception as exc:
@@ -114,6 +136,8 @@ class AsyncEngine:
                 self.num_step_errors += 1
                 self._fail_all(exc)
                 continue
+            if self.metrics is not None:
+                self.metrics.stepped(self.engine, clock_start)
             step = self.engine.last_step
             if step is not None:
                 self.virtual_time_s += step.duration_s
@@ -123,6 +147,12 @@ class AsyncEngine:
                     if delay > 0:
                         await asyncio.sleep(delay)
             self._dispatch(outputs)
+            self._report_state()
+
+    def _report_state(self) -> None:
+        if self.metrics is not None:
+            pending = sum(1 for item in self._inbox if not isinstance(item, str))
+            self.metrics.engine_state(self.engine, pending)
 
     @staticmethod
     def _paced_release(previous: float, start: float, admitted: bool, duration_s: float) -> float:
@@ -151,6 +181,8 @@ class AsyncEngine:
             p.admitted.set_exception(exc)
             return False
         self._streams[p.request_id] = _Stream(p.outputs, p.params.n)
+        if self.metrics is not None:
+            self.metrics.admitted(p.request_id, len(p.prompt_token_ids), p.params.n, self.now())
         p.admitted.set_result(None)
         return True
 
@@ -158,27 +190,37 @@ class AsyncEngine:
         if self._streams.pop(request_id, None) is None:
             return
         self.engine.abort_request(request_id)
+        self.engine.forget_request_id(request_id)
+        if self.metrics is not None:
+            self.metrics.aborted(request_id)
         self.num_aborted += 1
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         streams = self._streams
+        now = self.now()
         for out in outputs:
             stream = streams.get(out.request_id)
             if stream is None:
                 continue
+            if self.metrics is not None:
+                self.metrics.output(out, now)
             stream.outputs.put_nowait(out)
             if out.finished:
                 stream.open_completions -= 1
                 if stream.open_completions <= 0:
                     del streams[out.request_id]
+                    self.engine.forget_request_id(out.request_id)
 
     def _fail_all(self, exc: Exception) -> None:
         error = EngineError(f"engine step failed: {type(exc).__name__}: {exc}")
         streams, self._streams = self._streams, {}
         for request_id, stream in streams.items():
             stream.outputs.put_nowait(error)
+            if self.metrics is not None:
+                self.metrics.aborted(request_id)
             try:
                 self.engine.abort_request(request_id)
+                self.engine.forget_request_id(request_id)
             except Exception:  # the engine's state is suspect after a failed step
                 logger.exception("abort of %s after a failed step", request_id)
 

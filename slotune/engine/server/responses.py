@@ -41,8 +41,9 @@ class Completion:
     def done(self) -> bool:
         return self.num_open == 0
 
-    def update(self, out: RequestOutput) -> dict[str, Any] | None:
-        """Record ``out``; the stream chunk it makes, or None while its text is held back."""
+    def update(self, out: RequestOutput) -> dict[str, Any]:
+        """Record ``out``; the stream chunk it makes: one per output, so one per token, its
+        text empty while an incomplete character is held back (as vLLM streams)."""
         c = self.choices[out.index]
         self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
         c.num_tokens += len(out.new_token_ids)
@@ -57,12 +58,10 @@ class Completion:
         if out.finished:
             c.finish_reason = out.finish_reason
             self.num_open -= 1
-        if not delta and not out.finished:
-            return None
         c.text.append(delta)
         choice: dict[str, Any] = {"index": out.index}
         if self.gen.chat:
-            choice["delta"] = {"content": delta} if delta else {}
+            choice["delta"] = {"content": delta} if delta or not out.finished else {}
         else:
             choice["text"] = delta
         choice["logprobs"] = self._logprobs(c, c.num_logprobs_sent)
@@ -71,7 +70,8 @@ class Completion:
         return self._chunk([choice])
 
     def role_chunk(self) -> dict[str, Any]:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
+        """Chat streams open each choice with the assistant role, as OpenAI's do; sent
+        with the first token, so that a client's time to first chunk is its TTFT."""
         return self._chunk(
             [
                 {
@@ -132,13 +132,12 @@ class Completion:
         """Logprobs of the choice's tokens from ``start`` on, in OpenAI's shape."""
         if not self.gen.logprobs:
             return None
-        entries = c.logprobs[start:]
-        top = self.gen.top_logprobs
+        entries = c.logprobs[start:]  # the sampled tokens only: top_logprobs is always 0
         if self.gen.chat:
             content = []
             for tok, lp in entries:
                 item = {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
-                content.append(item | {"top_logprobs": [item] if top else []})
+                content.append(item | {"top_logprobs": []})
             return {"content": content}
         offset = sum(len(tok) for tok, _ in c.logprobs[:start])
         offsets = []
@@ -148,6 +147,6 @@ class Completion:
         return {
             "tokens": [tok for tok, _ in entries],
             "token_logprobs": [lp for _, lp in entries],
-            "top_logprobs": [{tok: lp} for tok, lp in entries] if top else None,
+            "top_logprobs": None,
             "text_offset": offsets,
         }
