@@ -18,6 +18,7 @@ from slotune.engine import Engine, SamplingParams
 from slotune.engine.server.text import render_chat
 from slotune.workloads import ArrivalSpec, Trace, TraceRequest, run_http, summarize
 from tests.server.conftest import CONFIG, ServerThread
+from tests.server.helpers import post
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In a hole in the ground", "Hello"]
 
@@ -46,18 +47,6 @@ def reference(tiny_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def client(server: ServerThread) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-def _post(server: ServerThread, path: str, body: Any) -> tuple[int, dict[str, Any]]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(
-        server.url + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_models_and_health(server: ServerThread, client: openai.OpenAI) -> None:
@@ -218,7 +207,7 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
 def test_bad_input_is_a_400_naming_the_field(
     server: ServerThread, path: str, body: Any, param: str | None
 ) -> None:
-    status, data = _post(server, path, body)
+    status, data = post(server, path, body)
     assert status == 400, data
     assert data["error"]["type"] == "invalid_request_error"
     assert data["error"]["param"] == param
