@@ -54,6 +54,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_queue: int | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> web.Application:
     """An app whose startup starts the engine loop and whose cleanup stops it. Run it with
     ``handler_cancellation=True`` (as :func:`serve` does) so that a client leaving a
@@ -61,7 +62,7 @@ def create_app(
     on ``/v1/*``; ``max_queue``: with that many requests waiting, new ones get a 503."""
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0 (got {max_queue})")
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors, _auth])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors, _auth])
     metrics = ServerMetrics(served.name)
     app[METRICS] = metrics
     app[ASYNC_ENGINE] = AsyncEngine(engine, pace=served.pace, metrics=metrics)
