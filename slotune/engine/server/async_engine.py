@@ -136,9 +136,9 @@ class AsyncEngine:
                 self.num_step_errors += 1
                 self._fail_all(exc)
                 continue
-            if self.metrics is not None:
-                self.metrics.stepped(self.engine, clock_start)
             step = self.engine.last_step
+            if self.metrics is not None:
+                self.metrics.stepped(self.engine, clock_start, step.duration_s if step else 0.0)
             if step is not None:
                 self.virtual_time_s += step.duration_s
                 if self.pace:

@@ -8,7 +8,8 @@ requests. Times come from the clock the engine loop passes in: the wall clock fo
 model, the virtual clock (summed simulated step durations) for a simulated one, so that a
 simulated server's histograms hold simulated times. Histogram counts: TTFT and queue time
 one per request that got that far, inter-token latency one per later token, end-to-end
-one per request that finished (not aborted).
+one per request that finished (not aborted). ``slotune:engine_step_seconds`` sums the
+engine's step durations (simulated ones on a simulated GPU), to set against wall time.
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class ServerMetrics:
         self.queue = histogram(
             "vllm:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY_BUCKETS
         )
+        self.step_seconds = counter(
+            "slotune:engine_step_seconds",
+            "Summed engine step durations: simulated seconds on a simulated GPU.",
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -101,8 +106,9 @@ class ServerMetrics:
         if self._requests.pop(request_id, None) is not None:
             self._success.labels(self._model_name, "abort").inc()
 
-    def stepped(self, engine: Engine, step_start: float) -> None:
+    def stepped(self, engine: Engine, step_start: float, duration_s: float) -> None:
         """After a step: requests it scheduled for the first time leave the queue."""
+        self.step_seconds.inc(duration_s)
         live = engine.scheduler.requests
         for rid, t in self._requests.items():
             if not t.scheduled:
