@@ -167,6 +167,36 @@ def test_a_prompt_near_the_limit_is_tokenized_off_the_loop(server: ServerThread)
     assert data["error"]["code"] == "context_length_exceeded"
 
 
+def test_long_texts_are_tokenized_without_holding_the_gil(tiny_dir: Path) -> None:
+    """A worker thread that tokenizes must let the event loop's thread run meanwhile."""
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    tok = CheckpointTokenizer(reference)
+    text = "hello world naive " * 80_000  # 1.4 MB: over a second to tokenize here
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    start = time.perf_counter()
+    ids = tok.encode(text)
+    took = time.perf_counter() - start
+    done.set()
+    ticker.join()
+    assert ids == reference.encode(text).ids
+    assert tok.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+    assert max(gaps) < max(0.5, took / 2), (max(gaps), took)
+
+
 # -- 5: bodies that used to be answered with a 500 ----------------------------------------------
 
 
