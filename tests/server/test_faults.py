@@ -234,7 +234,7 @@ def test_incomplete_characters_still_make_a_chunk_per_token(tiny_dir: Path) -> N
     assert len(ids) > 3  # the emoji is several byte tokens
     gen = GenerationRequest(
         chat=True,
-        prompt_token_ids=[1],
+        prompts=[[1]],
         params=SamplingParams(max_tokens=len(ids)),
         stream=True,
         include_usage=False,

@@ -183,7 +183,7 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
     [
         ("/v1/completions", {"model": "tiny", "max_tokens": 4}, "prompt"),
         ("/v1/completions", {"prompt": 7}, "prompt"),
-        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+        ("/v1/completions", {"prompt": ["a", 3]}, "prompt"),
         ("/v1/completions", {"prompt": [1, -2]}, "prompt"),
         ("/v1/completions", {"prompt": [1, 10**6]}, "prompt"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
@@ -195,7 +195,7 @@ def test_logprobs_of_sampled_tokens(client: openai.OpenAI) -> None:
         ("/v1/completions", {"prompt": "hi", "n": 99}, "n"),
         ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream"),
         ("/v1/completions", {"prompt": "hi", "stop_token_ids": ["x"]}, "stop_token_ids"),
-        ("/v1/completions", {"prompt": "hi", "stop": ["."]}, "stop"),
+        ("/v1/completions", {"prompt": "hi", "stop": [3]}, "stop"),
         ("/v1/completions", {"prompt": list(range(2000))[:1025]}, "prompt"),
         ("/v1/chat/completions", {"model": "tiny"}, "messages"),
         ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages"),

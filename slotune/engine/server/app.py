@@ -231,15 +231,17 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
     _check_queue(request)
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    completion = Completion(response_id, served.name, gen, served.tokenizer)
+    outputs: asyncio.Queue[Any] = asyncio.Queue()
     try:
-        outputs = await engine.add(request_id, gen.prompt_token_ids, gen.params)
-    except ValueError as exc:
-        message = str(exc).split("): ", 1)[-1]  # drop "add_request('<internal id>')"
-        param = "n" if "SamplingParams.n" in message else ("messages" if chat else "prompt")
-        raise InvalidRequest(message, param) from None
-    completion = Completion(request_id, served.name, gen, served.tokenizer)
-    try:
+        for rid, ids in zip(completion.request_ids, gen.prompts, strict=True):
+            try:
+                await engine.add(rid, ids, gen.params, outputs)
+            except ValueError as exc:
+                message = str(exc).split("): ", 1)[-1]  # drop "add_request('<internal id>')"
+                param = "n" if "SamplingParams.n" in message else ("messages" if chat else "prompt")
+                raise InvalidRequest(message, param) from None
         if gen.stream:
             return await _stream(request, outputs, completion)
         while not completion.done:
@@ -249,8 +251,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             completion.update(out)
         return web.json_response(completion.body())
     finally:
-        if not completion.done:
-            engine.abort(request_id)
+        for rid in completion.running_request_ids():  # all, if the client left
+            engine.abort(rid, finished=completion.done)
 
 
 def _check_queue(request: web.Request) -> None:
@@ -277,6 +279,8 @@ async def _stream(
                 await _send(resp, error_body(str(out), type_="server_error"))
                 break
             chunk = completion.update(out)
+            if chunk is None:  # a choice that a stop string ended
+                continue
             if first:
                 await _send(resp, completion.role_chunk())
                 first = False

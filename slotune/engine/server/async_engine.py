@@ -56,7 +56,7 @@ class AsyncEngine:
         self.num_aborted = 0
         self.num_step_errors = 0
         self.virtual_time_s = 0.0  # sum of the step durations the engine reported
-        self._inbox: deque[_Pending | str] = deque()
+        self._inbox: deque[_Pending | tuple[str, bool]] = deque()  # additions and aborts
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,8 +81,7 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         """Requests not yet running: handed in but not admitted, or waiting in the engine."""
-        pending = sum(1 for item in self._inbox if not isinstance(item, str))
-        return pending + len(self.engine.scheduler.waiting)
+        return self._num_pending() + len(self.engine.scheduler.waiting)
 
     @property
     def num_requests(self) -> int:
@@ -96,23 +95,31 @@ class AsyncEngine:
     # -- what handlers call --------------------------------------------------------------------
 
     async def add(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        outputs: asyncio.Queue[RequestOutput | EngineError] | None = None,
     ) -> asyncio.Queue[RequestOutput | EngineError]:
-        """Queue a request; returns its output queue once the engine accepted it. Raises the
-        engine's ``ValueError`` when it refuses the request."""
+        """Queue a request; returns its output queue (``outputs``, which several requests
+        may share, or a new one) once the engine accepted it. Raises the engine's
+        ``ValueError`` when it refuses the request."""
         if not self.running:
             raise EngineError("the engine loop is not running")
         pending = _Pending(
             request_id, prompt_token_ids, params, asyncio.get_running_loop().create_future()
         )
+        if outputs is not None:
+            pending.outputs = outputs
         self._inbox.append(pending)
         self._wake.set()
         await pending.admitted
         return pending.outputs
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request (all its completions); its queue gets nothing more."""
-        self._inbox.append(request_id)
+    def abort(self, request_id: str, finished: bool = False) -> None:
+        """Stop a request (all its completions); its queue gets nothing more. ``finished``:
+        the request is complete for its client (a stop string ended it), not abandoned."""
+        self._inbox.append((request_id, finished))
         self._wake.set()
 
     # -- the loop ------------------------------------------------------------------------
@@ -151,8 +158,10 @@ class AsyncEngine:
 
     def _report_state(self) -> None:
         if self.metrics is not None:
-            pending = sum(1 for item in self._inbox if not isinstance(item, str))
-            self.metrics.engine_state(self.engine, pending)
+            self.metrics.engine_state(self.engine, self._num_pending())
+
+    def _num_pending(self) -> int:
+        return sum(1 for item in self._inbox if isinstance(item, _Pending))
 
     @staticmethod
     def _paced_release(previous: float, start: float, admitted: bool, duration_s: float) -> float:
@@ -166,8 +175,8 @@ class AsyncEngine:
         admitted = False
         while self._inbox:
             item = self._inbox.popleft()
-            if isinstance(item, str):
-                self._abort(item)
+            if isinstance(item, tuple):
+                self._abort(*item)
             else:
                 admitted = self._admit(item) or admitted
         return admitted
@@ -186,14 +195,14 @@ class AsyncEngine:
         p.admitted.set_result(None)
         return True
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, finished: bool) -> None:
         if self._streams.pop(request_id, None) is None:
             return
         self.engine.abort_request(request_id)
         self.engine.forget_request_id(request_id)
         if self.metrics is not None:
-            self.metrics.aborted(request_id)
-        self.num_aborted += 1
+            self.metrics.aborted(request_id, self.now(), finished)
+        self.num_aborted += not finished
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         streams = self._streams
@@ -217,7 +226,7 @@ class AsyncEngine:
         for request_id, stream in streams.items():
             stream.outputs.put_nowait(error)
             if self.metrics is not None:
-                self.metrics.aborted(request_id)
+                self.metrics.aborted(request_id, self.now(), finished=False)
             try:
                 self.engine.abort_request(request_id)
                 self.engine.forget_request_id(request_id)

@@ -102,9 +102,14 @@ class ServerMetrics:
     def admitted(self, request_id: str, num_prompt_tokens: int, n: int, now: float) -> None:
         self._requests[request_id] = _Timing(now, num_prompt_tokens, n)
 
-    def aborted(self, request_id: str) -> None:
-        if self._requests.pop(request_id, None) is not None:
-            self._success.labels(self._model_name, "abort").inc()
+    def aborted(self, request_id: str, now: float, finished: bool) -> None:
+        """``finished``: the server ended it for its client (a stop string), as a stop."""
+        t = self._requests.pop(request_id, None)
+        if t is None:
+            return
+        if finished:
+            self.e2e.observe(now - t.arrival)
+        self._success.labels(self._model_name, "stop" if finished else "abort").inc()
 
     def stepped(self, engine: Engine, step_start: float, duration_s: float) -> None:
         """After a step: requests it scheduled for the first time leave the queue."""

@@ -5,10 +5,12 @@ one of those) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens
 ``temperature`` (below 1e-5: greedy, as vLLM), ``top_p``, ``top_k`` (0 or -1: off),
 ``seed`` (a 64-bit signed integer), ``n``, ``stop_token_ids``, ``ignore_eos``,
 ``logprobs`` (completions: 0; chat: a boolean, ``top_logprobs`` 0): the sampled token's
-logprob, ``stream``, ``stream_options.include_usage``, and fields that change nothing
-(``user``, ``stop`` when empty...). A field slotune cannot honour is refused with a 400
-naming it (see ``_UNSUPPORTED``) rather than silently ignored: stop strings, batched
-prompts, top-k logprobs, penalties, ``best_of``, ``echo``, tools, response formats.
+logprob, ``stream``, ``stream_options.include_usage``, ``stop`` (strings: the text ends
+before the first one, finish reason "stop"), and fields that change nothing (``user``).
+``prompt`` may be a batch (a list of prompts): one engine request each, choices indexed
+``prompt * n + completion`` as vLLM does. A field slotune cannot honour is refused with a
+400 naming it (see ``_UNSUPPORTED``) rather than silently ignored: top-k logprobs,
+penalties, ``best_of``, ``echo``, tools, response formats, guided decoding.
 
 Over a simulated engine, ``seed`` changes nothing (simulated tokens are a function of the
 request id and position) and ``stop_token_ids`` are never sampled (simulated requests end
@@ -32,7 +34,6 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds (torch.long)
 
 # field -> the values that change nothing (anything else is refused, naming the field)
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "stop": ([], ""),
     "echo": (False,),
     "best_of": (1,),
     "presence_penalty": (0, 0.0),
@@ -79,17 +80,20 @@ def error_body(
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """``prompts``: one engine request each (completions take a batch; chat one)."""
+
     chat: bool
-    prompt_token_ids: list[int]
+    prompts: list[list[int]]
     params: SamplingParams
     stream: bool
     include_usage: bool
     logprobs: bool
-    top_logprobs: int
+    top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
 
 
 def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRequest:
-    """Check ``body`` and tokenize its prompt (slow for long prompts: run it off the event
+    """Check ``body`` and tokenize its prompts (slow for long prompts: run it off the event
     loop). Raises ``InvalidRequest``."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
@@ -98,8 +102,10 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
     prompt_field = "messages" if chat else "prompt"
     if prompt_field not in body:
         raise InvalidRequest(f"'{prompt_field}' is required", prompt_field, "missing_required")
-    ids = _chat_prompt(body["messages"], served) if chat else _prompt(body["prompt"], served)
-    _check_prompt_ids(ids, served, prompt_field)
+    chat_ids = _chat_prompt(body["messages"], served) if chat else None
+    prompts = [chat_ids] if chat_ids is not None else _prompts(body["prompt"], served)
+    for ids in prompts:
+        _check_prompt_ids(ids, served, prompt_field)
     if chat:
         logprobs = _typed(body, "logprobs", bool, False)
         top, top_field = _typed(body, "top_logprobs", int, 0), "top_logprobs"
@@ -114,15 +120,27 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
             top_field,
         )
     options = _typed(body, "stream_options", dict, None) or {}
+    longest = max(len(ids) for ids in prompts)
     return GenerationRequest(
         chat=chat,
-        prompt_token_ids=ids,
-        params=_sampling_params(body, len(ids), served, chat),
+        prompts=prompts,
+        params=_sampling_params(body, longest, served, chat),
         stream=_typed(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage", False)),
         logprobs=logprobs,
         top_logprobs=top,
+        stop=_stop_strings(body.get("stop")),
     )
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of strings; the text ends before the first one found."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest("'stop' must be a string or a list of strings", "stop")
+    return tuple(s for s in stops if s)
 
 
 def parse_tokenize(body: Any, served: ServedModel) -> list[int]:
@@ -191,20 +209,27 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _prompt(prompt: Any, served: ServedModel) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _prompts(prompt: Any, served: ServedModel) -> list[list[int]]:
+    """A string, a list of token ids, or a batch: a list of those."""
     if isinstance(prompt, str):
-        return encode_text(prompt, served, "prompt")
+        return [encode_text(prompt, served, "prompt")]
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        return list(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise InvalidRequest(
-            "batched prompts (a list of several prompts) are not supported; send one request "
-            "per prompt",
-            "prompt",
-        )
-    raise InvalidRequest("'prompt' must be a string or a list of token ids", "prompt")
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt:
+        batch = []
+        for p in prompt:
+            if isinstance(p, str):
+                batch.append(encode_text(p, served, "prompt"))
+            elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+                batch.append(list(p))
+            else:
+                break
+        else:
+            return batch
+    raise InvalidRequest(
+        "'prompt' must be a string, a list of token ids, or a non-empty list of those",
+        "prompt",
+    )
 
 
 def encode_text(
