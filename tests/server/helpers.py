@@ -61,7 +61,7 @@ class InnocentStream:
     """A streamed completion that is running (its first token received) inside the ``with``
     block and must come out whole: ``max_tokens`` chunks and tokens, finish "length"."""
 
-    def __init__(self, server: ServerThread, max_tokens: int = 600, prompt: str = "Once") -> None:
+    def __init__(self, server: ServerThread, max_tokens: int = 300, prompt: str = "Once") -> None:
         self.client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
         self.model = server.served.name
         self.max_tokens = max_tokens

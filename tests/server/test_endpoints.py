@@ -67,7 +67,7 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
     config = EngineConfig(max_num_batched_tokens=256, max_num_seqs=1, max_model_len=2048)
     engine, served = simulated_model(config, gpu="h100")
     with ServerThread(engine, served, max_queue=1) as s:
-        running = InnocentStream(s, max_tokens=400).__enter__()  # holds the only seat
+        running = InnocentStream(s, max_tokens=120).__enter__()  # holds the only seat
         body = {"prompt": "hi", "max_tokens": 1}
         waiting = urllib.request.urlopen(
             urllib.request.Request(

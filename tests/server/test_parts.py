@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,34 @@ def test_serve_command_rejects_bad_flags(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+class _HangingEngine(_FlakyEngine):
+    """An engine whose step never returns (until released): the loop must still stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def step(self) -> Any:
+        self.release.wait(30)
+        return self.inner.step()
+
+
+def test_engine_loop_stops_while_a_step_hangs() -> None:
+    hanging = _HangingEngine()
+
+    async def main() -> None:
+        engine = AsyncEngine(hanging)  # type: ignore[arg-type]
+        engine.start()
+        task = asyncio.create_task(engine.add("a", [1, 2, 3], SamplingParams(max_tokens=2)))
+        await asyncio.sleep(0.2)  # the step is running now, and hangs
+        await asyncio.wait_for(engine.stop(), 2)
+        task.cancel()
+        steppers = [t for t in threading.enumerate() if t.name == "slotune-step"]
+        assert steppers and all(t.daemon for t in steppers)  # it cannot block the exit
+
+    try:
+        asyncio.run(main())
+    finally:
+        hanging.release.set()

@@ -1,8 +1,9 @@
 """The engine behind an event loop: one task steps it, requests talk to it through queues.
 
 Only the loop task touches the engine. Handlers hand it requests and aborts through an
-inbox; it adds them between steps, runs each ``step()`` in a worker thread (the event loop
-keeps serving meanwhile) and puts every ``RequestOutput`` on its request's queue. With
+inbox; it adds them between steps, runs each ``step()`` in its own daemon thread (the event
+loop keeps serving meanwhile, and a step that never returns cannot keep the process from
+exiting) and puts every ``RequestOutput`` on its request's queue. With
 ``pace`` (a simulated engine) it releases a step's tokens only once the step's virtual
 duration has passed since the previous step ended (see ``_paced_release``), so that
 clients observe the simulated latencies. A failing step fails the requests it held, not the loop.
@@ -15,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +50,43 @@ class _Stream:
     open_completions: int
 
 
+class _StepThread:
+    """One daemon thread that runs the calls it is given, one at a time."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None]
+        self._calls = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="slotune-step", daemon=True)
+        self._thread.start()
+
+    def run(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        self._calls.put((fn, future))
+        return future
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            fn, future = call
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # handed to the awaiting task
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                future.get_loop().call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class AsyncEngine:
     def __init__(
         self, engine: Engine, *, pace: bool = False, metrics: ServerMetrics | None = None
@@ -65,14 +106,17 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._task is None:
+            self._steps = _StepThread()
             self._task = asyncio.create_task(self._run(), name="slotune-engine-loop")
 
     async def stop(self) -> None:
+        """Stop the loop at once, even while a step runs (its thread is left to finish)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            self._steps.close()
 
     @property
     def running(self) -> bool:
@@ -137,7 +181,7 @@ class AsyncEngine:
                 continue
             start, clock_start = loop.time(), self.now()
             try:
-                outputs = await asyncio.to_thread(self.engine.step)
+                outputs = await self._steps.run(self.engine.step)
             except Exception as exc:
                 logger.exception("engine step failed; failing the requests it held")
                 self.num_step_errors += 1
