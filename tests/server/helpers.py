@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import ServerThread
 
@@ -45,6 +46,18 @@ def call(
 def post(server: ServerThread, path: str, body: Any) -> tuple[int, Any]:
     status, data, _ = call(server, path, body)
     return status, data
+
+
+def scrape(server: ServerThread) -> dict[str, float]:
+    """Every sample as ``name{label=value,...}`` (labels sorted, model_name left out)."""
+    status, text, headers = call(server, "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
 
 
 def assert_openai_error(status: int, data: Any, expected: int) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import openai
 import pytest
 
 from tests.server.conftest import ServerThread
-from tests.server.helpers import post
+from tests.server.helpers import post, scrape
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "Hello"]
 
@@ -135,3 +136,25 @@ def test_chat_accepts_neutral_tools_and_text_format(server: ServerThread) -> Non
     }
     status, data = post(server, "/v1/chat/completions", body)
     assert status == 200, data
+
+
+def test_a_prompt_ended_by_a_stop_string_stops_running_in_the_batch(
+    server: ServerThread, client: openai.OpenAI
+) -> None:
+    """Prompt 0 stops early; prompt 1 runs 400 tokens: the engine stops prompt 0 at once
+    rather than when the response ends."""
+    ref = _greedy(client, PROMPTS[0], max_tokens=10).choices[0].text
+    stop = ref[2:5]
+
+    def generated() -> float:
+        return scrape(server)["vllm:generation_tokens_total"]
+
+    before = generated()
+    r = _greedy(client, PROMPTS[:2], max_tokens=400, stop=stop)
+    texts = {c.index: c.finish_reason for c in r.choices}
+    assert texts == {0: "stop", 1: "length"}
+    deadline = time.monotonic() + 10
+    while server.call(server.async_engine.engine.has_unfinished_requests):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert 400 < generated() - before < 450  # not 800

@@ -7,13 +7,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from slotune.engine import Engine, SamplingParams
 from slotune.engine.server import simulated_model
 from slotune.engine.server.text import SimTextTokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
-from tests.server.helpers import call
+from tests.server.helpers import call, scrape
 from tests.server.load import run_load
 
 CLIENTS, MAX_TOKENS, LEAVE_AFTER = 30, 12, 3
@@ -24,18 +23,6 @@ def fresh_sim_server() -> Iterator[ServerThread]:
     engine, served = simulated_model(SIM_CONFIG, gpu="h100", model="llama-3-8b")
     with ServerThread(engine, served) as s:
         yield s
-
-
-def scrape(server: ServerThread) -> dict[str, float]:
-    """Every sample as ``name{label=value,...}`` (labels sorted, model_name left out)."""
-    status, text, headers = call(server, "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 def _idle(server: ServerThread) -> None:

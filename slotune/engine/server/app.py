@@ -249,10 +249,17 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             if isinstance(out, EngineError):
                 raise out
             completion.update(out)
+            _abort_stopped(engine, completion)
         return web.json_response(completion.body())
     finally:
         for rid in completion.running_request_ids():  # all, if the client left
             engine.abort(rid, finished=completion.done)
+
+
+def _abort_stopped(engine: AsyncEngine, completion: Completion) -> None:
+    """Stop the engine requests whose every choice a stop string ended."""
+    for rid in completion.take_stopped_request_ids():
+        engine.abort(rid, finished=True)
 
 
 def _check_queue(request: web.Request) -> None:
@@ -279,6 +286,7 @@ async def _stream(
                 await _send(resp, error_body(str(out), type_="server_error"))
                 break
             chunk = completion.update(out)
+            _abort_stopped(request.app[ASYNC_ENGINE], completion)
             if chunk is None:  # a choice that a stop string ended
                 continue
             if first:

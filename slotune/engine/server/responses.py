@@ -62,11 +62,28 @@ class Completion:
         """Engine requests not finished there: to abort when the response is done."""
         return [rid for rid, open_ in self._engine_open.items() if open_ > 0]
 
+    def take_stopped_request_ids(self) -> list[str]:
+        """Engine requests still running whose choices stop strings all ended: to abort
+        now (each is returned once)."""
+        n = self.gen.params.n
+        stopped = [
+            rid
+            for rid, open_ in self._engine_open.items()
+            if open_ > 0 and all(c.finish_reason for c in self._choices_of(rid, n))
+        ]
+        for rid in stopped:
+            self._engine_open[rid] = 0
+        return stopped
+
+    def _choices_of(self, request_id: str, n: int) -> list[_Choice]:
+        first = self._prompt_index[request_id] * n
+        return self.choices[first : first + n]
+
     def update(self, out: RequestOutput) -> dict[str, Any] | None:
         """Record ``out``; the stream chunk it makes: one per output, so one per token (its
         text empty while held back), or None for a choice that a stop string ended."""
         rid = out.request_id
-        if out.finished:
+        if out.finished and self._engine_open[rid] > 0:
             self._engine_open[rid] -= 1
         index = self._prompt_index[rid] * self.gen.params.n + out.index
         c = self.choices[index]
