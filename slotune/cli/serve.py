@@ -56,7 +56,10 @@ def serve(
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.
 
-    With --gpu the engine is simulated; responses are paced by its simulated step times.
+    Also /v1/models, /tokenize, /detokenize, /version, /health and /metrics (Prometheus,
+    vLLM's metric names). With --gpu the engine is simulated; responses are paced by its
+    simulated step times, /metrics histograms hold simulated times, `seed` changes nothing
+    and `stop_token_ids` are never sampled unless they cover every simulated token.
     """
     if (model is None) == (gpu is None):
         fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")

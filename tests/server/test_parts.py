@@ -102,6 +102,8 @@ def test_engine_loop_survives_a_failing_step() -> None:
         (["--gpu", "h100", "--config", "/nonexistent.json"], "--config"),
         (["--gpu", "nonesuch"], "nonesuch"),
         (["--model", "/nonexistent-checkpoint"], "config.json"),
+        (["--gpu", "h100", "--max-queue", "-1"], "--max-queue"),
+        (["--gpu", "h100", "--drain-timeout", "-2"], "--drain-timeout"),
     ],
 )
 def test_serve_command_rejects_bad_flags(args: list[str], message: str) -> None:
