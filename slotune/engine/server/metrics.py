@@ -37,7 +37,6 @@ class _Timing:
     arrival: float
     num_prompt_tokens: int
     open_completions: int
-    scheduled: bool = False
     first_token: bool = False
     last_token: dict[int, float] = field(default_factory=dict)  # completion index -> time
 
@@ -48,6 +47,7 @@ class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self._requests: dict[str, _Timing] = {}
+        self._unscheduled: dict[str, float] = {}  # request id -> arrival
         self._engine_counts = (0, 0, 0)  # preemptions, prefix queries, prefix hits so far
         r, labels = self.registry, ["model_name"]
 
@@ -101,9 +101,11 @@ class ServerMetrics:
 
     def admitted(self, request_id: str, num_prompt_tokens: int, n: int, now: float) -> None:
         self._requests[request_id] = _Timing(now, num_prompt_tokens, n)
+        self._unscheduled[request_id] = now
 
     def aborted(self, request_id: str, now: float, finished: bool) -> None:
         """``finished``: the server ended it for its client (a stop string), as a stop."""
+        self._unscheduled.pop(request_id, None)
         t = self._requests.pop(request_id, None)
         if t is None:
             return
@@ -115,12 +117,11 @@ class ServerMetrics:
         """After a step: requests it scheduled for the first time leave the queue."""
         self.step_seconds.inc(duration_s)
         live = engine.scheduler.requests
-        for rid, t in self._requests.items():
-            if not t.scheduled:
-                req = live.get(rid)
-                if req is None or req.num_computed_tokens > 0:
-                    t.scheduled = True
-                    self.queue.observe(max(step_start - t.arrival, 0.0))
+        for rid, arrival in list(self._unscheduled.items()):
+            req = live.get(rid)
+            if req is None or req.num_computed_tokens > 0:
+                del self._unscheduled[rid]
+                self.queue.observe(max(step_start - arrival, 0.0))
 
     def output(self, out: RequestOutput, now: float) -> None:
         t = self._requests.get(out.request_id)

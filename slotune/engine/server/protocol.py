@@ -291,17 +291,17 @@ def _content(content: Any, i: int) -> str:
 def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
     if not ids:
         raise InvalidRequest(f"'{field}' is empty; it needs at least one token", field)
-    bad = next((t for t in ids if t < 0 or t >= served.vocab_size), None)
-    if bad is not None:
-        raise InvalidRequest(
-            f"token id {bad} is outside the vocabulary [0, {served.vocab_size})", field
-        )
     if len(ids) >= served.max_model_len:
         raise InvalidRequest(
             f"'{field}' is {len(ids)} tokens: with at least one token to generate it does not "
             f"fit this server's max_model_len={served.max_model_len}",
             field,
             "context_length_exceeded",
+        )
+    bad = next((t for t in ids if t < 0 or t >= served.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(
+            f"token id {bad} is outside the vocabulary [0, {served.vocab_size})", field
         )
 
 
