@@ -14,6 +14,7 @@ object ``{"error": {"message", "type", "param", "code"}}``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -128,7 +129,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.status < 400:
             raise
         type_ = "server_error" if exc.status >= 500 else "invalid_request_error"
-        body = error_body(exc.reason if not exc.text else _http_message(exc), type_=type_)
+        body = error_body(_http_message(exc), type_=type_)
         return web.json_response(body, status=exc.status, headers=_kept_headers(exc))
     except EngineError as exc:
         return web.json_response(error_body(str(exc), type_="server_error"), status=500)
@@ -139,6 +140,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def _http_message(exc: web.HTTPException) -> str:
+    """The exception's text, unless it is aiohttp's default "404: Not Found"."""
     text = (exc.text or "").strip()
     return text if text and not text.startswith(f"{exc.status}:") else exc.reason
 
@@ -150,8 +152,12 @@ def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
 @web.middleware
 async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     key = request.app[LIMITS]["api_key"]
-    given = request.headers.get("Authorization", "")
-    if key is not None and request.path.startswith("/v1") and given != f"Bearer {key}":
+    given = request.headers.get("Authorization", "").encode()
+    if (
+        key is not None
+        and request.path.startswith("/v1")
+        and not hmac.compare_digest(given, f"Bearer {key}".encode())
+    ):
         body = error_body("missing or wrong API key", code="invalid_api_key")
         return web.json_response(body, status=401)
     return await handler(request)
