@@ -4,8 +4,8 @@ Each row of logits belongs to one request and yields ``n`` tokens (``n > 1`` onl
 end of the prompt of a request that the engine then forks). A seeded request draws from
 its own generator, kept across steps, so that its whole output is reproducible whatever
 else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``
-(modulo 2**64, so any integer seed is valid). Temperatures below ``GREEDY_BELOW`` sample
-greedily, as vLLM's do: dividing by them would overflow the logits to inf and NaN.
+(modulo 2**64, so any integer seed is valid). Temperatures below
+``sampling_params.GREEDY_BELOW`` sample greedily, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 
 from slotune.engine.sampling_params import SamplingParams
 
-GREEDY_BELOW = 1e-5
 _SEED_MODULUS = 1 << 64
 
 
@@ -45,7 +44,7 @@ class Sampler:
         """One result per row of ``logits`` [rows, vocab] (float32)."""
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens: list[list[int] | None] = [None] * len(rows)
-        greedy = [i for i, r in enumerate(rows) if _greedy(r.params)]
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         plain = [i for i, r in enumerate(rows) if _plain(r)]
         if greedy:
             best = logits[greedy].argmax(dim=-1).tolist()
@@ -79,19 +78,11 @@ class Sampler:
         return gen
 
 
-def _greedy(params: SamplingParams) -> bool:
-    return params.temperature < GREEDY_BELOW
-
-
 def _plain(row: SampleRow) -> bool:
     """Unseeded single draws from the whole distribution: sampled together in one call."""
     p = row.params
     return (
-        not _greedy(p)
-        and p.seed is None
-        and row.num_samples == 1
-        and p.top_k <= 0
-        and p.top_p >= 1.0
+        not p.greedy and p.seed is None and row.num_samples == 1 and p.top_k <= 0 and p.top_p >= 1.0
     )
 
 

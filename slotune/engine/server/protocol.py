@@ -2,7 +2,7 @@
 
 Accepted fields: ``model``, ``prompt`` (a string, a list of token ids, or a list holding
 one of those) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``),
-``temperature`` (below 1e-5: greedy, as vLLM), ``top_p``, ``top_k`` (0 or -1: off),
+``temperature`` (below 1e-5: greedy, as in vLLM), ``top_p``, ``top_k`` (0 or -1: off),
 ``seed`` (a 64-bit signed integer), ``n``, ``stop_token_ids``, ``ignore_eos``,
 ``logprobs`` (completions: 0; chat: a boolean, ``top_logprobs`` 0): the sampled token's
 logprob, ``stream``, ``stream_options.include_usage``, ``stop`` (strings: the text ends
@@ -29,7 +29,6 @@ from slotune.engine.server.served import ServedModel
 from slotune.engine.server.text import render_chat
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; chat defaults to the room left
-GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: smaller temperatures sample greedily
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds (torch.long)
 
 # field -> the values that change nothing (anything else is refused, naming the field)
@@ -329,7 +328,6 @@ def _sampling_params(
     stops = _typed(body, "stop_token_ids", list, None) or []
     if not all(_is_int(t) for t in stops):
         raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
-    temperature = _number(body, "temperature", 1.0)
     seed = _typed(body, "seed", int, None)
     if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
         raise InvalidRequest(
@@ -337,7 +335,7 @@ def _sampling_params(
         )
     fields = {
         "max_tokens": max_tokens,
-        "temperature": 0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
+        "temperature": _number(body, "temperature", 1.0),  # tiny ones: greedy
         "top_p": _number(body, "top_p", 1.0),
         "top_k": 0 if top_k == -1 else top_k,
         "seed": seed,
