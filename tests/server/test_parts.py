@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,23 @@ def test_engine_loop_stops_while_a_step_hangs() -> None:
         asyncio.run(main())
     finally:
         hanging.release.set()
+
+
+def test_health_fails_while_a_step_is_stuck() -> None:
+    from slotune.engine.server import simulated_model
+    from tests.server.conftest import ServerThread
+    from tests.server.helpers import call
+
+    hanging = _HangingEngine()
+    served = simulated_model(EngineConfig(max_model_len=256))[1]
+    with ServerThread(hanging, served, stuck_step_s=0.2) as server:
+        assert call(server, "/health")[0] == 200
+        body = {"prompt": "hi", "max_tokens": 2, "stream": True}
+        thread = threading.Thread(target=call, args=(server, "/v1/completions", body))
+        thread.start()
+        time.sleep(0.5)
+        status, data, _ = call(server, "/health")
+        assert status == 503 and "stuck" in data["status"]
+        hanging.release.set()
+        thread.join(10)
+        assert call(server, "/health")[0] == 200

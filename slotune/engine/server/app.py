@@ -5,7 +5,8 @@ Endpoints, as vLLM's OpenAI server has them: ``POST /v1/completions``,
 with ``data: [DONE]``, one chunk per generated token, the usage in a last chunk when
 ``stream_options.include_usage``; false: one JSON body), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names). A client that
+``GET /health`` (503 when the engine loop stopped or a step has run ``stuck_step_s``),
+``GET /metrics`` (Prometheus text, vLLM's metric names). A client that
 disconnects aborts its request. Every error (400 bad input naming the field, 401 without the
 API key, 404 unknown path or model, 405, 413, 503 when the queue is full) is an OpenAI error
 object ``{"error": {"message", "type", "param", "code"}}``.
@@ -47,6 +48,7 @@ LIMITS = web.AppKey("limits", dict)
 MAX_BODY_BYTES = 64 << 20  # token-id prompts of long contexts are large JSON
 OFF_LOOP_BYTES = 32 << 10  # bodies larger than this are parsed and tokenized in a thread
 RETRY_AFTER_S = 1
+STUCK_STEP_S = 120.0  # /health fails while one engine step has run longer than this
 
 
 def create_app(
@@ -56,6 +58,7 @@ def create_app(
     api_key: str | None = None,
     max_queue: int | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    stuck_step_s: float = STUCK_STEP_S,
 ) -> web.Application:
     """An app whose startup starts the engine loop and whose cleanup stops it. Run it with
     ``handler_cancellation=True`` (as :func:`serve` does) so that a client leaving a
@@ -68,7 +71,7 @@ def create_app(
     app[METRICS] = metrics
     app[ASYNC_ENGINE] = AsyncEngine(engine, pace=served.pace, metrics=metrics)
     app[SERVED] = served
-    app[LIMITS] = {"api_key": api_key, "max_queue": max_queue}
+    app[LIMITS] = {"api_key": api_key, "max_queue": max_queue, "stuck_step_s": stuck_step_s}
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
     app.router.add_post("/v1/completions", _completions)
@@ -192,8 +195,13 @@ async def _version(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    if not request.app[ASYNC_ENGINE].running:
+    engine = request.app[ASYNC_ENGINE]
+    if not engine.running:
         return web.json_response({"status": "engine loop stopped"}, status=503)
+    running_s = engine.step_running_s
+    if running_s > request.app[LIMITS]["stuck_step_s"]:
+        status = f"engine step running for {running_s:.0f} s: stuck"
+        return web.json_response({"status": status}, status=503)
     return web.json_response({"status": "ok"})
 
 

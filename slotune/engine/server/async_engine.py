@@ -101,6 +101,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._step_started: float | None = None  # loop time the running step began
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -121,6 +122,12 @@ class AsyncEngine:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    @property
+    def step_running_s(self) -> float:
+        """How long the step now running has run (0 between steps)."""
+        started = self._step_started
+        return 0.0 if started is None else asyncio.get_running_loop().time() - started
 
     @property
     def num_waiting(self) -> int:
@@ -180,6 +187,7 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             start, clock_start = loop.time(), self.now()
+            self._step_started = start
             try:
                 outputs = await self._steps.run(self.engine.step)
             except Exception as exc:
@@ -187,6 +195,8 @@ class AsyncEngine:
                 self.num_step_errors += 1
                 self._fail_all(exc)
                 continue
+            finally:
+                self._step_started = None
             step = self.engine.last_step
             if self.metrics is not None:
                 self.metrics.stepped(self.engine, clock_start, step.duration_s if step else 0.0)
