@@ -116,6 +116,7 @@ def test_batched_prompts_with_n_index_choices_as_vllm(client: openai.OpenAI) -> 
         {"repetition_penalty": 1},
         {"best_of": 1},
         {"echo": False},
+        {"echo": True},
         {"stop": []},
         {"stop": ""},
         {"logit_bias": {}},
@@ -158,3 +159,21 @@ def test_a_prompt_ended_by_a_stop_string_stops_running_in_the_batch(
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert 400 < generated() - before < 450  # not 800
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_starts_each_completion_with_its_prompt(
+    server: ServerThread, client: openai.OpenAI, stream: bool
+) -> None:
+    ids = post(server, "/tokenize", {"prompt": PROMPTS[2], "add_special_tokens": False})[1]
+    prompts: list[Any] = [PROMPTS[0], ids["tokens"]]  # text, and token ids (decoded)
+    plain = [_greedy(client, p, max_tokens=6).choices[0].text for p in prompts]
+    if stream:
+        chunks = list(_greedy(client, prompts, max_tokens=6, echo=True, stream=True))
+        texts = [
+            "".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)
+        ]
+    else:
+        r = _greedy(client, prompts, max_tokens=6, echo=True)
+        texts = [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+    assert texts == [PROMPTS[0] + plain[0], PROMPTS[2] + plain[1]]

@@ -10,7 +10,8 @@ before the first one, finish reason "stop"), and fields that change nothing (``u
 ``prompt`` may be a batch (a list of prompts): one engine request each, choices indexed
 ``prompt * n + completion`` as vLLM does. A field slotune cannot honour is refused with a
 400 naming it (see ``_UNSUPPORTED``) rather than silently ignored: top-k logprobs,
-penalties, ``best_of``, ``echo``, tools, response formats, guided decoding.
+penalties, ``best_of``, tools, response formats, guided decoding, ``echo`` with
+``logprobs`` or in chat (``echo`` alone starts each completion with its prompt).
 
 Over a simulated engine, ``seed`` changes nothing (simulated tokens are a function of the
 request id and position) and ``stop_token_ids`` are never sampled (simulated requests end
@@ -33,7 +34,6 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds (torch.long)
 
 # field -> the values that change nothing (anything else is refused, naming the field)
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "echo": (False,),
     "best_of": (1,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
@@ -89,6 +89,7 @@ class GenerationRequest:
     logprobs: bool
     top_logprobs: int = 0
     stop: tuple[str, ...] = ()
+    echo: tuple[str, ...] = ()  # with ``echo``: each prompt's text, to start its choices
 
 
 def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRequest:
@@ -118,6 +119,13 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
             "logprob only, not the top-k alternatives",
             top_field,
         )
+    echo = _typed(body, "echo", bool, False)
+    if echo and (chat or logprobs):
+        raise InvalidRequest(
+            "'echo' works on /v1/completions without 'logprobs' (slotune does not compute "
+            "the prompt's logprobs)",
+            "echo",
+        )
     options = _typed(body, "stream_options", dict, None) or {}
     longest = max(len(ids) for ids in prompts)
     return GenerationRequest(
@@ -129,6 +137,17 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
         logprobs=logprobs,
         top_logprobs=top,
         stop=_stop_strings(body.get("stop")),
+        echo=_echo_texts(body["prompt"], prompts, served) if echo else (),
+    )
+
+
+def _echo_texts(prompt: Any, prompts: list[list[int]], served: ServedModel) -> tuple[str, ...]:
+    """Each prompt's text as the client sent it (token ids decoded)."""
+    batch = isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt)
+    raw = prompt if batch else [prompt]
+    return tuple(
+        p if isinstance(p, str) else served.tokenizer.decode(ids)
+        for p, ids in zip(raw, prompts, strict=True)
     )
 
 

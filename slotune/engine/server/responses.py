@@ -14,6 +14,7 @@ from slotune.engine.server.text import IncrementalDetokenizer, TextTokenizer
 @dataclass
 class _Choice:
     detok: IncrementalDetokenizer
+    echo: str = ""  # the prompt's text, with ``echo``: sent with the first chunk
     text: str = ""  # all decoded so far; the client has ``text[:sent]``
     sent: int = 0
     num_tokens: int = 0
@@ -47,7 +48,10 @@ class Completion:
         )
         self._prompt_index = {rid: p for p, rid in enumerate(self.request_ids)}
         self._engine_open = dict.fromkeys(self.request_ids, n)
-        self.choices = [_Choice(IncrementalDetokenizer(tokenizer)) for _ in range(batch * n)]
+        echo = gen.echo or ("",) * batch
+        self.choices = [
+            _Choice(IncrementalDetokenizer(tokenizer), echo[i // n]) for i in range(batch * n)
+        ]
         self.num_open = batch * n
         self._hold = max((len(s) for s in gen.stop), default=1) - 1
         self._cached_tokens = dict.fromkeys(self.request_ids, 0)
@@ -103,6 +107,8 @@ class Completion:
         if reason is None and out.finished:
             end, reason = len(c.text), out.finish_reason
         delta = c.text[c.sent : end] if end > c.sent else ""
+        if c.echo:
+            delta, c.echo = c.echo + delta, ""
         c.sent = max(c.sent, end)
         if reason is not None:
             c.text = c.text[: c.sent]
@@ -159,7 +165,7 @@ class Completion:
         """The whole (non-streamed) response."""
         choices = []
         for i, c in enumerate(self.choices):
-            text = c.text
+            text = self.gen.echo[i // self.gen.params.n] + c.text if self.gen.echo else c.text
             choice: dict[str, Any] = {"index": i}
             if self.gen.chat:
                 choice["message"] = {"role": "assistant", "content": text}
