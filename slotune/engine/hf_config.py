@@ -119,7 +119,7 @@ class ModelConfig:
                 bos_token_id=data.get("bos_token_id"),
                 eos_token_ids=_token_ids(data.get("eos_token_id")),
                 moe=_moe(model_type, data, where),
-                quantization=_quantization(data),
+                quantization=quantization_method(data),
             )
         except KeyError as e:
             raise ValueError(f"{where}: required field {e.args[0]!r} is missing") from None
@@ -189,7 +189,8 @@ def _checked_moe(moe: MoEConfig, where: str) -> MoEConfig:
     return moe
 
 
-def _quantization(data: dict[str, Any]) -> str | None:
+def quantization_method(data: dict[str, Any]) -> str | None:
+    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq, …)."""
     quant = data.get("quantization_config")
     if not isinstance(quant, dict):
         return None

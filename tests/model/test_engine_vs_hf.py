@@ -39,9 +39,14 @@ def model_dir(request: pytest.FixtureRequest) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(model_dir: Path) -> dict[str, list[int]]:
+    return hf_greedy(model_dir)
+
+
+def hf_greedy(folder: Path) -> dict[str, list[int]]:
+    """transformers' greedy continuation of every prompt, in float32."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
     out = {}
     for rid, ids in PROMPTS.items():
         tokens = hf.eval().generate(

@@ -15,6 +15,7 @@ from torch import nn
 
 from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, write_kv_cache
+from slotune.engine.model.kv_cache import KVCache, KVLayer
 from slotune.engine.model.mlp import MLP, SparseMoE
 from slotune.engine.model.rope import RotaryEmbedding, apply_rotary
 
@@ -57,8 +58,8 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
@@ -112,13 +113,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self,
         batch: ForwardBatch,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVCache,
+        v_cache: KVCache,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] in float32.
 
-        ``k_cache`` / ``v_cache`` are [layers, blocks, block_size, kv_heads, head_dim].
+        ``k_cache`` / ``v_cache`` are [layers, blocks, block_size, kv_heads, head_dim], plain
+        or quantized (``kv_cache.QuantizedCache``).
         """
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
