@@ -38,8 +38,9 @@ class TorchExecutor:
     """Runs a local Hugging Face Llama-family checkpoint over a paged KV cache.
 
     The device cache is two tensors [layers, blocks, block_size, kv_heads, head_dim]
-    (keys, values); swapped-out blocks live in a CPU pool of the same layout, pinned when
-    the device is CUDA. ``attention`` is chosen when the cache is allocated, since the
+    (keys, values), or with a quantized ``kv_cache_dtype`` two ``QuantizedCache`` of codes
+    and scales; swapped-out blocks live in a CPU pool of the same layout, pinned when the
+    device is CUDA. ``attention`` is chosen when the cache is allocated, since the
     flash and triton backends depend on the block size.
 
     On the CPU, ``threads`` sets torch's intra-op threads for the process. By default a
