@@ -59,6 +59,7 @@ def bench(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[

@@ -52,6 +52,7 @@ def serve(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.

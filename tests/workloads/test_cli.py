@@ -70,6 +70,8 @@ def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> No
             "ttft=300ms,tpot=50ms",
             "--max-num-batched-tokens",
             "1024",
+            "--kv-cache-dtype",
+            "fp8",
             "--seed",
             "1",
             "--out",
@@ -100,6 +102,7 @@ def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> No
     assert set(summary["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
     assert summary["num_requests"] == summary["completed"] == 40
     assert summary["config"]["max_num_batched_tokens"] == 1024
+    assert summary["config"]["kv_cache_dtype"] == "fp8"
     requests = pd.read_csv(out / "requests.csv")
     steps = pd.read_csv(out / "steps.csv")
     assert len(requests) == 40 and len(steps) > 40
@@ -139,6 +142,7 @@ def test_bench_table_output_and_config_file(tmp_path: Path) -> None:
         (["--burstiness", "2"], "burstiness: needs a rate"),
         (["--timestamps"], "has no timestamps"),
         (["--block-size", "24"], "block_size: must be a power of two"),
+        (["--kv-cache-dtype", "fp4"], "kv_cache_dtype: must be one of"),
         (["--backend", "http"], "needs --url"),
         (["--backend", "grpc"], "not one of sim, engine, http"),
         (["--gpu", "abacus", "--num-requests", "5"], "abacus"),
