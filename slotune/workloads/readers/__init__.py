@@ -12,7 +12,7 @@ from slotune.workloads.readers.csv_traces import (
     read_burstgpt,
     read_header,
 )
-from slotune.workloads.readers.errors import TraceFormatError
+from slotune.workloads.readers.errors import TraceFormatError, read_head
 from slotune.workloads.readers.jsonl import read_slotune_jsonl
 from slotune.workloads.readers.mooncake import read_mooncake
 from slotune.workloads.readers.sharegpt import read_sharegpt
@@ -38,8 +38,7 @@ def detect_format(path: Path) -> str:
             f"{list(AZURE_COLUMNS)} or BurstGPT columns {list(BURSTGPT_COLUMNS)} "
             "(or pass --format)",
         )
-    with open(path, encoding="utf-8") as f:
-        head = f.read(1 << 16).lstrip()
+    head = read_head(path).lstrip()
     if head.startswith("["):
         return "sharegpt"
     first = head.split("\n", 1)[0]
