@@ -48,6 +48,15 @@ def bench(
     timestamps: Annotated[bool, opt("--timestamps", "Replay the trace's own timestamps.")] = False,
     time_scale: Annotated[float, opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
     slo: Annotated[str | None, opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            "--request-timeout",
+            help="Client timeout per request (s): the request is aborted and fails "
+            "(an SLO miss). Default: none (http: 600).",
+        ),
+    ] = None,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
     block_size: eo.BlockSize = None,
@@ -68,6 +77,7 @@ def bench(
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
     from slotune.workloads import ArrivalSpec, parse_slo, summarize
+    from slotune.workloads.runner.timeouts import check_timeout
 
     if backend not in BACKENDS:
         fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -80,6 +90,10 @@ def bench(
         slo_obj = parse_slo(slo) if slo else None
     except ValueError as exc:
         fail(f"--slo: {exc}")
+    try:
+        check_timeout(timeout)
+    except ValueError as exc:
+        fail(f"--{exc}")
     try:
         arrivals = ArrivalSpec(
             rate=rate,
@@ -125,6 +139,7 @@ def bench(
         endpoint=endpoint,
         seed=seed,
         tokenizer=tokenizer,
+        timeout_s=timeout,
         console=console,
     )
     summary = summarize(result, slo_obj)
@@ -138,6 +153,7 @@ def bench(
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
             "arrivals": arrivals.describe(),
+            "timeout_s": timeout,
             "seed": seed,
             "slotune_version": _version(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -177,6 +193,7 @@ def _run(
     endpoint: str,
     seed: int,
     tokenizer: str | None,
+    timeout_s: float | None,
     console: Console,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -201,12 +218,15 @@ def _run(
                     arrivals=arrivals,
                     seed=seed,
                     progress=on_progress,
+                    timeout_s=timeout_s,
                 )
             if backend == "engine":
                 from slotune.engine import Engine
 
                 engine = Engine.local(engine_config, model=model)
-                return run_engine(engine, trace, arrivals, seed=seed, progress=on_progress)
+                return run_engine(
+                    engine, trace, arrivals, seed=seed, progress=on_progress, timeout_s=timeout_s
+                )
             return run_http(
                 url or "",
                 trace,
@@ -216,6 +236,7 @@ def _run(
                 seed=seed,
                 tokenizer=tokenizer,
                 progress=on_progress,
+                **({} if timeout_s is None else {"timeout_s": timeout_s}),
             )
         except (ValueError, FileNotFoundError) as exc:
             fail(str(exc))

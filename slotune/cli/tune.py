@@ -54,6 +54,13 @@ def tune(
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
     trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
     timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
+    request_timeout: Annotated[
+        float | None,
+        opt(
+            "--request-timeout",
+            "Client timeout per request (s): later, it is aborted and fails the SLO.",
+        ),
+    ] = None,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
@@ -96,6 +103,7 @@ def tune(
         attainment=attainment,
         trials=trials,
         timeout=timeout,
+        request_timeout=request_timeout,
         sampler=sampler,
         seed=seed,
         search=search,

@@ -98,7 +98,13 @@ class Evaluator:
             from slotune.engine import Engine
 
             engine = Engine.local(config, model=self.setup.model)
-            return run_engine(engine, self.trace, arrivals, seed=self.setup.seed)
+            return run_engine(
+                engine,
+                self.trace,
+                arrivals,
+                seed=self.setup.seed,
+                timeout_s=self.setup.request_timeout_s,
+            )
         return run_simulated(
             config,
             self.trace,
@@ -107,6 +113,7 @@ class Evaluator:
             tp=self.setup.tp,
             arrivals=arrivals,
             seed=self.setup.seed,
+            timeout_s=self.setup.request_timeout_s,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class TuneOptions:
     attainment: float = 0.99
     trials: int = 50
     timeout: float | None = None
+    request_timeout: float | None = None
     sampler: str | None = None
     seed: int = 0
     search: str | None = None
@@ -93,6 +94,11 @@ def check_options(o: TuneOptions) -> None:
         (
             o.timeout is None or o.timeout > 0,
             f"--timeout must be positive seconds (got {o.timeout})",
+        ),
+        (
+            o.request_timeout is None
+            or (o.request_timeout > 0 and math.isfinite(o.request_timeout)),
+            f"--request-timeout must be positive seconds (got {o.request_timeout})",
         ),
         (
             o.num_requests is None or o.num_requests >= 1,
@@ -190,6 +196,7 @@ def prepare(o: TuneOptions) -> Prepared:
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
+        request_timeout_s=o.request_timeout,
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,

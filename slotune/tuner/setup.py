@@ -69,6 +69,7 @@ class TuneSetup:
     trace: str = "sharegpt-like"
     trace_format: str | None = None
     num_requests: int | None = None
+    request_timeout_s: float | None = None  # the client gives up on a request (a failure)
     seed: int = 0
     sampler: str = "tpe"
     ladder: dict[str, float] | None = None

@@ -43,6 +43,7 @@ def _with(args: list[str], **replace: str) -> list[str]:
         (_with(OK, percentile="0"), "--percentile"),
         (_with(OK, attainment="1.5"), "--attainment"),
         (_with(OK, trials="0"), "--trials"),
+        (_with(OK, request_timeout="-1"), "--request-timeout must be positive"),
         (_with(OK, tp="3"), "--tp"),
         (_with(OK, objective="goodput", concurrency="8"), "closed loop"),
         (["tune", "--slo", "ttft=300ms"], "--gpu is required"),

@@ -141,6 +141,7 @@ def test_bench_table_output_and_config_file(tmp_path: Path) -> None:
         (["--block-size", "24"], "block_size: must be a power of two"),
         (["--backend", "http"], "needs --url"),
         (["--backend", "grpc"], "not one of sim, engine, http"),
+        (["--timeout", "0"], "--timeout: must be a positive number of seconds"),
         (["--gpu", "abacus", "--num-requests", "5"], "abacus"),
     ],
 )
@@ -148,3 +149,13 @@ def test_bench_bad_input_exits_2(args: list[str], fragment: str) -> None:
     res = runner.invoke(app, ["bench", *args])
     assert res.exit_code == 2, res.output
     assert fragment in res.output
+
+
+def test_bench_timeout_fails_requests_of_an_overloaded_run(tmp_path: Path) -> None:
+    args = ["bench", "--num-requests", "150", "--rate", "80", "--max-num-seqs", "8", "--json"]
+    res = runner.invoke(app, [*args, "--timeout", "1.5", "--slo", "ttft=10s"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["timeout_s"] == 1.5
+    assert summary["errors"] == {"timeout": summary["failed"]} and summary["failed"] > 0
+    assert summary["slo_attainment"] <= summary["completed"] / summary["num_requests"]
