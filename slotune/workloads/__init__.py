@@ -5,7 +5,7 @@ result = run_simulated(EngineConfig(), trace, gpu="h100", arrivals=ArrivalSpec(r
 summary = summarize(result, parse_slo("ttft=300ms,tpot=50ms"))
 """
 
-from slotune.workloads.arrivals import ArrivalSpec, arrival_times
+from slotune.workloads.arrivals import ArrivalSpec, Stage, arrival_times, parse_stages
 from slotune.workloads.generators import (
     AgentParams,
     LengthDist,
@@ -20,6 +20,7 @@ from slotune.workloads.readers import FORMATS, TraceFormatError
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner import run_engine, run_http, run_simulated
 from slotune.workloads.slo import SLO, SLOTarget, parse_slo
+from slotune.workloads.steady import ScoringWindow, steady_state
 from slotune.workloads.tokenizer import ByteTokenizer, get_tokenizer
 from slotune.workloads.trace import Trace, TraceRequest
 
@@ -33,6 +34,8 @@ __all__ = [
     "LengthDist",
     "RunResult",
     "SLOTarget",
+    "ScoringWindow",
+    "Stage",
     "Trace",
     "TraceFormatError",
     "TraceRequest",
@@ -42,10 +45,12 @@ __all__ = [
     "load_trace",
     "long_context",
     "parse_slo",
+    "parse_stages",
     "run_engine",
     "run_http",
     "run_simulated",
     "shared_prefix",
     "sharegpt_like",
+    "steady_state",
     "summarize",
 ]

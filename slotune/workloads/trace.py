@@ -178,6 +178,34 @@ class Trace:
             )
         return replace(self, requests=self.requests[:num_requests], _cache={})
 
+    def repeat_to(self, num_sessions: int) -> Trace:
+        """A trace of exactly ``num_sessions`` sessions (a request without a parent and the
+        turns that continue it): the first ones, or the whole trace again and again (ids
+        ``<id>~1``, ``<id>~2``...) when it has fewer. Repeats send the same prompts, as a
+        replayed sample does: text and token-id prompts hit the prefix cache the second
+        time; length-only prompts get tokens of their own."""
+        if num_sessions < 1:
+            raise ValueError(f"num_sessions must be at least 1 (got {num_sessions})")
+        flow_of: dict[str, int] = {}
+        flows: list[list[TraceRequest]] = []
+        for r in self.requests:
+            if r.parent_id is None:
+                flow_of[r.request_id] = len(flows)
+                flows.append([r])
+            else:
+                flow_of[r.request_id] = flow_of[r.parent_id]
+                flows[flow_of[r.request_id]].append(r)
+        if not flows:
+            raise ValueError(f"trace {self.name} has no requests to repeat")
+        out: list[TraceRequest] = []
+        for k in range(num_sessions):
+            copy, f = divmod(k, len(flows))
+            out.extend(r if copy == 0 else _renamed(r, f"~{copy}") for r in flows[f])
+        if num_sessions <= len(flows):  # keep trace order when only cutting
+            keep = {r.request_id for r in out}
+            out = [r for r in self.requests if r.request_id in keep]
+        return replace(self, requests=tuple(out), _cache={})
+
     def own_prompt_token_ids(self) -> list[list[int]]:
         """Each request's own prompt tokens (for a continuing turn, what it appends).
 
@@ -253,6 +281,15 @@ class Trace:
             f.write(json.dumps(header) + "\n")
             for r in self.requests:
                 f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+
+
+def _renamed(r: TraceRequest, suffix: str) -> TraceRequest:
+    return replace(
+        r,
+        request_id=r.request_id + suffix,
+        session_id=None if r.session_id is None else r.session_id + suffix,
+        parent_id=None if r.parent_id is None else r.parent_id + suffix,
+    )
 
 
 def synthetic_tokens(seed: int, kind: int, key: int, n: int) -> list[int]:
