@@ -118,7 +118,7 @@ def bench(
     if arrivals.stages and num_requests is not None:
         fail("--num-requests: the load stages (--stages or --duration) set the number of requests")
     tr = to.load_trace_or_fail(
-        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace"
+        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace", model=model
     )
     if arrivals.num_sessions is not None:
         if arrivals.num_sessions > len(tr):

@@ -85,12 +85,13 @@ def show(
     fmt: to.TraceFormat = None,
     num_requests: to.NumRequests = None,
     tokenizer: to.Tokenizer = None,
+    model: to.TokenizerModel = None,
     multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Statistics of one trace: requests, sessions, length percentiles, prefix sharing."""
-    trace = to.load_trace_or_fail(name, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(name, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     stats = trace.stats()
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
@@ -111,11 +112,12 @@ def convert(
     fmt: to.TraceFormat = None,
     num_requests: to.NumRequests = None,
     tokenizer: to.Tokenizer = None,
+    model: to.TokenizerModel = None,
     multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
 ) -> None:
     """Convert any supported trace to slotune's own JSONL."""
-    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     try:
         trace.to_jsonl(dst)
     except OSError as exc:

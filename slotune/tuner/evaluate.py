@@ -168,7 +168,11 @@ def load_setup_trace(setup: TuneSetup) -> Any:
     from slotune.workloads import load_trace
 
     return load_trace(
-        setup.trace, format=setup.trace_format, num_requests=setup.num_requests, seed=setup.seed
+        setup.trace,
+        format=setup.trace_format,
+        num_requests=setup.num_requests,
+        seed=setup.seed,
+        model=setup.model,
     )
 
 

@@ -142,7 +142,9 @@ def prepare(o: TuneOptions) -> Prepared:
         raise TuneInputError(str(e)) from None
     gpu = _check_hardware(o)
     try:
-        trace = load_trace(o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed)
+        trace = load_trace(
+            o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed, model=o.model
+        )
     except (ValueError, OSError) as e:
         raise TuneInputError(f"--trace: {e}") from None
     if o.num_requests is None:  # the default takes what a short trace has

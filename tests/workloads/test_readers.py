@@ -58,7 +58,7 @@ def test_sharegpt_sampling_follows_vllm(tmp_path: Path) -> None:
         ),
     ]
     path = _write_json(tmp_path / "sg.json", data)
-    trace = load_trace(path, seed=0)
+    trace = load_trace(path, seed=0, tokenizer="bytes")
     assert detect_format(path) == "sharegpt"
     assert sorted(r.request_id.split("-")[0] for r in trace) == ["ok1", "ok2"]
     assert trace.dropped == {
@@ -80,12 +80,12 @@ def test_sharegpt_sampling_follows_vllm(tmp_path: Path) -> None:
 def test_sharegpt_seeded_shuffle_and_num_requests(tmp_path: Path) -> None:
     data = [_conv(f"c{i}", ("human", WORD * (i + 1)), ("gpt", WORD * 3)) for i in range(40)]
     path = _write_json(tmp_path / "sg.json", data)
-    a = [r.request_id for r in load_trace(path, seed=1, num_requests=10)]
-    b = [r.request_id for r in load_trace(path, seed=1, num_requests=10)]
-    c = [r.request_id for r in load_trace(path, seed=2, num_requests=10)]
+    a = [r.request_id for r in load_trace(path, seed=1, num_requests=10, tokenizer="bytes")]
+    b = [r.request_id for r in load_trace(path, seed=1, num_requests=10, tokenizer="bytes")]
+    c = [r.request_id for r in load_trace(path, seed=2, num_requests=10, tokenizer="bytes")]
     assert a == b and a != c and len(a) == 10
     with pytest.raises(ValueError, match="has only 40 requests"):
-        load_trace(path, num_requests=41)
+        load_trace(path, num_requests=41, tokenizer="bytes")
 
 
 def test_sharegpt_multi_turn_sessions(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_sharegpt_multi_turn_sessions(tmp_path: Path) -> None:
         ),
         _conv("b", ("human", "only one"), ("gpt", "one answer")),
     ]
-    trace = load_trace(_write_json(tmp_path / "mt.json", data), multi_turn=True)
+    trace = load_trace(_write_json(tmp_path / "mt.json", data), multi_turn=True, tokenizer="bytes")
     assert len(trace) == 4
     a = [r for r in trace if r.session_id.startswith("a")]
     assert [r.turn for r in a] == [0, 1, 2]
@@ -384,7 +384,7 @@ def test_slotune_jsonl_malformed(tmp_path: Path, rows: list, where: str, fragmen
 
 def test_slotune_jsonl_text_prompts_are_tokenized(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "t.jsonl", [{"id": "a", "prompt": "héllo", "output_len": 3}])
-    trace = load_trace(path)
+    trace = load_trace(path, tokenizer="bytes")
     assert trace.requests[0].prompt_len == 6  # é is two UTF-8 bytes
     assert trace.own_prompt_token_ids()[0] == list("héllo".encode())
 
