@@ -15,6 +15,8 @@ BUNDLED = {
     "agent": "agent sessions: shared system prompt + tools, closed-loop turns",
     "shared-prefix": "groups of requests sharing a long system prompt",
     "long-context": "long prompts (2k-7k tokens) with short answers",
+    "reasoning": "reasoning model: short prompts (~200 tokens), long outputs (~4k tokens)",
+    "shared-prefix-chat": "inference-perf shared_prefix: 10 system prompts x 10 users, 4 rounds",
 }
 
 

@@ -127,6 +127,15 @@ def _check(result: RunResult, window: ScoringWindow) -> dict[str, Any]:
     if not steady:
         out["note"] = (
             f"requests in flight grew from {start:.1f} to {end:.1f} over the scoring window: "
-            "the server fell behind the offered load, so latencies grow with the run's length"
+            "the run never settled, so its latencies depend on its length. Either the load is "
+            f"more than the server holds, or the warm-up ({window.warmup_s:g} s) is shorter "
+            f"than a request's time in the system (median {_median_e2e(result):.3g} s)"
         )
     return out
+
+
+def _median_e2e(result: RunResult) -> float:
+    df = result.requests
+    e2e = (df["finish_time"] - df["arrival_time"]).to_numpy(dtype=float)
+    e2e = e2e[~np.isnan(e2e)]
+    return float(np.median(e2e)) if len(e2e) else float("nan")

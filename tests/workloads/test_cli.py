@@ -18,10 +18,18 @@ runner = CliRunner()
 def test_traces_list_shows_every_bundled_trace() -> None:
     res = runner.invoke(app, ["traces", "list"])
     assert res.exit_code == 0, res.output
-    for name in ("sharegpt-like", "agent", "shared-prefix", "long-context"):
+    names = {
+        "sharegpt-like",
+        "agent",
+        "shared-prefix",
+        "long-context",
+        "reasoning",
+        "shared-prefix-chat",
+    }
+    for name in names:
         assert name in res.output
     data = json.loads(runner.invoke(app, ["traces", "list", "--json"]).output)
-    assert {d["name"] for d in data} == {"sharegpt-like", "agent", "shared-prefix", "long-context"}
+    assert {d["name"] for d in data} == names
 
 
 def test_traces_show_and_convert(tmp_path: Path) -> None:

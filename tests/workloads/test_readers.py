@@ -405,6 +405,6 @@ def test_real_tokenizer_by_path(tmp_path: Path) -> None:
 
 def test_unknown_trace_lists_bundled_names() -> None:
     with pytest.raises(
-        ValueError, match="bundled: sharegpt-like, agent, shared-prefix, long-context"
+        ValueError, match="bundled: sharegpt-like, agent, shared-prefix, long-context, reasoning"
     ):
         load_trace("no-such-trace")
