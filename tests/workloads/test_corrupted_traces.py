@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from slotune.cli.app import app
 from slotune.workloads import TraceFormatError, load_trace
+from slotune.workloads.fit import fit_trace
 from slotune.workloads.limits import MAX_SECONDS, MAX_TOKENS
 
 SAMPLES: dict[str, tuple[str, str]] = {
@@ -73,6 +74,10 @@ SAMPLES: dict[str, tuple[str, str]] = {
         "130.5,ChatGPT,12,9,21,API log\n",
     ),
 }
+SAMPLES["spec"] = (
+    "spec.json",
+    json.dumps(fit_trace(load_trace("agent", num_requests=40)), indent=1),
+)
 ODD_NUMBERS = ["1e309", "-1e309", "NaN", "Infinity", "-7", "1e30", "9" * 400, "0.5", "-0", "1e-320"]
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?")
 
@@ -131,7 +136,11 @@ def test_corrupted_file_gives_clean_error_or_valid_trace(
     path = tmp_path / name
     path.write_bytes(data.draw(corruptions(text.encode())))
     try:
-        trace = load_trace(path, format=None if detect else fmt)
+        trace = load_trace(
+            path,
+            format=None if detect else fmt,
+            num_requests=30 if fmt == "spec" else None,  # a spec can be asked for any number
+        )
     except TraceFormatError as exc:
         assert str(exc).startswith(f"{path}:")
         assert re.match(r"(line|row) \d+$", exc.where), exc.where

@@ -16,10 +16,11 @@ from slotune.workloads.readers.errors import TraceFormatError, read_head
 from slotune.workloads.readers.jsonl import read_slotune_jsonl
 from slotune.workloads.readers.mooncake import read_mooncake
 from slotune.workloads.readers.sharegpt import read_sharegpt
+from slotune.workloads.readers.spec import read_spec_trace
 from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace
 
-FORMATS = ("slotune", "sharegpt", "mooncake", "azure", "burstgpt")
+FORMATS = ("slotune", "sharegpt", "mooncake", "azure", "burstgpt", "spec")
 
 
 def detect_format(path: Path) -> str:
@@ -41,6 +42,8 @@ def detect_format(path: Path) -> str:
     head = read_head(path).lstrip()
     if head.startswith("["):
         return "sharegpt"
+    if head.startswith("{") and '"slotune_spec"' in head[:200]:
+        return "spec"
     first = head.split("\n", 1)[0]
     try:
         obj = json.loads(first)
@@ -68,6 +71,8 @@ def read_trace_file(
     multi_turn: bool,
 ) -> Trace:
     fmt = fmt or detect_format(path)
+    if fmt == "spec":
+        return read_spec_trace(path, num_requests=num_requests, seed=seed)
     if fmt == "sharegpt":
         return read_sharegpt(
             path, tokenizer, num_requests=num_requests, seed=seed, multi_turn=multi_turn
