@@ -61,6 +61,20 @@ def tune(
             "Client timeout per request (s): later, it is aborted and fails the SLO.",
         ),
     ] = None,
+    duration: Annotated[
+        float | None,
+        opt(
+            "--duration",
+            "Steady state: each run sends at its rate for this many seconds (the trace cut "
+            "or repeated), instead of a number of requests.",
+        ),
+    ] = None,
+    warmup: Annotated[
+        float, opt("--warmup", "Leave requests arriving in the first N seconds out of scores.")
+    ] = 0.0,
+    cooldown: Annotated[
+        float, opt("--cooldown", "Leave requests arriving in the last N seconds out of scores.")
+    ] = 0.0,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
@@ -104,6 +118,9 @@ def tune(
         trials=trials,
         timeout=timeout,
         request_timeout=request_timeout,
+        duration=duration,
+        warmup=warmup,
+        cooldown=cooldown,
         sampler=sampler,
         seed=seed,
         search=search,

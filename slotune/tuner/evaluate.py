@@ -93,6 +93,11 @@ class Evaluator:
         from slotune.workloads import run_engine, run_simulated
 
         arrivals = self.setup.load.arrivals(rate)
+        trace = (
+            self.trace
+            if arrivals.num_sessions is None
+            else self.trace.repeat_to(arrivals.num_sessions)
+        )
         self.runs += 1
         if self.setup.backend == "engine":
             from slotune.engine import Engine
@@ -100,14 +105,14 @@ class Evaluator:
             engine = Engine.local(config, model=self.setup.model)
             return run_engine(
                 engine,
-                self.trace,
+                trace,
                 arrivals,
                 seed=self.setup.seed,
                 timeout_s=self.setup.request_timeout_s,
             )
         return run_simulated(
             config,
-            self.trace,
+            trace,
             gpu=self.setup.gpu,
             model=self.setup.model,
             tp=self.setup.tp,
@@ -119,7 +124,16 @@ class Evaluator:
     def summarize(self, result: Any) -> dict[str, Any]:
         from slotune.workloads import summarize
 
-        return _plain(summarize(result, self.slo, percentiles=self.percentiles))
+        setup = self.setup
+        return _plain(
+            summarize(
+                result,
+                self.slo,
+                percentiles=self.percentiles,
+                warmup_s=setup.warmup_s,
+                cooldown_s=setup.cooldown_s,
+            )
+        )
 
     def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
         if rate is None:
@@ -139,7 +153,11 @@ class Evaluator:
             self.setup.percentile,
             self.own_percentiles,
         )
-        return Measurement(rate, summary, score, att, att >= self.setup.attainment)
+        # a timed run that never settled measured a burst, not a rate the server holds
+        settled = self.setup.load.duration_s is None or (
+            (summary.get("steady_state") or {}).get("steady") is not False
+        )
+        return Measurement(rate, summary, score, att, att >= self.setup.attainment and settled)
 
     def goodput(
         self, config: EngineConfig, start_rung: int, *, exact: bool = False

@@ -44,6 +44,8 @@ def _with(args: list[str], **replace: str) -> list[str]:
         (_with(OK, attainment="1.5"), "--attainment"),
         (_with(OK, trials="0"), "--trials"),
         (_with(OK, request_timeout="-1"), "--request-timeout must be positive"),
+        (_with(OK, duration="10", warmup="8", cooldown="2"), "shorter than --duration"),
+        (_with(OK, duration="10", num_requests="50"), "the rate and the duration set"),
         (_with(OK, tp="3"), "--tp"),
         (_with(OK, objective="goodput", concurrency="8"), "closed loop"),
         (["tune", "--slo", "ttft=300ms"], "--gpu is required"),

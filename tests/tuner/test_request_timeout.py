@@ -21,3 +21,19 @@ def test_trials_run_with_the_request_timeout() -> None:
     assert timed_out.any()
     waited = (df["finish_time"] - df["arrival_time"])[timed_out]
     assert (abs(waited - 1.0) < 1e-9).all()
+
+
+def test_steady_state_runs_send_for_a_duration_and_score_the_middle() -> None:
+    options = TuneOptions(gpu="h100", slo="ttft=600s", rate=4, duration=20, warmup=5, cooldown=2)
+    setup = prepare(options).setup
+    assert setup.load.duration_s == 20 and (setup.warmup_s, setup.cooldown_s) == (5, 2)
+    assert TuneSetup.from_dict(setup.to_dict()) == setup
+    evaluator = Evaluator(setup)
+    assert len(evaluator.run(EngineConfig(), rate=4).requests) == 80  # 4 req/s for 20 s
+    calm = evaluator.measure(EngineConfig(), rate=4)
+    assert calm.summary["scoring_window"]["warmup_s"] == 5 and calm.feasible
+    # far past capacity every request still meets a lenient SLO, but the run never settles:
+    # that rate is not one the server holds
+    flooded = evaluator.measure(EngineConfig(max_num_seqs=4), rate=20)
+    assert flooded.attainment == 1.0 and flooded.summary["steady_state"]["steady"] is False
+    assert not flooded.feasible
