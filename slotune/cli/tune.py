@@ -213,6 +213,11 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
             else (f"gamma, burstiness {setup.load.burstiness:g}")
         )
         load = f"the request rate is searched per trial ({kind}, 2% steps)"
+    if setup.load.duration_s is not None:
+        load += (
+            f", each run {setup.load.duration_s:g} s long (scored after a "
+            f"{setup.warmup_s:g} s warm-up, before a {setup.cooldown_s:g} s cool-down)"
+        )
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
@@ -282,7 +287,7 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
             f"(defaults {baseline.get('score', float('nan')):.3f})"
         )
     return (
-        f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
+        f"best goodput {attrs.get('goodput_rps') or 0:.3g} req/s "
         f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
     )
 

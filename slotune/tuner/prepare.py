@@ -170,7 +170,7 @@ def prepare(o: TuneOptions) -> Prepared:
         )
     except (ValueError, OSError) as e:
         raise TuneInputError(f"--trace: {e}") from None
-    if o.num_requests is None:  # the default takes what a short trace has
+    if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
     where = f"--search {o.search}" if o.search else "search space"
     try:
