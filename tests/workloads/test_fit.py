@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from slotune.cli.app import app
 from slotune.workloads import Trace, TraceRequest, load_trace
-from slotune.workloads.fit import QUANTILES, fit_trace, synthesize
+from slotune.workloads.fit import QUANTILES, fit_trace
+from slotune.workloads.synthesize import synthesize
 
 runner = CliRunner()
 PERIOD_S = 3600.0

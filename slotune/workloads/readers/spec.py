@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slotune.workloads.fit import check_spec, synthesize
 from slotune.workloads.readers.errors import TraceFormatError, read_text
+from slotune.workloads.spec import check_spec
+from slotune.workloads.synthesize import synthesize
 from slotune.workloads.trace import Trace
 
 
