@@ -3,6 +3,15 @@
 trace = load_trace("sharegpt-like", num_requests=200)
 result = run_simulated(EngineConfig(), trace, gpu="h100", arrivals=ArrivalSpec(rate=8))
 summary = summarize(result, parse_slo("ttft=300ms,tpot=50ms"))
+
+Steady state: load stages fix how long a run sends (the trace cut or repeated to fit),
+the scores leave out a warm-up and a cool-down, and the summary says whether it settled:
+
+arrivals = ArrivalSpec(stages=parse_stages("5:60,10:60"))
+trace = load_trace("sharegpt-like").repeat_to(arrivals.num_sessions)
+result = run_simulated(EngineConfig(), trace, arrivals=arrivals, timeout_s=30)
+summary = summarize(result, slo, warmup_s=20, cooldown_s=5, stages=arrivals.stages)
+summary["steady_state"]["steady"]
 """
 
 from slotune.workloads.arrivals import ArrivalSpec, Stage, arrival_times, parse_stages

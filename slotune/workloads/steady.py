@@ -3,7 +3,8 @@
 A run starts empty (the first requests meet an idle server) and ends draining (the last
 ones meet a server with nothing behind them); both flatter the latencies a server could
 hold. The scoring window leaves out requests that arrive in the first ``warmup_s``
-seconds of arrivals and in the last ``cooldown_s`` seconds before the last arrival.
+seconds of the run (arrival times count from its start) and in the last ``cooldown_s``
+seconds before the last arrival.
 
 A run in steady state has as many requests in flight at the end of its window as at the
 start. ``steady_state`` samples the requests in flight (arrived, not yet finished or
@@ -46,12 +47,12 @@ class ScoringWindow:
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: must be >= 0 seconds (got {value})")
         arrivals = _sent_arrivals(result)
-        first, last = (float(arrivals.min()), float(arrivals.max())) if len(arrivals) else (0, 0)
-        window = cls(first + warmup_s, last - cooldown_s, warmup_s, cooldown_s)
+        last = float(arrivals.max()) if len(arrivals) else 0.0
+        window = cls(warmup_s, last - cooldown_s, warmup_s, cooldown_s)
         if (warmup_s or cooldown_s) and not window.end_s > window.start_s:
             raise ValueError(
                 f"a warm-up of {warmup_s:g} s and a cool-down of {cooldown_s:g} s leave nothing "
-                f"of the {last - first:.3g} s of arrivals; run longer (e.g. load stages) "
+                f"of the {last:.3g} s of arrivals; run longer (e.g. load stages) "
                 "or shorten them"
             )
         return window
