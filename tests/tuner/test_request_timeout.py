@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from slotune.engine import EngineConfig
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.prepare import TuneOptions, prepare
@@ -37,3 +40,20 @@ def test_steady_state_runs_send_for_a_duration_and_score_the_middle() -> None:
     flooded = evaluator.measure(EngineConfig(max_num_seqs=4), rate=20)
     assert flooded.attainment == 1.0 and flooded.summary["steady_state"]["steady"] is False
     assert not flooded.feasible
+
+
+def test_tune_cli_with_duration_warmup_and_request_timeout(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from slotune.cli.app import app
+
+    out = tmp_path / "out"
+    args = ["tune", "--gpu", "h100", "--slo", "ttft=300ms,tpot=50ms", "--objective", "weighted"]
+    args += ["--rate", "4", "--duration", "10", "--warmup", "3", "--cooldown", "1"]
+    args += ["--request-timeout", "30", "--trials", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "each run 10 s long" not in result.output  # weighted: the load line says it
+    assert "at 4 req/s for 10 s" in result.output
+    runs = json.loads((out / "runs" / "best" / "summary.json").read_text())
+    assert runs["scoring_window"]["warmup_s"] == 3 and runs["num_requests"] < 40
