@@ -54,6 +54,27 @@ def tune(
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
     trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
     timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
+    request_timeout: Annotated[
+        float | None,
+        opt(
+            "--request-timeout",
+            "Client timeout per request (s): later, it is aborted and fails the SLO.",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        opt(
+            "--duration",
+            "Steady state: each run sends at its rate for this many seconds (the trace cut "
+            "or repeated), instead of a number of requests.",
+        ),
+    ] = None,
+    warmup: Annotated[
+        float, opt("--warmup", "Leave requests arriving in the first N seconds out of scores.")
+    ] = 0.0,
+    cooldown: Annotated[
+        float, opt("--cooldown", "Leave requests arriving in the last N seconds out of scores.")
+    ] = 0.0,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
@@ -96,6 +117,10 @@ def tune(
         attainment=attainment,
         trials=trials,
         timeout=timeout,
+        request_timeout=request_timeout,
+        duration=duration,
+        warmup=warmup,
+        cooldown=cooldown,
         sampler=sampler,
         seed=seed,
         search=search,
@@ -188,6 +213,11 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
             else (f"gamma, burstiness {setup.load.burstiness:g}")
         )
         load = f"the request rate is searched per trial ({kind}, 2% steps)"
+    if setup.load.duration_s is not None:
+        load += (
+            f", each run {setup.load.duration_s:g} s long (scored after a "
+            f"{setup.warmup_s:g} s warm-up, before a {setup.cooldown_s:g} s cool-down)"
+        )
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
@@ -257,7 +287,7 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
             f"(defaults {baseline.get('score', float('nan')):.3f})"
         )
     return (
-        f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
+        f"best goodput {attrs.get('goodput_rps') or 0:.3g} req/s "
         f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
     )
 

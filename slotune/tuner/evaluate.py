@@ -93,26 +93,47 @@ class Evaluator:
         from slotune.workloads import run_engine, run_simulated
 
         arrivals = self.setup.load.arrivals(rate)
+        trace = (
+            self.trace
+            if arrivals.num_sessions is None
+            else self.trace.repeat_to(arrivals.num_sessions)
+        )
         self.runs += 1
         if self.setup.backend == "engine":
             from slotune.engine import Engine
 
             engine = Engine.local(config, model=self.setup.model)
-            return run_engine(engine, self.trace, arrivals, seed=self.setup.seed)
+            return run_engine(
+                engine,
+                trace,
+                arrivals,
+                seed=self.setup.seed,
+                timeout_s=self.setup.request_timeout_s,
+            )
         return run_simulated(
             config,
-            self.trace,
+            trace,
             gpu=self.setup.gpu,
             model=self.setup.model,
             tp=self.setup.tp,
             arrivals=arrivals,
             seed=self.setup.seed,
+            timeout_s=self.setup.request_timeout_s,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:
         from slotune.workloads import summarize
 
-        return _plain(summarize(result, self.slo, percentiles=self.percentiles))
+        setup = self.setup
+        return _plain(
+            summarize(
+                result,
+                self.slo,
+                percentiles=self.percentiles,
+                warmup_s=setup.warmup_s,
+                cooldown_s=setup.cooldown_s,
+            )
+        )
 
     def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
         if rate is None:
@@ -132,7 +153,11 @@ class Evaluator:
             self.setup.percentile,
             self.own_percentiles,
         )
-        return Measurement(rate, summary, score, att, att >= self.setup.attainment)
+        # a timed run that never settled measured a burst, not a rate the server holds
+        settled = self.setup.load.duration_s is None or (
+            (summary.get("steady_state") or {}).get("steady") is not False
+        )
+        return Measurement(rate, summary, score, att, att >= self.setup.attainment and settled)
 
     def goodput(
         self, config: EngineConfig, start_rung: int, *, exact: bool = False
@@ -161,7 +186,11 @@ def load_setup_trace(setup: TuneSetup) -> Any:
     from slotune.workloads import load_trace
 
     return load_trace(
-        setup.trace, format=setup.trace_format, num_requests=setup.num_requests, seed=setup.seed
+        setup.trace,
+        format=setup.trace_format,
+        num_requests=setup.num_requests,
+        seed=setup.seed,
+        model=setup.model,
     )
 
 

@@ -48,6 +48,10 @@ class TuneOptions:
     attainment: float = 0.99
     trials: int = 50
     timeout: float | None = None
+    request_timeout: float | None = None
+    duration: float | None = None
+    warmup: float = 0.0
+    cooldown: float = 0.0
     sampler: str | None = None
     seed: int = 0
     search: str | None = None
@@ -95,6 +99,31 @@ def check_options(o: TuneOptions) -> None:
             f"--timeout must be positive seconds (got {o.timeout})",
         ),
         (
+            o.request_timeout is None
+            or (o.request_timeout > 0 and math.isfinite(o.request_timeout)),
+            f"--request-timeout must be positive seconds (got {o.request_timeout})",
+        ),
+        (
+            o.duration is None or (o.duration > 0 and math.isfinite(o.duration)),
+            f"--duration must be positive seconds (got {o.duration})",
+        ),
+        (
+            math.isfinite(o.warmup + o.cooldown) and min(o.warmup, o.cooldown) >= 0,
+            f"--warmup and --cooldown must be >= 0 seconds (got {o.warmup:g}, {o.cooldown:g})",
+        ),
+        (
+            o.duration is None or o.warmup + o.cooldown < o.duration,
+            "--warmup and --cooldown together must be shorter than --duration",
+        ),
+        (
+            o.duration is None or o.num_requests is None,
+            "--num-requests: with --duration the rate and the duration set the requests",
+        ),
+        (
+            o.duration is None or o.concurrency is None,
+            "--duration sends at a rate for a time; a closed loop (--concurrency) has no rate",
+        ),
+        (
             o.num_requests is None or o.num_requests >= 1,
             f"--num-requests must be at least 1 (got {o.num_requests})",
         ),
@@ -136,10 +165,12 @@ def prepare(o: TuneOptions) -> Prepared:
         raise TuneInputError(str(e)) from None
     gpu = _check_hardware(o)
     try:
-        trace = load_trace(o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed)
+        trace = load_trace(
+            o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed, model=o.model
+        )
     except (ValueError, OSError) as e:
         raise TuneInputError(f"--trace: {e}") from None
-    if o.num_requests is None:  # the default takes what a short trace has
+    if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
     where = f"--search {o.search}" if o.search else "search space"
     try:
@@ -190,6 +221,9 @@ def prepare(o: TuneOptions) -> Prepared:
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
+        request_timeout_s=o.request_timeout,
+        warmup_s=o.warmup,
+        cooldown_s=o.cooldown,
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,
@@ -231,12 +265,14 @@ def _default_objective(o: TuneOptions, trace: Any) -> str:
 
 def _load(o: TuneOptions, trace: Any) -> LoadSpec:
     if o.rate is not None:
-        return LoadSpec(rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency)
-    if trace.has_timestamps and o.burstiness == 1.0:
+        return LoadSpec(
+            rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency, duration_s=o.duration
+        )
+    if trace.has_timestamps and o.burstiness == 1.0 and o.duration is None:
         native = trace.stats().get("mean_rate")
         return LoadSpec(timestamps=True, native_rate=native, concurrency=o.concurrency)
     # no rate yet: the goodput search or the baseline's goodput sets it (burstiness applies)
-    return LoadSpec(burstiness=o.burstiness, concurrency=o.concurrency)
+    return LoadSpec(burstiness=o.burstiness, concurrency=o.concurrency, duration_s=o.duration)
 
 
 def baseline_config(p: Prepared) -> Any:

@@ -20,6 +20,7 @@ class LoadSpec:
     concurrency: int | None = None
     timestamps: bool = False
     native_rate: float | None = None
+    duration_s: float | None = None  # send for this long at the rate (the trace repeated)
 
     def arrivals(self, rate: float | None = None) -> Any:
         """The runner's ``ArrivalSpec``; ``rate`` overrides the load (the goodput search).
@@ -32,11 +33,13 @@ class LoadSpec:
         if self.timestamps:
             scale = 1.0 if rate is None or not self.native_rate else self.native_rate / rate
             return ArrivalSpec(timestamps=True, time_scale=scale, concurrency=self.concurrency)
-        return ArrivalSpec(
-            rate=rate,
-            burstiness=self.burstiness if rate is not None else 1.0,
-            concurrency=self.concurrency,
-        )
+        burstiness = self.burstiness if rate is not None else 1.0
+        if self.duration_s is not None and rate is not None:
+            from slotune.workloads import Stage
+
+            stages = (Stage(rate, self.duration_s),)
+            return ArrivalSpec(stages=stages, burstiness=burstiness, concurrency=self.concurrency)
+        return ArrivalSpec(rate=rate, burstiness=burstiness, concurrency=self.concurrency)
 
     def describe(self) -> str:
         if self.timestamps:
@@ -48,7 +51,8 @@ class LoadSpec:
         if self.rate is None:
             return "all requests at once"
         kind = "Poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
-        return f"{kind} at {self.rate:.3g} req/s"
+        length = "" if self.duration_s is None else f" for {self.duration_s:g} s"
+        return f"{kind} at {self.rate:.3g} req/s{length}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class TuneSetup:
     trace: str = "sharegpt-like"
     trace_format: str | None = None
     num_requests: int | None = None
+    request_timeout_s: float | None = None  # the client gives up on a request (a failure)
+    warmup_s: float = 0.0  # scores leave out requests arriving this early...
+    cooldown_s: float = 0.0  # ...or this close to the last arrival
     seed: int = 0
     sampler: str = "tpe"
     ladder: dict[str, float] | None = None
