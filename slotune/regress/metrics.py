@@ -36,7 +36,7 @@ def check_metric(name: str, *, backend: str, has_slo: bool) -> str | None:
         m = _STAT.match(stat)
         if m and (m.group(2) is None or float(m.group(2)) <= 100):
             return None
-        return f"{dist} takes .mean or .pNN (e.g. {dist}.p99), not {stat!r}"
+        return f"{dist} takes .mean or .pNN with NN at most 100 (e.g. {dist}.p99), not {stat!r}"
     known = ", ".join([*SCALARS, *NEEDS_SLO, WALL, *(f"{d}.p99" for d in DISTRIBUTIONS)])
     return f"unknown metric {name!r}; known: {known}"
 
@@ -52,16 +52,24 @@ def percentiles_needed(names: list[str]) -> tuple[float, ...]:
 
 
 def read_metric(data: Any, name: str) -> float | None:
-    """The value at the dotted ``name`` (list items by index); None when absent or not a
-    finite number."""
-    node = data
-    for part in name.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
+    """The value at the dotted ``name`` (a key may hold dots itself, as ``p99.9`` does;
+    list items by index); None when absent or not a finite number."""
+    node = _walk(data, name.split("."))
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         return None
     return float(node) if math.isfinite(node) else None
+
+
+def _walk(node: Any, parts: list[str]) -> Any:
+    if not parts:
+        return node
+    if isinstance(node, list):
+        head = parts[0]
+        ok = head.isdigit() and int(head) < len(node)
+        return _walk(node[int(head)], parts[1:]) if ok else None
+    if isinstance(node, dict):
+        for n in range(len(parts), 0, -1):
+            key = ".".join(parts[:n])
+            if key in node:
+                return _walk(node[key], parts[n:])
+    return None

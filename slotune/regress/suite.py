@@ -102,7 +102,7 @@ def load_suite(path: str | Path) -> Suite:
         raise SuiteError(problems)
     benchmarks = [_benchmark(data, i, path.parent, locate) for i in range(len(data["benchmarks"]))]
     problems = [p for b in benchmarks if isinstance(b, SuiteError) for p in b.problems]
-    names = [b.name for b in benchmarks if isinstance(b, Benchmark)]
+    names = [b["name"] for b in data["benchmarks"]]
     for i, name in enumerate(names):
         if name in names[:i]:
             problems.append((locate(("benchmarks", i, "name")), f"{name!r} is used twice"))
