@@ -5,7 +5,7 @@ goes the worse way by more than the tolerance allows *and* by more than the nois
 the larger of the two runs' ranges (max - min over the repeats). A single run, and every
 simulated metric, has no spread, so simulated benchmarks compare exactly within their
 tolerance; real backends repeat, so a noisy runner widens the band instead of failing the
-build. Benchmarks with ``gate: false`` are judged and shown but never fail.
+build. Metrics a benchmark lists under ``report_only`` are judged and shown but never fail.
 """
 
 from __future__ import annotations
@@ -85,7 +85,17 @@ def judge(current: BenchmarkResult, metric: str, baseline: BenchmarkResult | Non
     noise = max(_spread(base_values), _spread(cur_values))
 
     def verdict(v: Verdict, reason: str) -> Judgement:
-        return Judgement(current.name, metric, str(tol), b, c, noise, v, current.gate, reason)
+        return Judgement(
+            current.name,
+            metric,
+            str(tol),
+            b,
+            c,
+            noise,
+            v,
+            metric not in current.report_only,
+            reason,
+        )
 
     if c is None:
         return verdict("missing", f"{metric} has no value in this run")

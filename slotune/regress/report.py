@@ -112,7 +112,7 @@ def write_reports(comparison: Comparison, folder: Path) -> dict[str, Path]:
 
 
 def _case_text(j: Judgement) -> str:
-    gate = "" if j.gate else " (report only: gate is false)"
+    gate = "" if j.gate else " (report only)"
     return (
         f"{j.verdict}{gate}: {j.reason}; baseline {_num(j.baseline)}, current "
         f"{_num(j.current)}, noise band {j.noise:.4g}"

@@ -19,7 +19,7 @@ class BenchmarkResult:
     name: str
     backend: str
     deterministic: bool
-    gate: bool
+    report_only: list[str]
     tolerances: dict[str, str]
     samples: dict[str, list[float | None]]
     summary: dict[str, Any] = field(default_factory=dict)

@@ -52,7 +52,7 @@ class Benchmark:
     backend: str
     tolerances: dict[str, Tolerance]
     repeats: int
-    gate: bool = True
+    report_only: frozenset[str] = frozenset()
     gpu: str = "h100"
     model: str = "llama-3-8b"
     tp: int = 1
@@ -115,13 +115,10 @@ def _benchmark(data: dict, index: int, base: Path, locate: _Locator) -> Benchmar
     """The benchmark at ``index`` with the suite's defaults, or the problems it has."""
     own = data["benchmarks"][index]
     defaults = data.get("defaults", {})
-    merged = {**defaults, **own}
-    merged["tolerances"] = {**defaults.get("tolerances", {}), **own.get("tolerances", {})}
+    merged = {"tolerances": {}, **defaults, **own}
 
     def where(*key: str | int) -> str:
         origin = ("benchmarks", index) if key[0] in own or key[0] == "name" else ("defaults",)
-        if key[0] == "tolerances" and len(key) > 1 and key[1] not in own.get("tolerances", {}):
-            origin = ("defaults",)
         return locate((*origin, *key))
 
     problems: list[tuple[str, str]] = []
@@ -169,6 +166,10 @@ def _tolerances(merged: dict, backend: str, where: Any, problems: list) -> dict[
             why = why or str(exc)
         if why:
             problems.append((where("tolerances", metric), why))
+    report_only = merged.get("report_only")
+    for metric in report_only if isinstance(report_only, list) else ():
+        if metric not in merged["tolerances"]:
+            problems.append((where("report_only"), f"{metric!r} is not among the tolerances"))
     return out
 
 
@@ -212,8 +213,10 @@ def _build(
         _path_or_name(spec.tokenizer, base),
         spec.multi_turn,
     )
-    keys = _BACKEND_KEYS[backend] | {"seed", "slo", "load", "gate"}
+    keys = _BACKEND_KEYS[backend] | {"seed", "slo", "load"}
     options = {k: merged[k] for k in keys if k in merged}
+    report_only = merged.get("report_only", False)
+    options["report_only"] = frozenset(tolerances if report_only is True else report_only or ())
     if backend == "engine":
         options["model"] = str(base / merged["model"])
     if backend == "sim":

@@ -1,4 +1,5 @@
-"""Judging: medians, the noise band, directions, gates; tolerances parse and print back."""
+"""Judging: medians, the noise band, directions, report-only metrics; tolerances
+parse and print back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from slotune.regress.compare import Judgement
 
 
 def result(samples: list[float | None], tolerance: str, gate: bool = True) -> BenchmarkResult:
-    return BenchmarkResult("b", "engine", False, gate, {"m": tolerance}, {"m": samples})
+    report_only = [] if gate else ["m"]
+    return BenchmarkResult("b", "engine", False, report_only, {"m": tolerance}, {"m": samples})
 
 
 def judged(base: list[float | None], cur: list[float | None], tol: str, **kw: bool) -> Judgement:
@@ -58,7 +60,7 @@ def test_repeats_compare_medians_beyond_a_noise_band_from_their_ranges() -> None
     assert judged([110.0, 110.0], [100.0, 136.0, 140.0], "+10%").verdict == "noise"
 
 
-def test_a_gate_false_benchmark_reports_but_never_fails() -> None:
+def test_a_report_only_metric_is_judged_but_never_fails() -> None:
     j = judged([1.0], [2.0], "+10%", gate=False)
     assert j.verdict == "regressed" and not j.failed
     baseline = SuiteResult("s", [result([1.0], "+10%")], "0", "d", "h")

@@ -41,7 +41,7 @@ def test_the_schema_is_json_that_uses_only_what_the_loader_enforces() -> None:
     assert keywords(schema) <= SUPPORTED
     settings = schema["$defs"]["settings"]["properties"]
     loader_keys = set().union(*_BACKEND_KEYS.values()) | _RUN_KEYS
-    loader_keys |= {"name", "backend", "repeats", "gate", "tolerances"}
+    loader_keys |= {"name", "backend", "repeats", "report_only", "tolerances"}
     assert set(settings) == loader_keys
 
 
@@ -84,14 +84,16 @@ benchmarks:
     backend: command
     command: ["{python}", "-c", "print(1)"]
     tolerances: {rows.0.total_ms: +50%}
-    gate: false
+    report_only: true
 """
     suite = load_suite(write(tmp_path, "s.yaml", text))
     a, b = suite.benchmarks
-    assert {m: str(t) for m, t in a.tolerances.items()} == {"goodput": "-1%", "ttft_ms.p99": "+1%"}
+    assert {m: str(t) for m, t in a.tolerances.items()} == {"ttft_ms.p99": "+1%"}  # replaced
+    assert {m: str(t) for m, t in b.tolerances.items()} == {"rows.0.total_ms": "+50%"}
     assert a.config == {"max_num_seqs": 7}
-    assert (a.backend, a.repeats, a.gate, a.deterministic) == ("sim", 1, True, True)
-    assert (b.backend, b.repeats, b.gate, b.deterministic) == ("command", 3, False, False)
+    assert (a.backend, a.repeats, a.report_only, a.deterministic) == ("sim", 1, set(), True)
+    assert (b.backend, b.repeats, b.deterministic) == ("command", 3, False)
+    assert b.report_only == {"rows.0.total_ms"}  # true: all of its metrics
     assert b.workdir == tmp_path
 
 
