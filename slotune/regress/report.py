@@ -45,9 +45,8 @@ def rich_table(comparison: Comparison) -> Any:
 
     table = Table(title="slotune regress")
     for name in HEADER:
-        table.add_column(
-            name, justify="right" if name in ("baseline", "current", "change") else "left"
-        )
+        right = name in ("baseline", "current", "change")
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
     for j, row in zip(comparison.judgements, rows(comparison), strict=True):
         style = _STYLE[j.verdict] if j.gate or j.verdict == "ok" else "dim"
         table.add_row(*row[:-1], f"[{style}]{row[-1]}[/{style}]")
