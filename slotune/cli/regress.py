@@ -36,7 +36,9 @@ regress_app = typer.Typer(
 )
 app.add_typer(regress_app, name="regress")
 
-SuiteArg = Annotated[Path, typer.Argument(help="Suite file (YAML).", show_default=False)]
+SuiteArg = Annotated[
+    Path, typer.Argument(help="Suite file (YAML).", metavar="SUITE", show_default=False)
+]
 Baseline = Annotated[Path, opt("--baseline", "Baseline results (from `regress baseline`).")]
 Junit = Annotated[
     Path | None, opt("--junit", "JUnit XML here (default: junit.xml in the run folder).")

@@ -80,7 +80,11 @@ def _run_once(bench: Benchmark) -> dict[str, Any]:
         raise RunError(f"{bench.name}: {exc}") from None
     wall = time.perf_counter() - t0
     percentiles = percentiles_needed(list(bench.tolerances))
-    return {**summarize(result, prepared.slo, percentiles), WALL: wall}
+    summary = summarize(result, prepared.slo, percentiles)
+    if summary["num_requests"] and not summary["completed"]:
+        first = next(iter(summary.get("errors") or {"no error recorded": 0}))
+        raise RunError(f"{bench.name}: every request failed, e.g. {first}")
+    return {**summary, WALL: wall}
 
 
 def _prepare(bench: Benchmark) -> _Prepared:

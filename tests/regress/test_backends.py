@@ -196,3 +196,21 @@ def test_a_failing_command_is_a_run_error(tmp_path: Path) -> None:
     )
     with pytest.raises(RunError, match="c: command exited with 1: broken"):
         run_benchmark(bench)
+
+
+def test_a_server_that_answers_nothing_is_a_run_error(tmp_path: Path, tiny_trace: Path) -> None:
+    bench = one(
+        tmp_path,
+        f"""benchmarks:
+  - name: h
+    backend: http
+    url: http://127.0.0.1:{free_port()}
+    model: m
+    trace: {tiny_trace}
+    num_requests: 2
+    repeats: 1
+    tolerances: {{completed: 0}}
+""",
+    )
+    with pytest.raises(RunError, match=r"h: every request failed, e\.g\. "):
+        run_benchmark(bench)
