@@ -56,8 +56,8 @@ def run(
     out: Annotated[Path, opt("--out", "Folder for results.json.")] = Path("slotune-regress"),
 ) -> None:
     """Run every benchmark of SUITE and write DIR/results.json."""
-    results = _run(suite)
-    path = results.save(out)
+    _check_folder(out)
+    path = _save(_run(suite), out)
     _console().print(f"wrote {path}", highlight=False)
 
 
@@ -71,7 +71,7 @@ def baseline(
     """Run SUITE and record its results as a baseline."""
     if out.suffix != ".json":
         fail(f"--out: {out} should be a .json file")
-    path = _run(suite).save(out)
+    path = _save(_run(suite), out)
     _console().print(f"wrote baseline {path}", highlight=False)
 
 
@@ -106,9 +106,10 @@ def check(
     """Run SUITE and judge it against BASELINE (run + compare; the default command)."""
     from slotune.regress import load_results
 
+    _check_folder(out)
     base = _load(load_results, baseline, "--baseline")
     results = _run(suite)
-    results.save(out)
+    _save(results, out)
     _judge(base, results, out, junit, markdown)
 
 
@@ -123,6 +124,18 @@ def _run(suite_path: Path) -> Any:
         fail(str(exc))
     except RunError as exc:
         fail(str(exc))
+
+
+def _check_folder(out: Path) -> None:
+    if out.suffix == ".json" or out.is_file():
+        fail(f"--out: {out} should be a folder (results.json, summary.md, junit.xml go in it)")
+
+
+def _save(results: Any, out: Path) -> Path:
+    try:
+        return results.save(out)
+    except OSError as exc:
+        fail(f"--out: cannot write {out}: {exc.strerror or exc}")
 
 
 def _load(loader: Any, path: Path, flag: str) -> Any:
@@ -142,25 +155,28 @@ def _judge(base: Any, current: Any, folder: Path, junit: Path | None, md: Path |
         fail(f"--current: {exc}")
     Console().print(rich_table(comparison))
     text = markdown(comparison)
-    folder.mkdir(parents=True, exist_ok=True)
     written = [
-        _write(md or folder / "summary.md", text),
-        _write(junit or folder / "junit.xml", junit_xml(comparison)),
+        _write(md or folder / "summary.md", text, "--markdown"),
+        _write(junit or folder / "junit.xml", junit_xml(comparison), "--junit"),
     ]
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a") as f:
-            f.write(text)
+        _write(Path(step_summary), text, "$GITHUB_STEP_SUMMARY", mode="a")
     console = _console()
     console.print(f"wrote {', '.join(map(str, written))}", highlight=False)
     for j in comparison.failures:
-        console.print(f"[red]regression:[/red] {j.benchmark}: {j.reason}", highlight=False)
+        label = "regression" if j.verdict == "regressed" else j.verdict
+        console.print(f"[red]{label}:[/red] {j.benchmark}: {j.reason}", highlight=False)
     raise typer.Exit(comparison.exit_code)
 
 
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def _write(path: Path, text: str, where: str, mode: str = "w") -> Path:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open(mode) as f:
+            f.write(text)
+    except OSError as exc:
+        fail(f"{where}: cannot write {path}: {exc.strerror or exc}")
     return path
 
 

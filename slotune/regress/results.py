@@ -44,12 +44,11 @@ class SuiteResult:
         return {b.name: b for b in self.benchmarks}
 
     def save(self, path: Path) -> Path:
-        """Write to ``path`` (a folder gets ``results.json``); the file written."""
+        """Write to the file ``path``, or ``results.json`` in the folder ``path`` when it
+        does not end in ``.json``; the file written."""
         if path.suffix != ".json":
-            path.mkdir(parents=True, exist_ok=True)
             path = path / RESULTS_FILE
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = {"format": FORMAT, **asdict(self)}
         path.write_text(json.dumps(data, indent=2, default=str) + "\n")
         return path

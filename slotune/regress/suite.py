@@ -98,6 +98,8 @@ def load_suite(path: str | Path) -> Suite:
     if data is None:
         raise SuiteError([(str(path), "the file is empty; it needs a list of benchmarks")])
     problems = [(locate(p), what) for p, what in validate(data)]
+    if isinstance(data, dict) and "name" in (data.get("defaults") or {}):
+        problems.append((locate(("defaults", "name")), "a name belongs to each benchmark"))
     if problems:
         raise SuiteError(problems)
     benchmarks = [_benchmark(data, i, path.parent, locate) for i in range(len(data["benchmarks"]))]

@@ -152,6 +152,8 @@ def test_input_errors_at_run_time_and_in_files_exit_2(tmp_path: Path, tiny_trace
     assert "--baseline" in output and "x.json" in output
     code, output = invoke("regress-typo.yaml", "--baseline", tmp_path / "x.json")
     assert code == 2 and "--baseline" in output
+    code, output = invoke("run", suite, "--out", tmp_path / "r.json")
+    assert code == 2 and "--out" in output and "should be a folder" in output
 
 
 def test_the_cli_stays_lazy() -> None:
