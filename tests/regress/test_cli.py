@@ -38,6 +38,12 @@ def junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
     assert root.tag == "testsuites"
     (suite,) = root.findall("testsuite")
     cases = suite.findall("testcase")
+    # the attributes the common (Jenkins/Ant junit-10.xsd) schema requires
+    assert {"name", "tests", "failures", "errors", "time"} <= set(suite.attrib)
+    for case in cases:
+        assert {"name", "classname"} <= set(case.attrib)
+        for failure in case.findall("failure"):
+            assert {"message", "type"} <= set(failure.attrib)
     assert int(suite.get("tests", "-1")) == len(cases)
     assert int(suite.get("failures", "-1")) == sum(c.find("failure") is not None for c in cases)
     return {(c.get("classname", "").removeprefix("regress."), c.get("name", "")): c for c in cases}
