@@ -54,6 +54,7 @@ class Judgement:
 @dataclass(frozen=True)
 class Comparison:
     judgements: list[Judgement]
+    not_run: list[str]  # benchmarks of the baseline that this run does not have
 
     @property
     def failures(self) -> list[Judgement]:
@@ -73,7 +74,8 @@ def compare(baseline: SuiteResult, current: SuiteResult) -> Comparison:
         for bench in current.benchmarks
         for metric in bench.tolerances
     ]
-    return Comparison(judgements)
+    names = {b.name for b in current.benchmarks}
+    return Comparison(judgements, [b.name for b in baseline.benchmarks if b.name not in names])
 
 
 def judge(current: BenchmarkResult, metric: str, baseline: BenchmarkResult | None) -> Judgement:

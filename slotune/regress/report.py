@@ -68,6 +68,8 @@ def markdown(comparison: Comparison) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if failures:
         lines += ["", *(f"- {j.benchmark}: {j.reason}" for j in failures)]
+    if comparison.not_run:
+        lines += ["", f"In the baseline but not run: {', '.join(comparison.not_run)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -50,6 +50,9 @@ def run_benchmark(bench: Benchmark, log: Log = lambda _: None) -> BenchmarkResul
     summary: dict[str, Any] = {}
     server = _server(bench, log) if bench.backend == "http" and bench.server else nullcontext()
     with server:
+        for i in range(bench.warmup):
+            log(f"{bench.name}: warm-up {i + 1}/{bench.warmup} ({bench.backend})")
+            _run_once(bench)
         for i in range(bench.repeats):
             log(f"{bench.name}: run {i + 1}/{bench.repeats} ({bench.backend})")
             summary = _run_once(bench)

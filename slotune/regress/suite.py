@@ -53,6 +53,7 @@ class Benchmark:
     tolerances: dict[str, Tolerance]
     repeats: int
     report_only: frozenset[str] = frozenset()
+    warmup: int = 0
     gpu: str = "h100"
     model: str = "llama-3-8b"
     tp: int = 1
@@ -215,7 +216,7 @@ def _build(
         _path_or_name(spec.tokenizer, base),
         spec.multi_turn,
     )
-    keys = _BACKEND_KEYS[backend] | {"seed", "slo", "load"}
+    keys = _BACKEND_KEYS[backend] | {"seed", "slo", "load", "warmup"}
     options = {k: merged[k] for k in keys if k in merged}
     report_only = merged.get("report_only", False)
     options["report_only"] = frozenset(tolerances if report_only is True else report_only or ())

@@ -214,3 +214,26 @@ def test_a_server_that_answers_nothing_is_a_run_error(tmp_path: Path, tiny_trace
     )
     with pytest.raises(RunError, match=r"h: every request failed, e\.g\. "):
         run_benchmark(bench)
+
+
+def test_warmup_runs_are_discarded(tmp_path: Path) -> None:
+    script = write(
+        tmp_path,
+        "count.py",
+        "import json, pathlib\n"
+        "log = pathlib.Path('runs.log')\n"
+        "log.write_text(log.read_text() + 'x' if log.exists() else 'x')\n"
+        "print(json.dumps({'run': len(log.read_text())}))\n",
+    )
+    bench = one(
+        tmp_path,
+        f"""benchmarks:
+  - name: c
+    backend: command
+    command: ["{{python}}", "{script.name}"]
+    warmup: 2
+    repeats: 2
+    tolerances: {{run: +0}}
+""",
+    )
+    assert run_benchmark(bench).samples["run"] == [3.0, 4.0]

@@ -98,3 +98,13 @@ def test_bad_tolerances_say_what_would_be_right(text: str, problem: str) -> None
     with pytest.raises(ValueError, match=problem) as info:
         parse_tolerance(text)
     assert "+10% (higher is worse)" in str(info.value) or "-5% (lower" in str(info.value)
+
+
+def test_benchmarks_only_in_the_baseline_are_listed() -> None:
+    from slotune.regress import markdown
+
+    gone = BenchmarkResult("gone", "sim", True, [], {"m": "0"}, {"m": [1.0]})
+    baseline = SuiteResult("s", [result([1.0], "0"), gone], "0", "d", "h")
+    comparison = compare(baseline, SuiteResult("s", [result([1.0], "0")], "0", "d", "h"))
+    assert comparison.not_run == ["gone"] and comparison.exit_code == 0
+    assert "In the baseline but not run: gone" in markdown(comparison)

@@ -41,7 +41,7 @@ def test_the_schema_is_json_that_uses_only_what_the_loader_enforces() -> None:
     assert keywords(schema) <= SUPPORTED
     settings = schema["$defs"]["settings"]["properties"]
     loader_keys = set().union(*_BACKEND_KEYS.values()) | _RUN_KEYS
-    loader_keys |= {"name", "backend", "repeats", "report_only", "tolerances"}
+    loader_keys |= {"name", "backend", "repeats", "warmup", "report_only", "tolerances"}
     assert set(settings) == loader_keys
 
 
