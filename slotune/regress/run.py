@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,12 +254,32 @@ def _wait_healthy(bench: Benchmark, proc: subprocess.Popen, output: Any) -> None
     raise RunError(f"{bench.name}: {health} did not answer within {bench.server_timeout_s:g} s")
 
 
+STOP_TIMEOUT_S = 10.0
+
+
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
+    """SIGTERM the server's process group and wait until all of it has exited, SIGKILL
+    after ``STOP_TIMEOUT_S``. The shell that started the server exits at once while the
+    server drains, so waiting for the shell alone would leave the port still bound."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    _signal_group(proc, signal.SIGTERM)
+    while _group_alive(proc):
+        if time.monotonic() > deadline:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+            return
+        time.sleep(0.05)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reap the shell, or the group stays alive as its zombie
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
