@@ -228,13 +228,10 @@ def _arrivals(
 
 
 def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
-    def longest_request() -> int:
-        full = trace.full_prompt_lengths()
-        longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-        return max(longest, 16)
+    from slotune.workloads import default_max_model_len
 
     try:
-        return eo.build_engine_config(config, overrides, longest_request)
+        return eo.build_engine_config(config, overrides, lambda: default_max_model_len(trace))
     except ValueError as exc:
         fail(str(exc))
 

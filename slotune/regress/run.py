@@ -117,11 +117,10 @@ def _engine_config(fields: dict[str, Any], trace: Any) -> Any:
     """The benchmark's ``EngineConfig``; ``max_model_len`` defaults to the trace's longest
     request, as ``slotune bench`` does."""
     from slotune.engine.config import EngineConfig
+    from slotune.workloads import default_max_model_len
 
     if "max_model_len" not in fields:
-        full = trace.full_prompt_lengths()
-        longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-        fields = {**fields, "max_model_len": max(longest, 16)}
+        fields = {**fields, "max_model_len": default_max_model_len(trace)}
     return EngineConfig.from_dict(fields)
 
 

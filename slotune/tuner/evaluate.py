@@ -27,12 +27,6 @@ def config_key(config: EngineConfig) -> str:
     return json.dumps(config.to_dict(), sort_keys=True)
 
 
-def longest_request(trace: Any) -> int:
-    """Tokens of the longest request (prompt with its history, plus output): max_model_len."""
-    full = trace.full_prompt_lengths()
-    return max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-
-
 @dataclass(frozen=True)
 class Measurement:
     """One run's summary with the study's score and attainment of it."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.baseline import gpu_spec, vllm_defaults
-from slotune.tuner.evaluate import Evaluator, longest_request
+from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
 from slotune.tuner.setup import LoadSpec, TuneSetup
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
@@ -150,7 +150,7 @@ def check_options(o: TuneOptions) -> None:
 
 def prepare(o: TuneOptions) -> Prepared:
     """Validate everything and build the setup (the baseline and its rate come later)."""
-    from slotune.workloads import load_trace, parse_slo
+    from slotune.workloads import default_max_model_len, load_trace, parse_slo
 
     check_options(o)
     try:
@@ -175,7 +175,9 @@ def prepare(o: TuneOptions) -> Prepared:
     where = f"--search {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
-        space = build_space(max_model_len=longest_request(trace), overrides=overrides, where=where)
+        space = build_space(
+            max_model_len=default_max_model_len(trace), overrides=overrides, where=where
+        )
     except SearchSpaceError as e:
         raise TuneInputError(str(e)) from None
     objective = o.objective or _default_objective(o, trace)

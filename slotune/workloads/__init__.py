@@ -35,7 +35,7 @@ from slotune.workloads.runner import run_engine, run_http, run_simulated
 from slotune.workloads.slo import SLO, SLOTarget, parse_slo
 from slotune.workloads.steady import ScoringWindow, steady_state
 from slotune.workloads.tokenizer import ByteTokenizer, get_tokenizer
-from slotune.workloads.trace import Trace, TraceRequest
+from slotune.workloads.trace import Trace, TraceRequest, default_max_model_len
 
 __all__ = [
     "BUNDLED",
@@ -56,6 +56,7 @@ __all__ = [
     "TraceRequest",
     "agent_sessions",
     "arrival_times",
+    "default_max_model_len",
     "get_tokenizer",
     "inference_perf_shared_prefix",
     "load_trace",

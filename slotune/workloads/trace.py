@@ -283,6 +283,14 @@ class Trace:
                 f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
 
 
+def default_max_model_len(trace: Trace) -> int:
+    """``max_model_len`` when none is given: the trace's longest request (its prompt with
+    the session's history, plus its output), at least 16 tokens."""
+    full = trace.full_prompt_lengths()
+    longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
+    return max(longest, 16)
+
+
 def _renamed(r: TraceRequest, suffix: str) -> TraceRequest:
     return replace(
         r,
