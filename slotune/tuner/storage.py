@@ -260,6 +260,27 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def watch_unwatched_trials(storage: Any, study_name: str) -> int:
+    """Give every running trial of the study without a heartbeat its first one, so that it
+    goes stale (and is retried) unless a worker keeps it alive. Such a trial was created
+    by a worker that died or lost the database before its first heartbeat (claims record
+    it under the study's lock, so none is in progress while the lock is held). Reads
+    Optuna's ``trial_heartbeats`` table, which its public API does not expose."""
+    import sqlalchemy
+
+    query = sqlalchemy.text(
+        "SELECT t.trial_id FROM trials t LEFT JOIN trial_heartbeats h "
+        "ON h.trial_id = t.trial_id "
+        "WHERE t.study_id = :study AND t.state = 'RUNNING' AND h.trial_id IS NULL"
+    )
+    study_id = storage.get_study_id_from_name(study_name)
+    with storage.engine.connect() as conn:
+        ids = [row[0] for row in conn.execute(query, {"study": study_id})]
+    for trial_id in ids:
+        storage.record_heartbeat(trial_id)
+    return len(ids)
+
+
 def is_outage(e: BaseException) -> bool:
     """Whether ``e`` (or what caused it) says the database could not be reached, as
     opposed to a query it refused: only the first is worth retrying."""
@@ -310,11 +331,19 @@ def retrying(
             if waited >= patience:
                 raise StorageUnreachable(
                     f"the storage was unreachable for {waited:.0f} s while {what} "
-                    f"({first_line(e)}); giving up"
+                    f"({_cause(e)}); giving up"
                 ) from None
-            say(f"storage unreachable while {what} ({first_line(e)}); retrying in {delay:g} s")
+            say(f"storage unreachable while {what} ({_cause(e)}); retrying in {delay:g} s")
             time.sleep(delay)
             delay = min(2 * delay, 15.0)
+
+
+def _cause(e: BaseException) -> str:
+    """The first line of the innermost error: Optuna wraps a lost connection in a
+    generic "exception during the commit"."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return first_line(e)
 
 
 def _to_stderr(message: str) -> None:

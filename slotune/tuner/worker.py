@@ -17,6 +17,8 @@ Any number of workers, on any machines, can run on one storage at once:
 - **Outages.** A database that cannot be reached is retried with backoff (see
   ``storage.retrying``); a trial whose result cannot be stored is not lost: it is stored
   once the database is back (or, if its heartbeat went stale meanwhile, its retry runs).
+  A trial created by a claim that the outage cut short is given a heartbeat by the next
+  claim, goes stale and is retried: it cannot hold a place in the budget for ever.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from slotune.tuner.storage import (
     first_line,
     retrying,
     study_lock,
+    watch_unwatched_trials,
 )
 
 MAX_FAILURES_IN_A_ROW = 5
@@ -120,6 +123,8 @@ class Worker:
         if self.heartbeat is not None:
             fail_stale_trials(self.study)
         with study_lock(self.url, self.study.study_name):
+            if self.heartbeat is not None:
+                watch_unwatched_trials(self.storage, self.study.study_name)
             trials = self.study.get_trials(
                 deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)
             )
