@@ -9,7 +9,7 @@ while the others wait on an advisory lock.
 ``study_lock(url, name)`` serializes what must happen once per study (creating it,
 measuring the baseline) and what must be atomic across workers (counting the budget and
 claiming a trial): a PostgreSQL advisory lock, released by the server when the holder's
-connection dies, or a ``flock`` on ``<file>.lock`` for SQLite and journal files.
+connection dies, or a ``flock`` on ``<file>.slotune-lock`` for SQLite and journal files.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def study_lock(url: str, name: str) -> Iterator[None]:
         with _advisory_lock(url, f"slotune:study:{name}"):
             yield
     elif path is not None:
-        with _file_lock(path.with_name(path.name + ".lock")):
+        with _file_lock(path.with_name(path.name + ".slotune-lock")):
             yield
     else:
         yield
@@ -343,7 +343,7 @@ def _cause(e: BaseException) -> str:
     generic "exception during the commit"."""
     while e.__cause__ is not None:
         e = e.__cause__
-    return first_line(e)
+    return first_line(getattr(e, "orig", None) or e)  # SQLAlchemy's driver error
 
 
 def _to_stderr(message: str) -> None:

@@ -26,11 +26,10 @@ from typer.testing import CliRunner
 
 from slotune.cli.app import app
 from slotune.tuner.storage import open_storage
-from slotune.tuner.study import Joined, create_or_join
+from tests.tuner.studies import SLO, new_study
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from slotune.cli.app import main; main()"]
-SLO = "ttft=300ms,tpot=50ms"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -73,24 +72,6 @@ def fresh_url(url: str) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(sqlalchemy.text(f'DROP DATABASE "{db}" WITH (FORCE)'))
     admin.dispose()
-
-
-def new_study(url: str, name: str, *, trials: int, heartbeat: int, **options: Any) -> Joined:
-    """Create a small weighted study in this process (the baseline measured and queued)."""
-    from slotune.tuner.evaluate import Evaluator
-    from slotune.tuner.prepare import TuneOptions, measure_baseline, prepare
-
-    opts = {"gpu": "h100", "slo": SLO, "num_requests": 20, "objective": "weighted", "rate": 4.0}
-    prepared = prepare(TuneOptions(**{**opts, **options}, trials=trials, heartbeat=heartbeat))
-    evaluator = Evaluator(prepared.setup, prepared.trace)
-    return create_or_join(
-        url,
-        name,
-        prepared.setup,
-        lambda: measure_baseline(prepared, evaluator),
-        trials=trials,
-        heartbeat=heartbeat,
-    )
 
 
 def start(*args: str) -> subprocess.Popen[str]:
