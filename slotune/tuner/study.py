@@ -30,6 +30,7 @@ from slotune.tuner.storage import (
     StudyError,
     default_storage,
     is_journal,
+    is_outage,
     open_storage,
     quiet_optuna,
     redact,
@@ -376,7 +377,11 @@ def run_workers(
         if interrupted[0]:
             raise KeyboardInterrupt  # Ctrl-C was pressed during the trial
         if on_progress is not None:
-            on_progress(watcher)
+            try:
+                on_progress(watcher)
+            except Exception as e:  # the display waits for the database; the workers retry
+                if not is_outage(e):
+                    raise
 
     try:
         with _noting_interrupts(interrupted):
