@@ -100,6 +100,8 @@ class Worker:
         self.patience = patience
         self.say = say
         self.failures_in_a_row = 0
+        self._study_id: int | None = None
+        self._trial_ids: dict[int, int] = {}
 
     def run(self) -> None:
         while self.deadline is None or time.monotonic() < self.deadline:
@@ -209,8 +211,13 @@ class Worker:
             thread.join()
 
     def _trial_id(self, trial: Any) -> int:
-        study_id = self.storage.get_study_id_from_name(self.study.study_name)
-        return self.storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        if trial.number not in self._trial_ids:
+            if self._study_id is None:
+                self._study_id = self.storage.get_study_id_from_name(self.study.study_name)
+            self._trial_ids[trial.number] = self.storage.get_trial_id_from_study_id_trial_number(
+                self._study_id, trial.number
+            )
+        return self._trial_ids[trial.number]
 
     def _retrying(self, call: Callable[[], Any], what: str) -> Any:
         return retrying(call, what, patience=self.patience, say=self.say)

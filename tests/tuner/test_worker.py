@@ -181,3 +181,31 @@ def test_journal_heartbeat_less_worker_does_not_wait_for_others(tmp_path: Path) 
 @pytest.fixture(autouse=True)
 def _quiet() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_status_counts_running_trials_per_host_and_estimates_the_time_left(
+    tmp_path: Path,
+) -> None:
+    from datetime import timedelta
+
+    from slotune.tuner.status import study_status
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = new_study(url, "s", trials=6, heartbeat=1).study
+    run_worker(url, "s", 2, 0)
+    for host, pid in (("gpu-a", 1), ("gpu-a", 2), ("gpu-b", 3)):
+        trial = study.ask()
+        trial.set_user_attr("host", host)
+        trial.set_user_attr("pid", pid)
+    failed = study.ask()
+    failed.set_user_attr("error", "RuntimeError: out of memory")
+    study.tell(failed, state=TrialState.FAIL)
+    s = study_status(url, "s")
+    assert (s.budget, s.done, s.failed, s.retried) == (6, 2, 1, 0)
+    assert s.running == {"gpu-a": 2, "gpu-b": 1}
+    assert s.errors == [f"trial {failed.number}: RuntimeError: out of memory"]
+    durations = [t.duration for t in study.trials if t.state == TrialState.COMPLETE]
+    mean = sum(durations, timedelta()).total_seconds() / 2
+    assert s.mean_trial_s == pytest.approx(mean)
+    assert s.eta_s == pytest.approx(4 * mean / 3)  # 4 trials left, 3 workers running
+    assert s.best is not None and s.best.startswith("trial ")
