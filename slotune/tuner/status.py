@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from slotune.tuner.storage import StudyError, first_line, is_outage, open_reader, redact
+from slotune.tuner.storage import StudyError, cause_text, is_outage, open_reader, redact
 
 _LAST_ERRORS = 3
 
@@ -44,7 +44,7 @@ def study_status(url: str, name: str) -> StudyStatus:
         raise
     except Exception as e:
         why = "is unreachable" if is_outage(e) else "cannot be read"
-        raise StudyError(f"the storage {redact(url)} {why} ({first_line(e)})") from None
+        raise StudyError(f"the storage {redact(url)} {why} ({cause_text(e)})") from None
     return _summarize(study, trials, url, name)
 
 

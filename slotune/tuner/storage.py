@@ -113,15 +113,10 @@ def _open(url: str, heartbeat: Heartbeat | None) -> Any:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return JournalStorage(JournalFileBackend(str(path)))
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if _is_postgres(url):
-        kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
-    if url.startswith("sqlite"):
-        kwargs = {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
     try:
         with _schema_lock(url):
             storage = optuna.storages.RDBStorage(
-                _with_driver(url), engine_kwargs=kwargs, **_heartbeat_kwargs(heartbeat)
+                _with_driver(url), engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(heartbeat)
             )
     except Exception as e:  # SQLAlchemy raises many kinds for a bad URL or an unreachable DB
         if is_outage(e):
@@ -139,12 +134,22 @@ def open_reader(url: str) -> Any:
     no waiting on an unreachable database (reports and status answer at once)."""
     import optuna
 
+    path = _file_of(url)
+    if path is not None and not path.is_file():
+        raise StudyError(f"{url}: no such file")
     if is_journal(url):
-        path = _file_of(url)
-        if path is None or not path.is_file():
-            raise StudyError(f"{url}: no such journal file")
         return _open(url, None)
-    return optuna.storages.RDBStorage(_with_driver(url), skip_table_creation=True)
+    return optuna.storages.RDBStorage(
+        _with_driver(url), engine_kwargs=_engine_kwargs(url), skip_table_creation=True
+    )
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
+    if _is_postgres(url):
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": _CONNECT_TIMEOUT_S}}
+    return {"pool_pre_ping": True}
 
 
 def _heartbeat_kwargs(heartbeat: Heartbeat | None) -> dict[str, Any]:
@@ -300,6 +305,8 @@ def is_outage(e: BaseException) -> bool:
     current: BaseException | None = e
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if "no such table" in str(current):  # SQLite's OperationalError for a file with no study
+            return False
         if isinstance(current, kinds):
             return True
         if isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated:
@@ -331,14 +338,14 @@ def retrying(
             if waited >= patience:
                 raise StorageUnreachable(
                     f"the storage was unreachable for {waited:.0f} s while {what} "
-                    f"({_cause(e)}); giving up"
+                    f"({cause_text(e)}); giving up"
                 ) from None
-            say(f"storage unreachable while {what} ({_cause(e)}); retrying in {delay:g} s")
+            say(f"storage unreachable while {what} ({cause_text(e)}); retrying in {delay:g} s")
             time.sleep(delay)
             delay = min(2 * delay, 15.0)
 
 
-def _cause(e: BaseException) -> str:
+def cause_text(e: BaseException) -> str:
     """The first line of the innermost error: Optuna wraps a lost connection in a
     generic "exception during the commit"."""
     while e.__cause__ is not None:
