@@ -161,9 +161,8 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
     _print_plan(setup, place, prepared.trace)
     budget = options.trials
     if setup.sampler == "grid":
-        size = studies.enqueue_grid(
-            study, SearchSpace.from_dict(setup.space), setup.seed, options.trials
-        )
+        space = SearchSpace.from_dict(setup.space)
+        size = studies.enqueue_grid(study, space, setup.seed, options.trials, url=place.storage)
         budget = min(budget, size)
         _console.print(f"Grid: {size} configurations in the discretized space.")
     seed = None if joined.created else studies.joiner_seed(setup.seed)

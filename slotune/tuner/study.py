@@ -228,9 +228,15 @@ def count_finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def enqueue_grid(study: Any, space: SearchSpace, seed: int, total: int) -> int:
+def enqueue_grid(
+    study: Any, space: SearchSpace, seed: int, total: int, *, url: str | None = None
+) -> int:
     """Queue grid points (in a seeded shuffle) not yet in the study until ``total`` trials
-    are finished or waiting; returns the grid's size."""
+    are finished or waiting; returns the grid's size. With the study's storage ``url``,
+    under the study's lock, so that workers starting together queue each point once."""
+    if url is not None:
+        with study_lock(url, study.study_name):
+            return enqueue_grid(study, space, seed, total)
     from optuna.trial import TrialState
 
     from slotune.tuner.evaluate import config_key
