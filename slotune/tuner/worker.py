@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from slotune.tuner.storage import (
@@ -61,15 +62,11 @@ class Identity:
         return cls(worker, socket.gethostname(), os.getpid())
 
 
-class _Wait:
-    """The budget is taken by running trials: wait for them (or for their retries)."""
+class NoClaim(Enum):
+    """Why a worker did not take a trial."""
 
-
-class _Done:
-    """The study has its finished trials."""
-
-
-WAIT, DONE = _Wait(), _Done()
+    WAIT = "the rest of the budget is running: wait for it (or for the retries of lost trials)"
+    DONE = "the study has its finished trials"
 
 
 class Worker:
@@ -106,9 +103,9 @@ class Worker:
     def run(self) -> None:
         while self.deadline is None or time.monotonic() < self.deadline:
             claim = self._retrying(self._claim, "claiming a trial")
-            if claim is DONE:
+            if claim is NoClaim.DONE:
                 return
-            if claim is WAIT:
+            if claim is NoClaim.WAIT:
                 if self.heartbeat is None:
                     return  # without heartbeats a lost trial is never retried: nothing to wait for
                 self._notify(None)
@@ -132,9 +129,9 @@ class Worker:
             )
             done = sum(t.state == TrialState.COMPLETE for t in trials)
             if done >= self.budget:
-                return DONE
+                return NoClaim.DONE
             if len(trials) >= self.budget:
-                return WAIT
+                return NoClaim.WAIT
             trial = self.study.ask()
             if self.heartbeat is not None:
                 self.storage.record_heartbeat(self._trial_id(trial))
