@@ -42,20 +42,27 @@ SAMPLERS = ("tpe", "nsga2", "random", "grid")
 DEFAULT_HEARTBEAT_S = 30
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_S",
     "SAMPLERS",
+    "Joined",
     "StudyError",
+    "check_same_setup",
     "count_finished",
     "create",
     "create_or_join",
     "default_storage",
     "enqueue_grid",
+    "joiner_seed",
     "load",
     "make_sampler",
     "open_storage",
     "quiet_optuna",
+    "run_settings",
     "run_worker",
     "run_workers",
+    "study_lock",
     "study_names",
+    "worker_evaluator",
 ]
 
 
