@@ -153,6 +153,7 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
         fail(str(e))
     study, setup, baseline = joined.study, joined.setup, joined.baseline
     if not joined.created:
+        studies.set_budget(study, options.trials)
         evaluator = Evaluator(setup, prepared.trace)
         _console.print(
             f"{'Resuming' if options.resume else 'Joining'} study [bold]{place.name}[/bold] "

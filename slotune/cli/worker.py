@@ -49,6 +49,7 @@ def worker(
         if budget is None:
             fail(f"--trials: study {study_name!r} stores no trial budget; give --trials")
         evaluator = studies.worker_evaluator(setup)
+        studies.set_budget(study, budget)
     except studies.StudyError as e:
         fail(str(e))
     done = studies.count_finished(study)

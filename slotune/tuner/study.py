@@ -60,6 +60,7 @@ __all__ = [
     "run_settings",
     "run_worker",
     "run_workers",
+    "set_budget",
     "study_lock",
     "study_names",
     "worker_evaluator",
@@ -200,6 +201,14 @@ def joiner_seed(seed: int) -> int:
 
     text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
+
+
+def set_budget(study: Any, trials: int) -> None:
+    """Make ``trials`` the study's stored budget (what ``status`` counts against and a
+    ``slotune worker`` without ``--trials`` runs to): the last worker to ask sets it."""
+    run = dict(study.user_attrs.get(RUN_ATTR) or {})
+    if run.get("trials") != trials:
+        study.set_user_attr(RUN_ATTR, {**run, "trials": trials})
 
 
 def run_settings(study: Any) -> tuple[int | None, int]:
