@@ -64,6 +64,7 @@ __all__ = [
     "study_lock",
     "study_names",
     "worker_evaluator",
+    "write_study_outputs",
 ]
 
 
@@ -190,6 +191,23 @@ def worker_evaluator(setup: TuneSetup) -> Any:
             f"{setup.trace_digest[:12]} in the study); give this machine the same trace file"
         )
     return Evaluator(setup, trace)
+
+
+def write_study_outputs(url: str, name: str, out_dir: Path) -> Any:
+    """``best.json``, ``trials.csv`` and ``runs/`` of a study in any storage, as ``slotune
+    tune`` writes them when its study is done (the recommendation and the baseline are
+    rerun once, on this machine's copy of the study's trace)."""
+    from slotune.tuner.results import write_outputs
+
+    study, setup, baseline = load(url, name)
+    return write_outputs(
+        out_dir=out_dir,
+        study=study,
+        setup=setup,
+        baseline=baseline,
+        evaluator=worker_evaluator(setup),
+        storage=url,
+    )
 
 
 def joiner_seed(seed: int) -> int:

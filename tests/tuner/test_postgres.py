@@ -130,7 +130,9 @@ def test_three_workers_started_together_on_a_fresh_database_share_one_study(
         assert best["objective_value"] == pytest.approx(best_value)
 
 
-def test_a_killed_worker_s_trial_is_failed_and_retried_by_another(url: str, name: str) -> None:
+def test_a_killed_worker_s_trial_is_failed_and_retried_by_another(
+    url: str, name: str, tmp_path: Path
+) -> None:
     new_study(url, name, trials=8, heartbeat=1)
     victim, survivor = worker(url, name), worker(url, name)
     try:
@@ -152,6 +154,10 @@ def test_a_killed_worker_s_trial_is_failed_and_retried_by_another(url: str, name
     status = CliRunner().invoke(app, ["status", "--storage", url, "--study-name", name])
     assert status.exit_code == 0, status.output
     assert "8 of 8 trials" in status.output and "1 lost by their worker" in status.output
+    report = ["report", str(tmp_path), "--storage", url, "--study-name", name]
+    written = CliRunner().invoke(app, report)
+    assert written.exit_code == 0, written.output
+    assert json.loads((tmp_path / "best.json").read_text())["num_trials"] == 8
 
 
 def _kill_mid_trial(proc: subprocess.Popen[str], url: str, name: str) -> tuple[int, set[int]]:

@@ -112,9 +112,8 @@ def test_journal_file_storage_runs_joins_and_reports(tmp_path: Path) -> None:
     best = json.loads((out / "best.json").read_text())
     assert best["storage"] == journal and best["num_trials"] == 3
     assert (out / "report.html").is_file() and not (out / "study.db").exists()
-    more = runner.invoke(
-        app, ["worker", "--storage", journal, "--study-name", "j", "--trials", "5"]
-    )
+    study_args = ["--storage", journal, "--study-name", "j"]
+    more = runner.invoke(app, ["worker", *study_args, "--trials", "5"])
     assert more.exit_code == 0, more.output
     assert _states(journal, "j") == [TrialState.COMPLETE] * 5
     status = runner.invoke(app, ["status", "--storage", journal, "--study-name", "j"])
@@ -123,6 +122,13 @@ def test_journal_file_storage_runs_joins_and_reports(tmp_path: Path) -> None:
     rebuilt = runner.invoke(app, ["report", str(out)])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert "could not be read as an Optuna study" not in (out / "report.html").read_text()
+    fresh = tmp_path / "from-storage"
+    written = runner.invoke(app, ["report", str(fresh), *study_args])
+    assert written.exit_code == 0, written.output
+    assert json.loads((fresh / "best.json").read_text())["num_trials"] == 5
+    assert (fresh / "report.html").is_file() and (fresh / "runs" / "best").is_dir()
+    alone = runner.invoke(app, ["report", str(fresh), "--storage", journal])
+    assert alone.exit_code == 2 and "--storage and --study-name go together" in alone.output
 
 
 def test_status_of_a_missing_study_is_a_clear_error(tmp_path: Path) -> None:
