@@ -91,6 +91,13 @@ def tune(
     ] = None,
     resume: Annotated[bool, opt("--resume", "Continue an existing study.")] = False,
     n_jobs: Annotated[int, opt("--n-jobs", "Parallel worker processes on one storage.")] = 1,
+    heartbeat: Annotated[
+        int,
+        opt(
+            "--heartbeat",
+            "Seconds between a worker's heartbeats; a trial silent for 3x is failed and retried.",
+        ),
+    ] = 30,
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
@@ -131,6 +138,7 @@ def tune(
         backend=backend,
         out=out,
         slo=slo,
+        heartbeat=heartbeat,
     )
     try:
         prepared = prepare(options)
@@ -147,43 +155,46 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
     from slotune.tuner.space import SearchSpace
 
     evaluator = Evaluator(prepared.setup, prepared.trace)
-    if place.exists:
-        try:
-            study, setup, baseline = studies.load(place.storage, place.name)
-        except studies.StudyError as e:
-            fail(str(e))
-        diff = setup.differences(prepared.setup)
-        if diff:
-            fail(
-                f"--resume: study {place.name!r} was created with other {', '.join(diff)}; "
-                "resume with the options it was created with"
-            )
+
+    def baseline() -> Any:
+        with _console.status("Measuring vLLM's defaults (the baseline)..."):
+            return measure_baseline(prepared, evaluator)
+
+    try:
+        joined = studies.create_or_join(
+            place.storage,
+            place.name,
+            prepared.setup,
+            baseline,
+            trials=options.trials,
+            heartbeat=options.heartbeat,
+        )
+    except KeyboardInterrupt:
+        Console(stderr=True).print(
+            "\nInterrupted before the study was created; nothing was stored."
+        )
+        raise typer.Exit(130) from None
+    except studies.StudyError as e:
+        fail(str(e))
+    study, setup, baseline = joined.study, joined.setup, joined.baseline
+    if not joined.created:
+        studies.set_budget(study, options.trials)
         evaluator = Evaluator(setup, prepared.trace)
         _console.print(
-            f"Resuming study [bold]{place.name}[/bold] "
+            f"{'Resuming' if options.resume else 'Joining'} study [bold]{place.name}[/bold] "
             f"({studies.count_finished(study)} finished trials)."
         )
-    else:
-        try:
-            with _console.status("Measuring vLLM's defaults (the baseline)..."):
-                setup, baseline = measure_baseline(prepared, evaluator)
-        except KeyboardInterrupt:
-            Console(stderr=True).print(
-                "\nInterrupted before the study was created; nothing was stored."
-            )
-            raise typer.Exit(130) from None
-        study = studies.create(place.storage, place.name, setup, baseline)
     _print_plan(setup, place, prepared.trace)
-    remaining = options.trials - studies.count_finished(study)
+    budget = options.trials
     if setup.sampler == "grid":
-        size = studies.enqueue_grid(
-            study, SearchSpace.from_dict(setup.space), setup.seed, options.trials
-        )
-        remaining = min(remaining, size - studies.count_finished(study))
+        space = SearchSpace.from_dict(setup.space)
+        size = studies.enqueue_grid(study, space, setup.seed, options.trials, url=place.storage)
+        budget = min(budget, size)
         _console.print(f"Grid: {size} configurations in the discretized space.")
+    seed = None if joined.created else studies.joiner_seed(setup.seed)
     try:
         _optimize(
-            place, studies.count_finished(study), setup, baseline, remaining, options, evaluator
+            place, studies.count_finished(study), setup, baseline, budget, options, evaluator, seed
         )
     except KeyboardInterrupt:
         done = studies.count_finished(study)
@@ -234,17 +245,19 @@ def _optimize(
     start: int,
     setup: Any,
     baseline: dict[str, Any],
-    remaining: int,
+    budget: int,
     options: Any,
     evaluator: Any,
+    seed: int | None,
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slotune.tuner import study as studies
     from slotune.tuner.results import finished, select_best
 
+    remaining = budget - start
     if remaining <= 0:
-        _console.print(f"The study already has {options.trials} finished trials.")
+        _console.print(f"The study already has {start} finished trials.")
         return
     columns = (
         TextColumn("trials"),
@@ -268,11 +281,12 @@ def _optimize(
         studies.run_workers(
             place.storage,
             place.name,
-            remaining,
+            budget,
             options.n_jobs,
             timeout=options.timeout,
             on_progress=on_progress,
             evaluator=evaluator,
+            seed=seed,
         )
 
 

@@ -16,9 +16,15 @@ from typing import Any
 from slotune.tuner.baseline import gpu_spec, vllm_defaults
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
-from slotune.tuner.setup import LoadSpec, TuneSetup
+from slotune.tuner.setup import LoadSpec, TuneSetup, trace_digest
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
-from slotune.tuner.study import SAMPLERS, StudyError, default_storage, study_names
+from slotune.tuner.study import (
+    DEFAULT_HEARTBEAT_S,
+    SAMPLERS,
+    StudyError,
+    default_storage,
+    study_names,
+)
 
 DEFAULT_NUM_REQUESTS = {"sim": 500, "engine": 32}
 """Requests per trial by default. Simulated: enough for a meaningful p99, few enough that
@@ -62,6 +68,7 @@ class TuneOptions:
     backend: str = "sim"
     out: str | None = None
     slo: str = ""
+    heartbeat: int = DEFAULT_HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ def check_options(o: TuneOptions) -> None:
         (o.tp >= 1, f"--tp must be at least 1 (got {o.tp})"),
         (o.trials >= 1, f"--trials must be at least 1 (got {o.trials})"),
         (o.n_jobs >= 1, f"--n-jobs must be at least 1 (got {o.n_jobs})"),
+        (o.heartbeat >= 1, f"--heartbeat must be at least 1 second (got {o.heartbeat})"),
         (
             o.timeout is None or o.timeout > 0,
             f"--timeout must be positive seconds (got {o.timeout})",
@@ -230,6 +238,7 @@ def prepare(o: TuneOptions) -> Prepared:
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,
         notes=tuple(notes),
+        trace_digest=trace_digest(trace),
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -351,7 +360,9 @@ class StudyPlace:
 
 def place_study(o: TuneOptions, objective: str) -> StudyPlace:
     """Where the study lives. Without ``--study-name``, a new run takes the first free name
-    of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one."""
+    of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one. With
+    ``--storage`` and ``--study-name``, an existing study is joined (workers on other
+    machines start the same command), provided its settings are the same."""
 
     def where(name: str) -> tuple[str, Path]:
         out = Path(o.out) if o.out else DEFAULT_OUT_ROOT / name
@@ -367,7 +378,7 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
     if o.study_name:
         name = o.study_name
         exists = taken(name)
-        if exists and not o.resume:
+        if exists and not o.resume and not o.storage:
             raise TuneInputError(
                 f"--study-name: study {name!r} already exists in "
                 f"{where(name)[0]}; add --resume to continue it, or pick "
