@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -106,7 +105,13 @@ def tune(
     ] = None,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
-    from slotune.tuner.prepare import TuneInputError, TuneOptions, place_study, prepare
+    from slotune.tuner.workflow import (
+        StudyError,
+        TuneInputError,
+        TuneInterrupted,
+        TuneOptions,
+        tune,
+    )
 
     options = TuneOptions(
         gpu=gpu,
@@ -140,82 +145,115 @@ def tune(
         slo=slo,
         heartbeat=heartbeat,
     )
+    display = _Display(options)
     try:
-        prepared = prepare(options)
-        place = place_study(options, prepared.setup.objective)
+        result = tune(options, on_event=display.on_event)
     except TuneInputError as e:
+        fail(e.render(flag))
+    except StudyError as e:
         fail(str(e))
-    _run(options, prepared, place)
-
-
-def _run(options: Any, prepared: Any, place: Any) -> None:
-    from slotune.tuner import study as studies
-    from slotune.tuner.evaluate import Evaluator
-    from slotune.tuner.prepare import measure_baseline
-    from slotune.tuner.space import SearchSpace
-
-    evaluator = Evaluator(prepared.setup, prepared.trace)
-
-    def baseline() -> Any:
-        with _console.status("Measuring vLLM's defaults (the baseline)..."):
-            return measure_baseline(prepared, evaluator)
-
-    try:
-        joined = studies.create_or_join(
-            place.storage,
-            place.name,
-            prepared.setup,
-            baseline,
-            trials=options.trials,
-            heartbeat=options.heartbeat,
-        )
-    except KeyboardInterrupt:
-        Console(stderr=True).print(
-            "\nInterrupted before the study was created; nothing was stored."
-        )
+    except TuneInterrupted as e:
+        if e.stored:
+            message = (
+                f"\nInterrupted: the {e.finished} finished trials are kept in {e.storage}; "
+                "run the same command with --resume to continue."
+            )
+        else:
+            message = "\nInterrupted before the study was created; nothing was stored."
+        Console(stderr=True).print(message)
         raise typer.Exit(130) from None
-    except studies.StudyError as e:
-        fail(str(e))
-    study, setup, baseline = joined.study, joined.setup, joined.baseline
-    if not joined.created:
-        studies.set_budget(study, options.trials)
-        evaluator = Evaluator(setup, prepared.trace)
-        _console.print(
-            f"{'Resuming' if options.resume else 'Joining'} study [bold]{place.name}[/bold] "
-            f"({studies.count_finished(study)} finished trials)."
-        )
-    _print_plan(setup, place, prepared.trace)
-    budget = options.trials
-    if setup.sampler == "grid":
-        space = SearchSpace.from_dict(setup.space)
-        size = studies.enqueue_grid(study, space, setup.seed, options.trials, url=place.storage)
-        budget = min(budget, size)
-        _console.print(f"Grid: {size} configurations in the discretized space.")
-    seed = None if joined.created else studies.joiner_seed(setup.seed)
-    try:
-        _optimize(
-            place, studies.count_finished(study), setup, baseline, budget, options, evaluator, seed
-        )
-    except KeyboardInterrupt:
-        done = studies.count_finished(study)
-        Console(stderr=True).print(
-            f"\nInterrupted: the {done} finished trials are kept in {place.storage}; "
-            "run the same command with --resume to continue."
-        )
-        raise typer.Exit(130) from None
-    except studies.StudyError as e:
-        fail(str(e))
-    done = studies.count_finished(study)
-    if options.timeout and done < options.trials:
-        _console.print(
-            f"--timeout {options.timeout:g}s reached: {done} of {options.trials} "
-            "trials finished; --resume continues the study.",
-            highlight=False,
-        )
-    _finish(place, study, setup, baseline, evaluator)
+    finally:
+        display.close()
+    _print_result(result)
 
 
-def _print_plan(setup: Any, place: Any, trace: Any) -> None:
+def flag(field: str) -> str:
+    """The ``slotune tune`` flag of a ``TuneOptions`` field."""
+    return "--" + field.replace("_", "-")
+
+
+class _Display:
+    """The console view of the workflow's events: a spinner per stage, the plan, a bar."""
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+        self.live: Any = None
+        self.task: Any = None
+        self.ready: Any = None
+        self.finished = 0
+
+    def on_event(self, event: Any) -> None:
+        from slotune.tuner import workflow as w
+
+        if isinstance(event, w.StudyReady):
+            self._ready(event)
+        elif isinstance(event, w.TrialsProgress):
+            self.finished = event.finished
+            done = min(event.finished - event.start, event.budget - event.start)
+            best = _best_text(self.ready.setup, event.best, self.ready.baseline)
+            self.live.update(self.task, completed=done, best=best)
+        elif isinstance(event, w.StageStarted):
+            self._start(event.stage)
+        elif isinstance(event, w.StageDone):
+            self.close()
+
+    def _ready(self, event: Any) -> None:
+        self.ready = event
+        self.finished = event.finished
+        if not event.created:
+            _console.print(
+                f"{'Resuming' if self.options.resume else 'Joining'} study "
+                f"[bold]{event.name}[/bold] ({event.finished} finished trials)."
+            )
+        _print_plan(event.setup, event.name, event.num_requests)
+        if event.grid_size is not None:
+            _console.print(f"Grid: {event.grid_size} configurations in the discretized space.")
+        if event.budget <= event.finished:
+            _console.print(f"The study already has {event.finished} finished trials.")
+
+    def _start(self, stage: Any) -> None:
+        from slotune.tuner.workflow import Stage
+
+        if stage is Stage.TRIALS:
+            self.live = _progress_bar()
+            self.task = self.live.add_task(
+                "tune", total=self.ready.budget - self.ready.finished, best=""
+            )
+        else:
+            if stage is Stage.FINISH:
+                self._timeout_note()
+            self.live = _console.status(stage.value[0].upper() + stage.value[1:] + "...")
+        self.live.start()
+
+    def _timeout_note(self) -> None:
+        trials = self.options.trials
+        if self.options.timeout and self.finished < trials:
+            _console.print(
+                f"--timeout {self.options.timeout:g}s reached: {self.finished} of {trials} "
+                "trials finished; --resume continues the study.",
+                highlight=False,
+            )
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _progress_bar() -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+    )
+    return Progress(*columns, console=_console, transient=False)
+
+
+def _print_plan(setup: Any, name: str, num_requests: int) -> None:
     load = setup.load.describe()
     if setup.objective == "goodput":
         kind = (
@@ -232,121 +270,45 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
-        f"objective {setup.objective}, trace {setup.trace} ({len(trace)} requests), "
-        f"load {load}, sampler {setup.sampler}, study {place.name}.",
+        f"objective {setup.objective}, trace {setup.trace} ({num_requests} requests), "
+        f"load {load}, sampler {setup.sampler}, study {name}.",
         highlight=False,
     )
     for note in setup.notes:
         _console.print(f"  note: {note}", highlight=False)
 
 
-def _optimize(
-    place: Any,
-    start: int,
-    setup: Any,
-    baseline: dict[str, Any],
-    budget: int,
-    options: Any,
-    evaluator: Any,
-    seed: int | None,
-) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from slotune.tuner import study as studies
-    from slotune.tuner.results import finished, select_best
-
-    remaining = budget - start
-    if remaining <= 0:
-        _console.print(f"The study already has {start} finished trials.")
-        return
-    columns = (
-        TextColumn("trials"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[best]}"),
-    )
-    with Progress(*columns, console=_console, transient=False) as progress:
-        task = progress.add_task("tune", total=remaining, best="")
-
-        def on_progress(study: Any) -> None:
-            done = studies.count_finished(study)
-            best = select_best(
-                finished(study), setup.objective, setup.attainment, baseline["config"]
-            )
-            progress.update(
-                task, completed=min(done - start, remaining), best=_best_text(setup, best, baseline)
-            )
-
-        studies.run_workers(
-            place.storage,
-            place.name,
-            budget,
-            options.n_jobs,
-            timeout=options.timeout,
-            on_progress=on_progress,
-            evaluator=evaluator,
-            seed=seed,
-        )
-
-
 def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
     if best is None:
         return ""
-    attrs = best.user_attrs
     if setup.objective == "weighted":
-        mark = "" if attrs.get("feasible") else " (misses attainment)"
+        mark = "" if best.feasible else " (misses attainment)"
         return (
-            f"best score {attrs.get('score', 0):.3f}{mark} "
+            f"best score {best.score or 0:.3f}{mark} "
             f"(defaults {baseline.get('score', float('nan')):.3f})"
         )
     return (
-        f"best goodput {attrs.get('goodput_rps') or 0:.3g} req/s "
+        f"best goodput {best.goodput_rps or 0:.3g} req/s "
         f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
     )
 
 
-def _finish(place: Any, study: Any, setup: Any, baseline: dict[str, Any], evaluator: Any) -> None:
-    from slotune.tuner.results import write_outputs
-
-    with _console.status("Rerunning the recommendation and the baseline for the report..."):
-        try:
-            outputs = write_outputs(
-                out_dir=place.out_dir,
-                study=study,
-                setup=setup,
-                baseline=baseline,
-                evaluator=evaluator,
-                storage=place.storage,
-            )
-        except ValueError as e:
-            fail(str(e))
-    _console.print(_comparison_table(outputs.best))
-    for note in outputs.best["notes"][len(setup.notes) :]:
+def _print_result(result: Any) -> None:
+    _console.print(_comparison_table(result.best))
+    for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
-    paths = [outputs.best_json, outputs.trials_csv, outputs.best_run, outputs.baseline_run]
-    if place.storage.startswith("sqlite:///"):
-        paths.insert(2, Path(place.storage.split("///", 1)[1]))
-    report = _build_report(place.out_dir)
+    paths = [result.best_json, result.trials_csv, result.best_run, result.baseline_run]
+    if result.database is not None:
+        paths.insert(2, result.database)
     _console.print("Written:", highlight=False)
     for p in paths:
         _console.print(f"  {p}", highlight=False)
-    _console.print(f"  {report}" if isinstance(report, Path) else f"  ({report})", highlight=False)
+    report = result.report or f"({result.report_note})"
+    _console.print(f"  {report}", highlight=False)
     _console.print(
-        f"Export: slotune export {outputs.best_json} --format vllm|sglang|yaml|json",
+        f"Export: slotune export {result.best_json} --format vllm|sglang|yaml|json",
         highlight=False,
     )
-
-
-def _build_report(out_dir: Path) -> Path | str:
-    try:
-        from slotune.reports import build_report
-    except ImportError:
-        return "report.html comes with the reports issue"
-    try:
-        return build_report(out_dir)
-    except Exception as e:  # the report is a view: a failure there must not lose the results
-        return f"report.html not written: {e}"
 
 
 def _comparison_table(best: dict[str, Any]) -> Any:

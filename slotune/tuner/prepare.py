@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,20 @@ DEFAULT_OUT_ROOT = Path("slotune-out")
 
 
 class TuneInputError(ValueError):
-    """Bad user input: one line, exit code 2, no trial has run."""
+    """Bad input to the tune workflow, found before any trial runs: ``field`` is the
+    ``TuneOptions`` field at fault. The message names options as ``{field}``; ``str()``
+    gives their field names, ``render`` any other names (the CLI gives its flags)."""
+
+    def __init__(self, field: str, template: str) -> None:
+        self.field = field
+        self.template = template
+        super().__init__(self.render(lambda name: name))
+
+    def render(self, name_of: Callable[[str], str]) -> str:
+        def name(m: re.Match[str]) -> str:
+            return name_of(m[1]) if m[1] in _OPTION_NAMES else m[0]
+
+        return re.sub(r"\{([a-z_]+)\}", name, self.template)
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,9 @@ class TuneOptions:
     heartbeat: int = DEFAULT_HEARTBEAT_S
 
 
+_OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
+
+
 @dataclass(frozen=True)
 class Prepared:
     setup: TuneSetup
@@ -83,77 +100,83 @@ class Prepared:
 def check_options(o: TuneOptions) -> None:
     """Checks that need nothing loaded."""
     if o.backend not in ("sim", "engine"):
-        raise TuneInputError(f"--backend: unknown backend {o.backend!r}; use sim or engine")
+        raise TuneInputError(
+            "backend", f"{{backend}}: unknown backend {o.backend!r}; use sim or engine"
+        )
     if o.backend == "sim" and not o.gpu:
         raise TuneInputError(
-            "--gpu is required with the simulated backend (e.g. --gpu h100; "
-            "`slotune gpus` lists the GPUs)"
+            "gpu",
+            "{gpu} is required with the simulated backend (e.g. {gpu} h100; "
+            "`slotune gpus` lists the GPUs)",
         )
     if o.objective is not None and o.objective not in OBJECTIVES:
         raise TuneInputError(
-            f"--objective: unknown objective {o.objective!r}; use one of {', '.join(OBJECTIVES)}"
+            "objective",
+            f"{{objective}}: unknown objective {o.objective!r}; use one of {', '.join(OBJECTIVES)}",
         )
     if o.sampler is not None and o.sampler not in SAMPLERS:
         raise TuneInputError(
-            f"--sampler: unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}"
+            "sampler",
+            f"{{sampler}}: unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}",
         )
     checks = [
-        (o.tp >= 1, f"--tp must be at least 1 (got {o.tp})"),
-        (o.trials >= 1, f"--trials must be at least 1 (got {o.trials})"),
-        (o.n_jobs >= 1, f"--n-jobs must be at least 1 (got {o.n_jobs})"),
-        (o.heartbeat >= 1, f"--heartbeat must be at least 1 second (got {o.heartbeat})"),
+        (o.tp >= 1, f"{{tp}} must be at least 1 (got {o.tp})"),
+        (o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),
+        (o.n_jobs >= 1, f"{{n_jobs}} must be at least 1 (got {o.n_jobs})"),
+        (o.heartbeat >= 1, f"{{heartbeat}} must be at least 1 second (got {o.heartbeat})"),
         (
             o.timeout is None or o.timeout > 0,
-            f"--timeout must be positive seconds (got {o.timeout})",
+            f"{{timeout}} must be positive seconds (got {o.timeout})",
         ),
         (
             o.request_timeout is None
             or (o.request_timeout > 0 and math.isfinite(o.request_timeout)),
-            f"--request-timeout must be positive seconds (got {o.request_timeout})",
+            f"{{request_timeout}} must be positive seconds (got {o.request_timeout})",
         ),
         (
             o.duration is None or (o.duration > 0 and math.isfinite(o.duration)),
-            f"--duration must be positive seconds (got {o.duration})",
+            f"{{duration}} must be positive seconds (got {o.duration})",
         ),
         (
             math.isfinite(o.warmup + o.cooldown) and min(o.warmup, o.cooldown) >= 0,
-            f"--warmup and --cooldown must be >= 0 seconds (got {o.warmup:g}, {o.cooldown:g})",
+            f"{{warmup}} and {{cooldown}} must be >= 0 seconds (got {o.warmup:g}, {o.cooldown:g})",
         ),
         (
             o.duration is None or o.warmup + o.cooldown < o.duration,
-            "--warmup and --cooldown together must be shorter than --duration",
+            "{warmup} and {cooldown} together must be shorter than {duration}",
         ),
         (
             o.duration is None or o.num_requests is None,
-            "--num-requests: with --duration the rate and the duration set the requests",
+            "{num_requests}: with {duration} the rate and the duration set the requests",
         ),
         (
             o.duration is None or o.concurrency is None,
-            "--duration sends at a rate for a time; a closed loop (--concurrency) has no rate",
+            "{duration} sends at a rate for a time; a closed loop ({concurrency}) has no rate",
         ),
         (
             o.num_requests is None or o.num_requests >= 1,
-            f"--num-requests must be at least 1 (got {o.num_requests})",
+            f"{{num_requests}} must be at least 1 (got {o.num_requests})",
         ),
         (
             o.rate is None or (o.rate > 0 and math.isfinite(o.rate)),
-            f"--rate must be a positive number of requests/s (got {o.rate})",
+            f"{{rate}} must be a positive number of requests/s (got {o.rate})",
         ),
-        (o.burstiness > 0, f"--burstiness must be positive (got {o.burstiness})"),
+        (o.burstiness > 0, f"{{burstiness}} must be positive (got {o.burstiness})"),
         (
             o.concurrency is None or o.concurrency >= 1,
-            f"--concurrency must be at least 1 (got {o.concurrency})",
+            f"{{concurrency}} must be at least 1 (got {o.concurrency})",
         ),
-        (0 < o.percentile <= 100, f"--percentile must be in (0, 100] (got {o.percentile:g})"),
-        (0 < o.attainment <= 1, f"--attainment must be a share in (0, 1] (got {o.attainment:g})"),
+        (0 < o.percentile <= 100, f"{{percentile}} must be in (0, 100] (got {o.percentile:g})"),
+        (0 < o.attainment <= 1, f"{{attainment}} must be a share in (0, 1] (got {o.attainment:g})"),
         (
             o.burstiness == 1.0 or o.rate is not None or o.concurrency is None,
-            "--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none",
+            "{burstiness} shapes open-loop arrivals; a closed loop ({concurrency}) has none",
         ),
     ]
     for ok, message in checks:
         if not ok:
-            raise TuneInputError(message)
+            field = re.match(r"\{([a-z_]+)\}", message)
+            raise TuneInputError(field[1] if field else "", message)
 
 
 def prepare(o: TuneOptions) -> Prepared:
@@ -164,41 +187,43 @@ def prepare(o: TuneOptions) -> Prepared:
     try:
         slo = parse_slo(o.slo)
     except ValueError as e:
-        raise TuneInputError(f"--slo: {e}") from None
+        raise TuneInputError("slo", f"{{slo}}: {e}") from None
     try:
         weights = resolve_weights(
             parse_weights(o.weights) if o.weights else None, list(slo.metrics)
         )
     except ValueError as e:
-        raise TuneInputError(str(e)) from None
+        raise TuneInputError("weights", str(e).replace("--weights", "{weights}")) from None
     gpu = _check_hardware(o)
     try:
         trace = load_trace(
             o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed, model=o.model
         )
     except (ValueError, OSError) as e:
-        raise TuneInputError(f"--trace: {e}") from None
+        raise TuneInputError("trace", f"{{trace}}: {e}") from None
     if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
-    where = f"--search {o.search}" if o.search else "search space"
+    where = f"{{search}} {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
         space = build_space(
             max_model_len=default_max_model_len(trace), overrides=overrides, where=where
         )
     except SearchSpaceError as e:
-        raise TuneInputError(str(e)) from None
+        raise TuneInputError("search", str(e)) from None
     objective = o.objective or _default_objective(o, trace)
     if objective in ("goodput", "pareto") and o.concurrency is not None:
         raise TuneInputError(
-            f"--objective {objective} searches the request rate, which a "
-            "closed loop (--concurrency) does not have; use --objective weighted"
+            "objective",
+            f"{{objective}} {objective} searches the request rate, which a "
+            "closed loop ({concurrency}) does not have; use {objective} weighted",
         )
     load = _load(o, trace)
     if objective in ("goodput", "pareto") and load.timestamps and not load.native_rate:
         raise TuneInputError(
-            f"--objective {objective}: the trace's timestamps span no time, "
-            "so they cannot be scaled to other rates; give --rate instead"
+            "objective",
+            f"{{objective}} {objective}: the trace's timestamps span no time, "
+            "so they cannot be scaled to other rates; give {rate} instead",
         )
     reference_from_baseline = (
         load.rate is None
@@ -251,20 +276,21 @@ def _check_hardware(o: TuneOptions) -> Any | None:
         try:
             gpu = gpu_spec(o.gpu or "")
         except ValueError as e:
-            raise TuneInputError(f"--gpu: {e}") from None
+            raise TuneInputError("gpu", f"{{gpu}}: {e}") from None
     try:
         model = get_model(o.model)
     except ValueError as e:
-        raise TuneInputError(f"--model: {e}") from None
+        raise TuneInputError("model", f"{{model}}: {e}") from None
     if o.backend == "engine" and not Path(o.model).is_dir():
         raise TuneInputError(
-            f"--model: --backend engine needs a local checkpoint folder "
-            f"(got {o.model!r}; `slotune init-model DIR` makes one)"
+            "model",
+            f"{{model}}: {{backend}} engine needs a local checkpoint folder "
+            f"(got {o.model!r}; `slotune init-model DIR` makes one)",
         )
     try:
         model.check_tp(o.tp)
     except ValueError as e:
-        raise TuneInputError(f"--tp: {e}") from None
+        raise TuneInputError("tp", f"{{tp}}: {e}") from None
     return gpu
 
 
@@ -373,19 +399,22 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
         try:
             return name in study_names(url)
         except StudyError as e:
-            raise TuneInputError(str(e)) from None
+            raise TuneInputError("storage", str(e)) from None
 
     if o.study_name:
         name = o.study_name
         exists = taken(name)
         if exists and not o.resume and not o.storage:
             raise TuneInputError(
-                f"--study-name: study {name!r} already exists in "
-                f"{where(name)[0]}; add --resume to continue it, or pick "
-                "another name"
+                "study_name",
+                f"{{study_name}}: study {name!r} already exists in "
+                f"{where(name)[0]}; add {{resume}} to continue it, or pick "
+                "another name",
             )
         if o.resume and not exists:
-            raise TuneInputError(f"--resume: no study named {name!r} in {where(name)[0]}")
+            raise TuneInputError(
+                "resume", f"{{resume}}: no study named {name!r} in {where(name)[0]}"
+            )
     else:
         base = default_study_name(o, objective)
         candidates = [base, *(f"{base}-{i}" for i in range(2, 1000))]
@@ -397,8 +426,9 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
         if o.resume:
             if not used:
                 raise TuneInputError(
-                    f"--resume: no study {base!r} to resume in "
-                    f"{where(base)[0]}; give --study-name (and --storage)"
+                    "resume",
+                    f"{{resume}}: no study {base!r} to resume in "
+                    f"{where(base)[0]}; give {{study_name}} (and {{storage}})",
                 )
             name, exists = used[-1], True
         else:

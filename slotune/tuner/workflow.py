@@ -1,0 +1,342 @@
+"""The tune workflow as one call: ``slotune.tune(...) -> TuneResult``.
+
+Check the options, create the study (measuring vLLM's defaults once) or join it, queue the
+grid, run the trials up to the study's global budget, then rerun the recommendation and the
+baseline and write ``best.json``, ``trials.csv``, ``runs/`` and the report::
+
+    result = slotune.tune(gpu="h100", slo="ttft=300ms,tpot=50ms", trials=20)
+    print(result.config, result.best["goodput_rps"])
+
+Bad options raise ``TuneInputError`` naming the ``TuneOptions`` field; a study that cannot
+be created, joined or finished raises ``StudyError``; Ctrl-C raises ``TuneInterrupted``.
+``on_event`` follows the stages and every finished trial (the CLI draws its display from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.prepare import (
+    Prepared,
+    StudyPlace,
+    TuneInputError,
+    TuneOptions,
+    measure_baseline,
+    place_study,
+    prepare,
+)
+from slotune.tuner.setup import TuneSetup
+from slotune.tuner.storage import StudyError
+
+
+class Stage(Enum):
+    BASELINE = "measuring vLLM's defaults (the baseline)"
+    TRIALS = "running trials"
+    FINISH = "rerunning the recommendation and the baseline for the report"
+
+
+@dataclass(frozen=True)
+class StageStarted:
+    stage: Stage
+
+
+@dataclass(frozen=True)
+class StageDone:
+    stage: Stage
+
+
+@dataclass(frozen=True)
+class StudyReady:
+    """The study this call works on, created or joined, before any trial of this call."""
+
+    name: str
+    storage: str
+    setup: TuneSetup
+    baseline: dict[str, Any]
+    created: bool
+    finished: int  # finished trials already in the study
+    budget: int  # finished trials the study should end with (capped by a grid's size)
+    grid_size: int | None
+    num_requests: int  # requests per run in this machine's trace
+
+
+@dataclass(frozen=True)
+class BestTrial:
+    number: int
+    score: float | None
+    feasible: bool
+    goodput_rps: float | None
+
+
+@dataclass(frozen=True)
+class TrialsProgress:
+    finished: int  # in the whole study
+    start: int  # finished when this call began its trials
+    budget: int
+    best: BestTrial | None
+
+
+TuneEvent = StageStarted | StageDone | StudyReady | TrialsProgress
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C: ``stored`` says whether the study exists (and keeps ``finished`` trials)."""
+
+    def __init__(self, storage: str, stored: bool, finished: int) -> None:
+        super().__init__(storage, stored, finished)
+        self.storage = storage
+        self.stored = stored
+        self.finished = finished
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    storage: str
+    out_dir: Path
+    setup: TuneSetup  # as stored in the study
+    config: EngineConfig  # the recommendation
+    best: dict[str, Any]  # the content of best.json (metrics, baseline, commands, notes)
+    baseline: dict[str, Any]  # vLLM's defaults as measured when the study was created
+    created: bool
+    finished_trials: int
+    budget: int
+    best_json: Path
+    trials_csv: Path
+    best_run: Path
+    baseline_run: Path
+    database: Path | None  # the SQLite file, when the storage is one
+    report: Path | None
+    report_note: str | None  # why there is no report, when there is none
+
+
+def tune(
+    options: TuneOptions | None = None,
+    /,
+    *,
+    on_event: Callable[[TuneEvent], None] | None = None,
+    report: bool = True,
+    **option_fields: Any,
+) -> TuneResult:
+    """Run a tuning study; ``options`` or the ``TuneOptions`` fields as keywords."""
+    unknown = sorted(set(option_fields) - {f.name for f in fields(TuneOptions)})
+    if unknown:
+        raise TypeError(f"tune() got unknown options {unknown}; see the fields of TuneOptions")
+    if options is None:
+        options = TuneOptions(**option_fields)
+    elif option_fields:
+        raise TypeError("tune() takes TuneOptions or its fields as keywords, not both")
+    prepared = prepare(options)
+    place = place_study(options, prepared.setup.objective)
+    return _Run(options, prepared, place, on_event or _ignore).run(report)
+
+
+def _ignore(_event: TuneEvent) -> None:
+    return None
+
+
+class _Run:
+    def __init__(
+        self,
+        options: TuneOptions,
+        prepared: Prepared,
+        place: StudyPlace,
+        emit: Callable[[TuneEvent], None],
+    ) -> None:
+        from slotune.tuner.evaluate import Evaluator
+
+        self.options = options
+        self.prepared = prepared
+        self.place = place
+        self.emit = emit
+        self.evaluator = Evaluator(prepared.setup, prepared.trace)
+
+    def run(self, report: bool) -> TuneResult:
+        from slotune.tuner import study as studies
+
+        joined = self._create_or_join()
+        study, setup, baseline = joined.study, joined.setup, joined.baseline
+        if not joined.created:
+            from slotune.tuner.evaluate import Evaluator
+
+            studies.set_budget(study, self.options.trials)
+            self.evaluator = Evaluator(setup, self.prepared.trace)
+        budget, grid_size = self.options.trials, None
+        if setup.sampler == "grid":
+            from slotune.tuner.space import SearchSpace
+
+            space = SearchSpace.from_dict(setup.space)
+            grid_size = studies.enqueue_grid(
+                study, space, setup.seed, self.options.trials, url=self.place.storage
+            )
+            budget = min(budget, grid_size)
+        start = studies.count_finished(study)
+        self.emit(
+            StudyReady(
+                self.place.name,
+                self.place.storage,
+                setup,
+                baseline,
+                joined.created,
+                start,
+                budget,
+                grid_size,
+                len(self.prepared.trace),
+            )
+        )
+        seed = None if joined.created else studies.joiner_seed(setup.seed)
+        if budget > start:
+            self._optimize(study, setup, baseline, start, budget, seed)
+        return self._finish(study, setup, baseline, joined.created, budget, report)
+
+    def _create_or_join(self) -> Any:
+        from slotune.tuner import study as studies
+
+        def baseline() -> tuple[TuneSetup, dict[str, Any]]:
+            self.emit(StageStarted(Stage.BASELINE))
+            measured = measure_baseline(self.prepared, self.evaluator)
+            self.emit(StageDone(Stage.BASELINE))
+            return measured
+
+        try:
+            return studies.create_or_join(
+                self.place.storage,
+                self.place.name,
+                self.prepared.setup,
+                baseline,
+                trials=self.options.trials,
+                heartbeat=self.options.heartbeat,
+            )
+        except KeyboardInterrupt:
+            raise TuneInterrupted(self.place.storage, stored=False, finished=0) from None
+
+    def _optimize(
+        self,
+        study: Any,
+        setup: TuneSetup,
+        baseline: dict[str, Any],
+        start: int,
+        budget: int,
+        seed: int | None,
+    ) -> None:
+        from slotune.tuner import study as studies
+        from slotune.tuner.results import finished, select_best
+
+        def on_progress(watched: Any) -> None:
+            best = select_best(
+                finished(watched), setup.objective, setup.attainment, baseline["config"]
+            )
+            done = studies.count_finished(watched)
+            self.emit(TrialsProgress(done, start, budget, _best_trial(best)))
+
+        self.emit(StageStarted(Stage.TRIALS))
+        try:
+            studies.run_workers(
+                self.place.storage,
+                self.place.name,
+                budget,
+                self.options.n_jobs,
+                timeout=self.options.timeout,
+                on_progress=on_progress if self.emit is not _ignore else None,
+                evaluator=self.evaluator,
+                seed=seed,
+            )
+        except KeyboardInterrupt:
+            done = studies.count_finished(study)
+            raise TuneInterrupted(self.place.storage, stored=True, finished=done) from None
+        finally:
+            self.emit(StageDone(Stage.TRIALS))
+
+    def _finish(
+        self,
+        study: Any,
+        setup: TuneSetup,
+        baseline: dict[str, Any],
+        created: bool,
+        budget: int,
+        report: bool,
+    ) -> TuneResult:
+        from slotune.tuner import study as studies
+        from slotune.tuner.results import write_outputs
+
+        self.emit(StageStarted(Stage.FINISH))
+        try:
+            outputs = write_outputs(
+                out_dir=self.place.out_dir,
+                study=study,
+                setup=setup,
+                baseline=baseline,
+                evaluator=self.evaluator,
+                storage=self.place.storage,
+            )
+        except ValueError as e:
+            raise StudyError(str(e)) from None
+        finally:
+            self.emit(StageDone(Stage.FINISH))
+        storage = self.place.storage
+        database = Path(storage.split("///", 1)[1]) if storage.startswith("sqlite:///") else None
+        built = _build_report(self.place.out_dir) if report else "report not asked for"
+        return TuneResult(
+            study_name=self.place.name,
+            storage=storage,
+            out_dir=self.place.out_dir,
+            setup=setup,
+            config=EngineConfig.from_dict(outputs.best["config"]),
+            best=outputs.best,
+            baseline=baseline,
+            created=created,
+            finished_trials=studies.count_finished(study),
+            budget=budget,
+            best_json=outputs.best_json,
+            trials_csv=outputs.trials_csv,
+            best_run=outputs.best_run,
+            baseline_run=outputs.baseline_run,
+            database=database,
+            report=built if isinstance(built, Path) else None,
+            report_note=built if isinstance(built, str) else None,
+        )
+
+
+def _best_trial(trial: Any) -> BestTrial | None:
+    if trial is None:
+        return None
+    attrs = trial.user_attrs
+    return BestTrial(
+        number=trial.number,
+        score=attrs.get("score"),
+        feasible=bool(attrs.get("feasible")),
+        goodput_rps=attrs.get("goodput_rps"),
+    )
+
+
+def _build_report(out_dir: Path) -> Path | str:
+    try:
+        from slotune.reports import build_report
+    except ImportError:
+        return "report.html comes with the reports issue"
+    try:
+        return build_report(out_dir)
+    except Exception as e:  # the report is a view: a failure there must not lose the results
+        return f"report.html not written: {e}"
+
+
+__all__ = [
+    "BestTrial",
+    "Stage",
+    "StageDone",
+    "StageStarted",
+    "StudyError",
+    "StudyReady",
+    "TrialsProgress",
+    "TuneEvent",
+    "TuneInputError",
+    "TuneInterrupted",
+    "TuneOptions",
+    "TuneResult",
+    "tune",
+]
