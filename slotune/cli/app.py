@@ -60,4 +60,12 @@ _register()
 
 
 def main() -> None:
-    app()
+    from slotune._extras import MissingExtra
+
+    try:
+        app()
+    except MissingExtra as e:  # a command of an extra that is not installed: no traceback
+        from slotune.cli.common import print_error
+
+        print_error(str(e))
+        raise SystemExit(2) from None

@@ -16,7 +16,11 @@ def opt(flag: str, help_text: str) -> Any:
 
 def fail(message: str) -> NoReturn:
     """Print one error line on stderr and exit with code 2 (bad input)."""
+    print_error(message)
+    raise typer.Exit(2)
+
+
+def print_error(message: str) -> None:
     Console(stderr=True).print(
         f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
     )
-    raise typer.Exit(2)

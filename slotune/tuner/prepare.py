@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from slotune._extras import MissingExtra, require
 from slotune.tuner.baseline import gpu_spec, vllm_defaults
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
@@ -287,6 +288,11 @@ def _check_hardware(o: TuneOptions) -> Any | None:
             f"{{model}}: {{backend}} engine needs a local checkpoint folder "
             f"(got {o.model!r}; `slotune init-model DIR` makes one)",
         )
+    if o.backend == "engine":
+        try:
+            require("torch", extra="engine")
+        except MissingExtra as e:
+            raise TuneInputError("backend", f"{{backend}} engine: {e}") from None
     try:
         model.check_tp(o.tp)
     except ValueError as e:
