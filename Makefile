@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test tune lint bench bench-baseline clean
+.PHONY: install test test-fast tune lint bench bench-baseline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# Everything but the tests marked slow (separate processes, a browser, a database, long
+# property runs): the loop while editing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
 tune: $(STAMP)
 	$(BIN)/slotune tune --gpu h100 --slo ttft=300ms,tpot=50ms
 
@@ -32,6 +37,7 @@ bench-baseline: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) slotune-out .pytest_cache

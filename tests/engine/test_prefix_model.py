@@ -7,6 +7,7 @@ prompt's hit must be the longest such prefix, capped so its last token is comput
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ def run_sequentially(kind: str, block_size: int, plist: list[list[int]], max_tok
     assert stats["prefix_cache_queries_tokens"] == sum(len(p) for p in plist)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(prompts, st.sampled_from((1, 2, 4)), st.integers(1, 6))
 def test_hash_and_radix_hits_match_the_model(plist, block_size, max_tokens) -> None:
@@ -97,6 +99,7 @@ class ModelCheckingExecutor(DeterministicExecutor):
         return result
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     prompts,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from slotune.cli.app import app
@@ -17,6 +18,7 @@ from slotune.engine.model.calibrate import (
 from slotune.engine.sim import GpuSpec, get_model, load_profile
 
 
+@pytest.mark.slow
 def test_calibrate_cli_writes_a_profile_the_simulator_accepts(
     tiny_dir: Path, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_interpreted_triton_kernel_matches_torch_backend() -> None:
     env = os.environ | {"TRITON_INTERPRET": "1"}
     script = Path(__file__).with_name("triton_check.py")

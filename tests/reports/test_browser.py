@@ -21,10 +21,13 @@ from slotune.reports import build_bench_report
 from tests.reports.cdp import Page, open_page
 
 CHROMIUM = os.environ.get("SLOTUNE_CHROMIUM") or shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does it)",
+    ),
+    pytest.mark.slow,  # a headless browser per report
+]
 
 INSPECT = """JSON.stringify({
   rendered: document.body.dataset.rendered,

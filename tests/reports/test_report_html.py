@@ -150,6 +150,7 @@ def test_bench_report_shows_one_run(tune_dir: Path, tmp_path: Path) -> None:
     assert html.count("* plotly.js v") == 1
 
 
+@pytest.mark.slow
 def test_200_trial_report_stays_under_10_mb(tmp_path: Path) -> None:
     out = tmp_path / "big"
     write_out_dir(out, n_trials=200, n_requests=300)

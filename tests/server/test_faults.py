@@ -167,6 +167,7 @@ def test_a_prompt_near_the_limit_is_tokenized_off_the_loop(server: ServerThread)
     assert data["error"]["code"] == "context_length_exceeded"
 
 
+@pytest.mark.slow
 def test_long_texts_are_tokenized_without_holding_the_gil(tiny_dir: Path) -> None:
     """A worker thread that tokenizes must let the event loop's thread run meanwhile."""
     from tokenizers import Tokenizer

@@ -31,6 +31,7 @@ from tests.tuner.studies import SLO, new_study
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from slotune.cli.app import main; main()"]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+pytestmark = pytest.mark.slow  # separate processes on a real database
 
 
 def _needed(what: str) -> None:

@@ -228,6 +228,7 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     import signal
     import subprocess
