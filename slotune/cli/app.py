@@ -36,7 +36,17 @@ def _root(
     """slotune: tune batch budget, chunked prefill, block size and more against TTFT/TPOT SLOs."""
 
 
-_COMMAND_MODULES = ("tune", "bench", "serve", "report", "export", "traces", "catalog", "model")
+_COMMAND_MODULES = (
+    "tune",
+    "bench",
+    "validate",
+    "serve",
+    "report",
+    "export",
+    "traces",
+    "catalog",
+    "model",
+)
 
 
 def _register() -> None:

@@ -114,12 +114,16 @@ def estimate(
         0, "--decode-context", help="Context tokens each decode reads."
     ),
     block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
+    stack: str = typer.Option(
+        None, "--stack", help="Serving stack: a name or JSON (default vllm-v1; eager: kernels)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Estimate one step's time, per op and layer, on a simulated GPU."""
     from slotune.engine.sim.cost_model import CostModel
     from slotune.engine.sim.models import get_model
     from slotune.engine.sim.profile import load_profile
+    from slotune.engine.sim.stack import load_stack
 
     for name, value in (
         ("--tokens", tokens),
@@ -138,12 +142,13 @@ def estimate(
     try:
         profile = load_profile(gpu)
         spec = get_model(model)
-        cm = CostModel(profile, spec, tp, block_size)
+        cm = CostModel(profile, spec, tp, block_size, load_stack(stack))
     except ValueError as e:
         fail(str(e))
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
     result = {
         "gpu": profile.gpu.name,
+        "stack": cm.stack.name,
         "model": spec.name,
         "tp": tp,
         "tokens": tokens,

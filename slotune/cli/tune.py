@@ -73,6 +73,10 @@ def tune(
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
+    stack: Annotated[
+        str | None,
+        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
+    ] = None,
     out: Annotated[
         str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
@@ -84,6 +88,7 @@ def tune(
         gpu=gpu,
         model=model,
         tp=tp,
+        stack=stack,
         trace=trace,
         format=format,
         num_requests=num_requests,

@@ -105,6 +105,7 @@ class Evaluator:
             gpu=self.setup.gpu,
             model=self.setup.model,
             tp=self.setup.tp,
+            stack=self.setup.stack,
             arrivals=arrivals,
             seed=self.setup.seed,
         )

@@ -36,6 +36,7 @@ class TuneOptions:
     gpu: str | None = None
     model: str = "llama-3-8b"
     tp: int = 1
+    stack: str | None = None
     trace: str = "sharegpt-like"
     format: str | None = None
     num_requests: int | None = None
@@ -187,6 +188,7 @@ def prepare(o: TuneOptions) -> Prepared:
         load=load,
         tp=o.tp,
         backend=o.backend,
+        stack=_stack_name(o.stack),
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
@@ -221,6 +223,17 @@ def _check_hardware(o: TuneOptions) -> Any | None:
     except ValueError as e:
         raise TuneInputError(f"--tp: {e}") from None
     return gpu
+
+
+def _stack_name(stack: str | None) -> str:
+    """The serving stack the study simulates: checked now, stored by the name given."""
+    from slotune.engine.sim.stack import DEFAULT_STACK, load_stack
+
+    try:
+        load_stack(stack)
+    except ValueError as e:  # UnknownNameError is a ValueError
+        raise TuneInputError(f"--stack: {e}") from None
+    return stack or DEFAULT_STACK
 
 
 def _default_objective(o: TuneOptions, trace: Any) -> str:

@@ -230,6 +230,7 @@ def write_outputs(
         "model": setup.model,
         "tp": setup.tp,
         "backend": setup.backend,
+        "stack": setup.stack,
         "trace": {"name": setup.trace, "stats": evaluator.trace.stats()},
         "baseline": {
             "name": "vLLM serving defaults",

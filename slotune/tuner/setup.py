@@ -66,6 +66,7 @@ class TuneSetup:
     load: LoadSpec
     tp: int = 1
     backend: str = "sim"
+    stack: str = "vllm-v1"
     trace: str = "sharegpt-like"
     trace_format: str | None = None
     num_requests: int | None = None

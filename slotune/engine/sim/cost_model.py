@@ -11,7 +11,7 @@ batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.profile import (
@@ -20,13 +20,15 @@ from slotune.engine.sim.profile import (
     GpuProfile,
     LinearProfile,
 )
+from slotune.engine.sim.stack import StackProfile, default_graph_max_tokens, graph_capture_sizes
 
 _US = 1e-6
 DTYPE_BYTES = 2
 
 
 def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: int) -> float:
-    """``[m, k] @ [k, n]`` in bf16: weight + activation bytes against tile-padded FLOPs."""
+    """``[m, k] @ [k, n]`` in bf16: weight + activation bytes against tile-padded FLOPs
+    (``p`` as ``LinearProfile.for_gpu`` gives it for the card of ``bw`` and ``peak``)."""
     if m <= 0:
         return 0.0
     tile = p.tile_tokens
@@ -99,15 +101,51 @@ def decode_attention_seconds(
     return (p.decode_overhead_us + p.decode_per_seq_us * num_seqs) * _US + per_token * context_sum
 
 
-def allreduce_seconds(profile: GpuProfile, tp: int, nbytes: float) -> float:
-    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link."""
+def allreduce_seconds(
+    profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
+) -> float:
+    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link, with
+    the latency and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     sysp = profile.system
+    latency, eff = sysp.allreduce_latency_us, sysp.allreduce_eff
+    if stack is not None:
+        latency = _given(stack.allreduce_latency_us, latency)
+        eff = _given(stack.allreduce_eff, eff)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return sysp.allreduce_latency_us * _US + 2 * (tp - 1) / tp * nbytes / (
-        per_dir * sysp.allreduce_eff
-    )
+    return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class _Kernels:
+    """The kernel constants one step uses: eager, or replayed as a CUDA graph (every fixed
+    overhead scaled)."""
+
+    linear: LinearProfile
+    elementwise: dict[str, ElementwiseProfile]
+    decode_fixed: float
+    prefill_fixed: float
+
+    @classmethod
+    def of(cls, profile: GpuProfile, layers: int, scale: float) -> _Kernels:
+        att = profile.attention
+        return cls(
+            replace(
+                profile.linear.for_gpu(profile.gpu),
+                overhead_us=profile.linear.overhead_us * scale,
+            ),
+            {
+                op: replace(e, overhead_us=e.overhead_us * scale)
+                for op, e in profile.elementwise.items()
+            },
+            layers * att.decode_overhead_us * scale * _US,
+            layers * att.prefill_overhead_us * scale * _US,
+        )
 
 
 @dataclass(frozen=True)
@@ -120,7 +158,10 @@ class StepBreakdown:
 
 
 class CostModel:
-    """Step durations of ``model`` on ``tp`` GPUs described by ``profile``.
+    """Step durations of ``model`` on ``tp`` GPUs described by ``profile``, served by the
+    engine that ``stack`` describes (default: slotune's eager engine as the profile
+    measured it). ``max_num_seqs`` sets the largest CUDA-graph batch where the stack uses
+    graphs and leaves it to the engine.
 
     Shapes are those of one GPU's shard. The public costing calls are ``step_seconds``
     (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
@@ -129,12 +170,19 @@ class CostModel:
     """
 
     def __init__(
-        self, profile: GpuProfile, model: ModelSpec, tp: int = 1, block_size: int = 16
+        self,
+        profile: GpuProfile,
+        model: ModelSpec,
+        tp: int = 1,
+        block_size: int = 16,
+        stack: StackProfile | None = None,
+        max_num_seqs: int = 256,
     ) -> None:
         model.check_tp(tp)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
+        self.stack = stack = stack or StackProfile()
         gpu = profile.gpu
         self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
         m = model
@@ -149,20 +197,27 @@ class CostModel:
         self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
         layers = m.num_layers
         att = profile.attention
-        self._dec_fixed = layers * att.decode_overhead_us * _US
+        self._eager = _Kernels.of(profile, layers, 1.0)
+        self._graph = _Kernels.of(profile, layers, stack.graph_overhead_scale)
+        graph_max = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
+        sizes = graph_capture_sizes(graph_max) if stack.cuda_graphs else ()
+        self.graph_max_tokens = sizes[-1] if sizes else 0
+        self._padded = [0] * (self.graph_max_tokens + 1)
+        for lo, hi in zip((0, *sizes), sizes, strict=False):
+            self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
         self._dec_per_seq = layers * att.decode_per_seq_us * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
-        self._pre_fixed = layers * att.prefill_overhead_us * _US
         per_pair = 4.0 * self.q_heads * m.head_dim * layers
         self._q_tile = att.q_tile
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
         self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
         sysp = profile.system
-        self._cpu_step = sysp.cpu_step_us * _US
-        self._cpu_req = sysp.cpu_per_request_us * _US
+        exposed = 1.0 - stack.host_overlap
+        self._cpu_step = exposed * _given(stack.host_step_us, sysp.cpu_step_us) * _US
+        self._cpu_req = exposed * _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
         host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
         copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
         self._swap_per_block = self.block_bytes / host_bw + copy_calls
@@ -171,38 +226,53 @@ class CostModel:
         self._lm_cache: dict[int, float] = {}
 
     # -- per-op pieces ------------------------------------------------------------------
+    def is_graph(self, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` runs as a CUDA graph."""
+        return num_tokens <= self.graph_max_tokens
+
+    def kernels(self, num_tokens: int) -> _Kernels:
+        return self._graph if num_tokens <= self.graph_max_tokens else self._eager
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The token count the GPU computes: padded to a captured size in a graph."""
+        return self._padded[num_tokens] if num_tokens <= self.graph_max_tokens else num_tokens
+
     def layer_ops(self, num_tokens: int) -> dict[str, float]:
         """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens
-        (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer)."""
+        (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer),
+        with the kernel overheads of a step of that many tokens (no padding)."""
         p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
-        ew = p.elementwise
+        kern = self.kernels(num_tokens)
+        ew, lin = kern.elementwise, kern.linear
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
 
         def elem(op: str) -> float:
             return elementwise_seconds(ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn))
 
         return {
-            "qkv_proj": gemm_seconds(p.linear, bw, peak, m, h, self.qkv_out),
+            "qkv_proj": gemm_seconds(lin, bw, peak, m, h, self.qkv_out),
             "rope": elem("rope"),
-            "o_proj": gemm_seconds(p.linear, bw, peak, m, self.attn_dim, h),
-            "mlp_up": gemm_seconds(p.linear, bw, peak, m, h, 2 * self.ffn),
+            "o_proj": gemm_seconds(lin, bw, peak, m, self.attn_dim, h),
+            "mlp_up": gemm_seconds(lin, bw, peak, m, h, 2 * self.ffn),
             "mlp_act": elem("act"),
-            "mlp_down": gemm_seconds(p.linear, bw, peak, m, self.ffn, h),
+            "mlp_down": gemm_seconds(lin, bw, peak, m, self.ffn, h),
             "norms": 2 * elem("norm") + 2 * elem("add"),
-            "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES),
+            "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES, self.stack),
         }
 
     def dense_seconds(self, num_tokens: int) -> float:
-        """Every token-parallel op of the whole model (all layers, embedding, final norm)."""
+        """Every token-parallel op of the whole model (all layers, embedding, final norm),
+        on the padded batch of a graph step."""
         t = self._dense_cache.get(num_tokens)
         if t is None:
             if num_tokens <= 0:
                 t = 0.0
             else:
-                ew, h = self.profile.elementwise, self.hidden
-                t = self.model.num_layers * sum(self.layer_ops(num_tokens).values())
-                t += elementwise_seconds(ew["embed"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
-                t += elementwise_seconds(ew["norm"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
+                ew, h = self.kernels(num_tokens).elementwise, self.hidden
+                m = self.padded_tokens(num_tokens)
+                t = self.model.num_layers * sum(self.layer_ops(m).values())
+                t += elementwise_seconds(ew["embed"], self.bw, 2 * m * h * DTYPE_BYTES)
+                t += elementwise_seconds(ew["norm"], self.bw, 2 * m * h * DTYPE_BYTES)
             self._dense_cache[num_tokens] = t
         return t
 
@@ -210,7 +280,12 @@ class CostModel:
         t = self._lm_cache.get(num_samples)
         if t is None:
             t = gemm_seconds(
-                self.profile.linear, self.bw, self.peak, num_samples, self.hidden, self.vocab
+                self.kernels(num_samples).linear,
+                self.bw,
+                self.peak,
+                num_samples,
+                self.hidden,
+                self.vocab,
             )
             self._lm_cache[num_samples] = t
         return t
@@ -252,12 +327,12 @@ class CostModel:
         )
         if num_decodes:
             t += (
-                self._dec_fixed
+                self.kernels(num_tokens).decode_fixed
                 + self._dec_per_seq * num_decodes
                 + (self._dec_per_ctx * decode_context_sum)
             )
         if prefill_chunks:
-            t += self._pre_fixed
+            t += self.kernels(num_tokens).prefill_fixed
             for chunk, prior in prefill_chunks:
                 t += self.prefill_chunk_seconds(chunk, prior)
         if num_swapped_blocks:
@@ -294,7 +369,7 @@ class CostModel:
             + self._cpu_step
             + self._cpu_req * num
         )
-        fixed = self._dec_fixed + self._dec_per_seq * num
+        fixed = self.kernels(num).decode_fixed + self._dec_per_seq * num
         per_ctx = self._dec_per_ctx
         return [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
 
@@ -310,22 +385,23 @@ class CostModel:
         ``decode_context`` tokens."""
         num_tokens = num_prefill_tokens + num_decodes
         layers = self.model.num_layers
-        per_layer = self.layer_ops(num_tokens)
+        per_layer = self.layer_ops(self.padded_tokens(num_tokens))
         chunks = [(num_prefill_tokens, prior_context)] if num_prefill_tokens else []
         attention = 0.0
+        kern = self.kernels(num_tokens)
         if chunks:
-            attention += self._pre_fixed + self.prefill_chunk_seconds(*chunks[0])
+            attention += kern.prefill_fixed + self.prefill_chunk_seconds(*chunks[0])
         if num_decodes:
             attention += (
-                self._dec_fixed
+                kern.decode_fixed
                 + self._dec_per_seq * num_decodes
                 + (self._dec_per_ctx * num_decodes * decode_context)
             )
         per_layer["attention"] = attention / layers
         num_samples = (1 if chunks else 0) + num_decodes
         num_requests = len(chunks) + num_decodes
-        ew = self.profile.elementwise
-        nbytes = 2 * num_tokens * self.hidden * DTYPE_BYTES
+        ew = kern.elementwise
+        nbytes = 2 * self.padded_tokens(num_tokens) * self.hidden * DTYPE_BYTES
         per_step = {
             "layers": layers * sum(per_layer.values()),
             "embedding": elementwise_seconds(ew["embed"], self.bw, nbytes),

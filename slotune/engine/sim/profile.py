@@ -9,7 +9,7 @@ must lie in (0, 1]: that is what keeps every op at or above its bandwidth and co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,26 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 class LinearProfile:
     """GEMM time: ``overhead + max(bytes / (bw·mem_eff), flops / (peak·eff(M)))``, the
     FLOPs counted on M padded up to ``tile_tokens`` and the efficiency
-    ``eff(M) = compute_eff · M_pad / (M_pad + half_tokens)`` rising with the token count."""
+    ``eff(M) = compute_eff · M_pad / (M_pad + half_tokens)`` rising with the token count.
+
+    The ramp (``half_tokens``) is where a GEMM turns from weight-bandwidth bound to compute
+    bound, so it scales with the card's FLOPs per byte: fitted on ``fitted_on`` (a catalogue
+    GPU), it is rescaled by ``for_gpu`` for a card with another balance of the two."""
 
     overhead_us: float
     mem_eff: float
     compute_eff: float
     half_tokens: float
     tile_tokens: int
+    fitted_on: str = ""
+
+    def for_gpu(self, gpu: GpuSpec) -> LinearProfile:
+        """This profile on ``gpu``: the ramp moved by the ratio of FLOPs per byte."""
+        ref = GPUS.get(self.fitted_on)
+        if ref is None or ref == gpu:
+            return self
+        ratio = (gpu.flops_per_s / gpu.hbm_bytes_per_s) / (ref.flops_per_s / ref.hbm_bytes_per_s)
+        return replace(self, half_tokens=self.half_tokens * ratio)
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,8 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
     _check_eff(f"{where}: linear.compute_eff", linear.compute_eff)
     _check_nonneg(f"{where}: linear.overhead_us", linear.overhead_us)
     _check_nonneg(f"{where}: linear.half_tokens", linear.half_tokens)
+    if linear.fitted_on and linear.fitted_on not in GPUS:
+        raise ValueError(f"{where}: linear.fitted_on {linear.fitted_on!r} is not a catalogue GPU")
     if linear.tile_tokens < 1:
         raise ValueError(f"{where}: linear.tile_tokens must be >= 1")
     for op, e in elementwise.items():

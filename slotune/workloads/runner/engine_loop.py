@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from slotune.engine.engine import Engine
     from slotune.engine.outputs import StepStats
     from slotune.engine.request import Request
+    from slotune.engine.sim.profile import GpuProfile
+    from slotune.engine.sim.stack import StackProfile
 
 Progress = Callable[[int, int], None]
 
@@ -110,9 +112,10 @@ def run_simulated(
     config: EngineConfig,
     trace: Trace,
     *,
-    gpu: str = "h100",
+    gpu: str | GpuProfile = "h100",
     model: str = "llama-3-8b",
     tp: int = 1,
+    stack: str | StackProfile | None = None,
     arrivals: ArrivalSpec = ALL_AT_ONCE,
     seed: int = 0,
     progress: Progress | None = None,
@@ -120,14 +123,19 @@ def run_simulated(
 ) -> RunResult:
     """Replay ``trace`` through the simulated engine on a virtual clock.
 
-    ``fast_forward`` runs stretches of plain decode steps at once (``Engine.fast_forward``);
-    the result is identical either way, only faster. Turn it off to debug or compare.
+    ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
+    per-request costs outside the engine delay every client-side time of a request
+    (``RunResult.with_request_latency``). ``fast_forward`` runs stretches of plain decode
+    steps at once (``Engine.fast_forward``); the result is identical either way, only
+    faster. Turn it off to debug or compare.
     """
     from slotune.engine.engine import Engine
+    from slotune.engine.sim.stack import StackProfile, load_stack
 
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
     with _cyclic_gc_paused():
-        return drive_engine(
+        result = drive_engine(
             engine,
             trace,
             arrivals,
@@ -135,7 +143,9 @@ def run_simulated(
             seed=seed,
             progress=progress,
             fast_forward=fast_forward,
+            client_latency_s=stack.request_latency_s,
         )
+    return result.with_request_latency(stack.request_latency_s, stack.name)
 
 
 @contextmanager
@@ -177,9 +187,12 @@ def drive_engine(
     seed: int = 0,
     progress: Progress | None = None,
     fast_forward: bool = False,
+    client_latency_s: float = 0.0,
 ) -> RunResult:
     """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
-    is computed before its time has passed."""
+    is computed before its time has passed. ``client_latency_s`` is how much later than
+    the engine a client learns of a finish (so a session's next turn starts that much
+    later); ``RunResult.with_request_latency`` moves the recorded times to match."""
     if fast_forward and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: fast_forward needs a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -194,7 +207,7 @@ def drive_engine(
 
     def end(i: int, now: float, **kw: Any) -> None:
         rec.done(i, now, **kw)
-        disp.finish(i, now, outputs.pop(i, []))
+        disp.finish(i, now + client_latency_s, outputs.pop(i, []))
         if progress is not None:
             progress(rec.num_done, total)
 
