@@ -8,9 +8,10 @@ fit over ten runs takes minutes, not hours.
 
 The fitted parameters (``PARAMS``): the host's exposed work per step, the kernel overhead
 left under CUDA graphs, the per-request latency outside the engine, the all-reduce latency
-(only TP runs move it), and three corrections of the GPU profile: the decode-attention
-bandwidth efficiency and block-indirection cost, and the GEMM compute efficiency (what
-prefill runs at).
+(only TP runs move it), and three corrections of the GPU profile's attention (the part a
+profile may carry over from another card): the decode bandwidth efficiency, the
+block-indirection cost and the prefill efficiency against cached context. The GEMM and
+memory-bound kernel constants stay as their kernel measurements fitted them.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ PARAMS = (
     Param("stack.allreduce_latency_us", 0.0, 50.0),
     Param("gpu.attention.decode_eff", 0.3, 1.0),
     Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
-    Param("gpu.linear.compute_eff", 0.3, 1.0),
+    Param("gpu.attention.prefill_prefix_eff", 0.1, 1.0),
 )
 SCORED = ("ttft", "itl", "e2e")
 
@@ -146,10 +147,12 @@ def fit_from_runs(
     window_s: float = 150.0,
     warmup_s: float = 20.0,
     max_evaluations: int = 60,
-    progress: Callable[[int, float], None] | None = None,
+    progress: Callable[[int, float, dict[str, float]], None] | None = None,
 ) -> FitResult:
     """Fit ``params`` so that the replayed runs match the measured ones (see the module
-    docstring). All runs must share one GPU (the profile corrections are that GPU's)."""
+    docstring). All runs must share one GPU (the profile corrections are that GPU's).
+    ``max_evaluations`` bounds the replays of every run, the finite-difference ones
+    included."""
     from scipy.optimize import least_squares
 
     if not runs:
@@ -181,7 +184,7 @@ def fit_from_runs(
         count += 1
         r = np.array(res)
         if progress is not None:
-            progress(count, float(np.sqrt(np.mean(r**2))))
+            progress(count, float(np.sqrt(np.mean(r**2))), values)
         return r
 
     sol = least_squares(
@@ -191,7 +194,7 @@ def fit_from_runs(
         loss="soft_l1",
         f_scale=0.1,
         diff_step=0.02,
-        max_nfev=max_evaluations,
+        max_nfev=max(1, max_evaluations // (len(params) + 1)),
     )
     values = {p.name: float(v) for p, v in zip(params, lo + sol.x * scale, strict=True)}
     s, prof = apply(values, base_stack, base_profile)
