@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test tune lint bench clean
+.PHONY: install test tune lint bench bench-baseline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: $(STAMP)
 
 tune: $(STAMP)
 	$(BIN)/slotune tune --gpu h100 --slo ttft=300ms,tpot=50ms
+
+# The project's regression suite against the committed baseline: timing rows report,
+# simulated figures must match benchmarks/baseline.json (record a change with bench-baseline).
+bench: $(STAMP)
+	$(BIN)/slotune regress benchmarks/suite.yaml --baseline benchmarks/baseline.json --out slotune-out/bench
+
+bench-baseline: $(STAMP)
+	$(BIN)/slotune regress baseline benchmarks/suite.yaml --out benchmarks/baseline.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import time
 
 from slotune.engine import Engine, EngineConfig, RequestOutput, SamplingParams
@@ -133,7 +134,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400, help="steps per timed block")
     parser.add_argument("--repeats", type=int, default=5, help="blocks; the fastest counts")
     parser.add_argument("--prefix-caching", nargs="*", default=["hash", "radix", "none"])
+    parser.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     args = parser.parse_args()
+    rows = []
     print(
         f"{'running':>8} {'cache':>6} {'schedule':>9} {'update':>9} "
         f"{'sched+kv':>9} {'engine.step':>11} {'outputs':>8} {'stretch':>8}   (ms of CPU per step)"
@@ -141,11 +144,14 @@ def main() -> None:
     for n in args.running:
         for kind in args.prefix_caching:
             r = measure(n, args.steps, kind, args.repeats)
+            rows.append(r)
             print(
                 f"{r['running']:>8} {r['prefix_caching']:>6} {r['schedule_ms']:>9.4f} "
                 f"{r['update_ms']:>9.4f} {r['total_ms']:>9.4f} {r['engine_step_ms']:>11.4f} "
                 f"{r['outputs_ms']:>8.4f} {r['stretch_ms']:>8.4f}"
             )
+    if args.json:  # for `slotune regress` (benchmarks/suite.yaml)
+        print(json.dumps({"rows": rows}))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,17 @@ real shared tokens.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from slotune.workloads.generators import (
     AgentParams,
+    ClippedNormal,
+    SharedPrefixParams,
     agent_sessions,
+    inference_perf_shared_prefix,
     long_context,
+    reasoning,
     shared_prefix,
     sharegpt_like,
 )
@@ -30,6 +35,20 @@ def main(out_dir: Path = DATA_DIR) -> None:
         agent_sessions(AgentParams(num_sessions=64), seed=SEED + 1),
         shared_prefix(num_groups=8, requests_per_group=50, seed=SEED + 2),
         long_context(200, seed=SEED + 3),
+        reasoning(300, seed=SEED + 4),
+        replace(
+            inference_perf_shared_prefix(
+                SharedPrefixParams(
+                    system_prompt_len=2000,
+                    question_len=ClippedNormal(200, 50, 50, 400),
+                    output_len=ClippedNormal(200, 50, 50, 400),
+                    multi_turn=True,
+                    num_turns=4,
+                ),
+                seed=SEED + 5,
+            ),
+            name="shared-prefix-chat",
+        ),
     ]
     for trace in traces:
         path = out_dir / f"{trace.name}.jsonl"

@@ -38,8 +38,10 @@ def _root(
 
 _COMMAND_MODULES = (
     "tune",
+    "worker",
     "bench",
     "validate",
+    "regress",
     "serve",
     "report",
     "export",

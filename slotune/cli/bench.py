@@ -47,10 +47,37 @@ def bench(
     concurrency: Annotated[int | None, opt("--concurrency", "Closed loop of N users.")] = None,
     timestamps: Annotated[bool, opt("--timestamps", "Replay the trace's own timestamps.")] = False,
     time_scale: Annotated[float, opt("--time-scale", "Multiply trace timestamps by this.")] = 1.0,
+    stages: Annotated[
+        str | None,
+        opt(
+            "--stages",
+            "Load stages RATE:SECONDS,... (e.g. 5:60,10:60); they set the number of requests "
+            "(the trace is cut or repeated).",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None, opt("--duration", "With --rate: send for this many seconds (one stage).")
+    ] = None,
+    warmup: Annotated[
+        float, opt("--warmup", "Leave requests arriving in the first N seconds out of the scores.")
+    ] = 0.0,
+    cooldown: Annotated[
+        float,
+        opt("--cooldown", "Leave requests arriving in the last N seconds out of the scores."),
+    ] = 0.0,
     slo: Annotated[str | None, opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
     stack: Annotated[
         str | None,
         opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            "--request-timeout",
+            help="Client timeout per request (s): the request is aborted and fails "
+            "(an SLO miss). Default: none (http: 600).",
+        ),
     ] = None,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
@@ -63,6 +90,7 @@ def bench(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[
@@ -71,7 +99,8 @@ def bench(
     as_json: Annotated[bool, opt("--json", "Print the summary as JSON.")] = False,
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
-    from slotune.workloads import ArrivalSpec, parse_slo, summarize
+    from slotune.workloads import parse_slo, summarize
+    from slotune.workloads.runner.timeouts import check_timeout
 
     if backend not in BACKENDS:
         fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -85,19 +114,25 @@ def bench(
     except ValueError as exc:
         fail(f"--slo: {exc}")
     try:
-        arrivals = ArrivalSpec(
-            rate=rate,
-            burstiness=burstiness,
-            concurrency=concurrency,
-            timestamps=timestamps,
-            time_scale=time_scale,
-            constant=constant,
-        )
+        check_timeout(timeout)
     except ValueError as exc:
-        fail(str(exc))
-    tr = to.load_trace_or_fail(
-        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace"
+        fail(f"--{exc}")
+    arrivals = _arrivals(
+        rate, burstiness, concurrency, timestamps, time_scale, constant, stages, duration
     )
+    if arrivals.stages and num_requests is not None:
+        fail("--num-requests: the load stages (--stages or --duration) set the number of requests")
+    tr = to.load_trace_or_fail(
+        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace", model=model
+    )
+    if arrivals.num_sessions is not None:
+        if arrivals.num_sessions > len(tr):
+            console.print(
+                f"trace {tr.name}: repeated to the {arrivals.num_sessions} sessions the "
+                "stages send",
+                highlight=False,
+            )
+        tr = tr.repeat_to(arrivals.num_sessions)
     if timestamps and not tr.has_timestamps:
         fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
     overrides = eo.flag_overrides(locals())
@@ -130,9 +165,15 @@ def bench(
         endpoint=endpoint,
         seed=seed,
         tokenizer=tokenizer,
+        timeout_s=timeout,
         console=console,
     )
-    summary = summarize(result, slo_obj)
+    try:
+        summary = summarize(
+            result, slo_obj, warmup_s=warmup, cooldown_s=cooldown, stages=arrivals.stages
+        )
+    except ValueError as exc:
+        fail(f"--warmup/--cooldown: {exc}")
     summary.update(
         {
             "config": None if engine_config is None else engine_config.to_dict(),
@@ -144,6 +185,7 @@ def bench(
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
             "arrivals": arrivals.describe(),
+            "timeout_s": timeout,
             "seed": seed,
             "slotune_version": _version(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -158,14 +200,44 @@ def bench(
         _print_summary(Console(), summary)
 
 
-def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
-    def longest_request() -> int:
-        full = trace.full_prompt_lengths()
-        longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-        return max(longest, 16)
+def _arrivals(
+    rate: float | None,
+    burstiness: float,
+    concurrency: int | None,
+    timestamps: bool,
+    time_scale: float,
+    constant: bool,
+    stages: str | None,
+    duration: float | None,
+) -> Any:
+    from slotune.workloads import ArrivalSpec, Stage, parse_stages
 
     try:
-        return eo.build_engine_config(config, overrides, longest_request)
+        if stages is not None and (rate is not None or duration is not None):
+            raise ValueError("--stages: give stages or --rate (with --duration), not both")
+        if duration is not None and rate is None:
+            raise ValueError("--duration: needs --rate (or use --stages RATE:SECONDS,...)")
+        staged = parse_stages(stages) if stages else ()
+        if duration is not None and rate is not None:
+            staged, rate = (Stage(rate, duration),), None
+        return ArrivalSpec(
+            rate=rate,
+            burstiness=burstiness,
+            concurrency=concurrency,
+            timestamps=timestamps,
+            time_scale=time_scale,
+            constant=constant,
+            stages=staged,
+        )
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
+    from slotune.workloads import default_max_model_len
+
+    try:
+        return eo.build_engine_config(config, overrides, lambda: default_max_model_len(trace))
     except ValueError as exc:
         fail(str(exc))
 
@@ -184,6 +256,7 @@ def _run(
     endpoint: str,
     seed: int,
     tokenizer: str | None,
+    timeout_s: float | None,
     console: Console,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -209,12 +282,15 @@ def _run(
                     arrivals=arrivals,
                     seed=seed,
                     progress=on_progress,
+                    timeout_s=timeout_s,
                 )
             if backend == "engine":
                 from slotune.engine import Engine
 
                 engine = Engine.local(engine_config, model=model)
-                return run_engine(engine, trace, arrivals, seed=seed, progress=on_progress)
+                return run_engine(
+                    engine, trace, arrivals, seed=seed, progress=on_progress, timeout_s=timeout_s
+                )
             return run_http(
                 url or "",
                 trace,
@@ -224,6 +300,7 @@ def _run(
                 seed=seed,
                 tokenizer=tokenizer,
                 progress=on_progress,
+                **({} if timeout_s is None else {"timeout_s": timeout_s}),
             )
         except (ValueError, FileNotFoundError) as exc:
             fail(str(exc))
@@ -287,5 +364,14 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             )
     for reason, n in (s.get("errors") or {}).items():
         lines.append(f"  error x{n}: {reason}")
+    window = s.get("scoring_window")
+    if window:
+        lines.append(
+            f"scored: {window['requests']} requests arriving in "
+            f"[{window['start_s']:.1f} s, {window['end_s']:.1f} s] "
+            f"(warm-up {window['warmup_s']:g} s, cool-down {window['cooldown_s']:g} s)"
+        )
+    if (s.get("steady_state") or {}).get("steady") is False:
+        lines.append(f"[yellow]not in steady state:[/yellow] {s['steady_state']['note']}")
     for line in lines:
         console.print(line, highlight=False)

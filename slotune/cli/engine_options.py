@@ -22,6 +22,9 @@ PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swa
 PrefixCaching = Annotated[str | None, opt("--prefix-caching", "none | hash | radix.")]
 Policy = Annotated[str | None, opt("--policy", "chunked | prefill_first.")]
 NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV pool size.")]
+KVCacheDtype = Annotated[
+    str | None, opt("--kv-cache-dtype", "auto | fp8 | int8 | int4 (quantized: torch attention).")
+]
 ConfigJson = Annotated[
     str | None,
     opt(
@@ -41,6 +44,7 @@ ENGINE_FLAGS = (
     "prefix_caching",
     "policy",
     "num_gpu_blocks",
+    "kv_cache_dtype",
 )
 
 

@@ -29,8 +29,23 @@ def report(
         Path | None,
         typer.Option("--output", "-o", help="Where to write it (default: FOLDER/report.html)."),
     ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help="Read the study from this storage (with --study-name) and first write "
+            "its best.json, trials.csv and runs/ into FOLDER, as `slotune tune` does.",
+        ),
+    ] = None,
+    study_name: Annotated[
+        str | None, typer.Option("--study-name", help="The study to read from --storage.")
+    ] = None,
 ) -> None:
     """Rebuild report.html from a tune or bench folder's stored study and runs."""
+    if (storage is None) != (study_name is None):
+        fail("--storage and --study-name go together (the study to write FOLDER from)")
+    if storage is not None and study_name is not None:
+        _write_study(folder, storage, study_name)
     if not folder.is_dir():
         fail(f"{folder}: no such folder; give the --out folder of `slotune tune` or `bench`")
     kind = _kind(folder)
@@ -48,3 +63,13 @@ def report(
         fail(f"{folder}: could not build the report: {exc}")
     size_mb = path.stat().st_size / 1e6
     Console().print(f"wrote {kind} report [bold]{path}[/bold] ({size_mb:.1f} MB)", highlight=False)
+
+
+def _write_study(folder: Path, storage: str, study_name: str) -> None:
+    from slotune.tuner.study import write_study_outputs
+
+    try:
+        with Console().status("Rerunning the recommendation and the baseline for the report..."):
+            write_study_outputs(storage, study_name, folder)
+    except ValueError as e:  # StudyError, or a study without a finished trial
+        fail(str(e))

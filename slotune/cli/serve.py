@@ -29,6 +29,17 @@ def serve(
     served_model_name: Annotated[
         str | None, opt("--served-model-name", "Model name clients send (default: --model).")
     ] = None,
+    api_key: Annotated[
+        str | None, opt("--api-key", "Require `Authorization: Bearer KEY` on /v1/* requests.")
+    ] = None,
+    max_queue: Annotated[
+        int | None,
+        opt("--max-queue", "Answer 503 + Retry-After while this many requests wait."),
+    ] = None,
+    drain_timeout: Annotated[
+        float,
+        opt("--drain-timeout", "On SIGTERM/SIGINT, seconds to let requests in flight finish."),
+    ] = 30.0,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,
     block_size: eo.BlockSize = None,
@@ -41,14 +52,22 @@ def serve(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.
 
-    With --gpu the engine is simulated; responses are paced by its simulated step times.
+    Also /v1/models, /tokenize, /detokenize, /version, /health and /metrics (Prometheus,
+    vLLM's metric names). With --gpu the engine is simulated; responses are paced by its
+    simulated step times, /metrics histograms hold simulated times, `seed` changes nothing
+    and `stop_token_ids` are never sampled unless they cover every simulated token.
     """
     if (model is None) == (gpu is None):
         fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")
+    if max_queue is not None and max_queue < 0:
+        fail(f"--max-queue must be >= 0 (got {max_queue})")
+    if not drain_timeout >= 0:
+        fail(f"--drain-timeout must be >= 0 seconds (got {drain_timeout})")
     overrides = eo.flag_overrides(locals())
     try:
         engine_config = eo.build_engine_config(
@@ -84,7 +103,15 @@ def serve(
         highlight=False,
     )
     try:
-        run_server(engine, served, host=host, port=port)
+        run_server(
+            engine,
+            served,
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_queue=max_queue,
+            drain_timeout_s=drain_timeout,
+        )
     except OSError as exc:
         fail(f"--host/--port: cannot listen on {host}:{port}: {exc}")
 

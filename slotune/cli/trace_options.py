@@ -14,7 +14,17 @@ TraceFormat = Annotated[
 NumRequests = Annotated[int | None, opt("--num-requests", "Use the first N requests.")]
 MultiTurn = Annotated[bool, opt("--multi-turn", "ShareGPT: whole conversations as sessions.")]
 Tokenizer = Annotated[
-    str | None, opt("--tokenizer", "tokenizer.json (or its folder) for text traces.")
+    str | None,
+    opt(
+        "--tokenizer",
+        "Text traces: a tokenizer.json (or its folder), an encoding (llama3, qwen3, "
+        "cl100k_base, o200k_base) or bytes. Default: the model family's own, offline.",
+    ),
+]
+
+TokenizerModel = Annotated[
+    str | None,
+    opt("--model", "Model whose vocabulary counts text without --tokenizer (llama-3-8b)."),
 ]
 
 
@@ -26,6 +36,7 @@ def load_trace_or_fail(
     seed: int,
     multi_turn: bool,
     where: str = "",
+    model: str | None = None,
 ) -> Any:
     """``load_trace`` with these flags; bad input ends the command (``where``: its flag)."""
     from slotune.workloads import load_trace
@@ -38,6 +49,7 @@ def load_trace_or_fail(
             tokenizer=tokenizer,
             seed=seed,
             multi_turn=multi_turn,
+            model=model,
         )
     except (ValueError, OSError) as exc:
         fail(f"{where}: {exc}" if where else str(exc))

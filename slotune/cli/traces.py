@@ -85,12 +85,13 @@ def show(
     fmt: to.TraceFormat = None,
     num_requests: to.NumRequests = None,
     tokenizer: to.Tokenizer = None,
+    model: to.TokenizerModel = None,
     multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Statistics of one trace: requests, sessions, length percentiles, prefix sharing."""
-    trace = to.load_trace_or_fail(name, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(name, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     stats = trace.stats()
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
@@ -111,11 +112,12 @@ def convert(
     fmt: to.TraceFormat = None,
     num_requests: to.NumRequests = None,
     tokenizer: to.Tokenizer = None,
+    model: to.TokenizerModel = None,
     multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
 ) -> None:
     """Convert any supported trace to slotune's own JSONL."""
-    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn)
+    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     try:
         trace.to_jsonl(dst)
     except OSError as exc:
@@ -123,3 +125,48 @@ def convert(
     console = Console()
     console.print(f"wrote {dst}: {len(trace)} requests", highlight=False)
     _print_notes(console, trace.stats())
+
+
+@traces_app.command("fit")
+def fit(
+    src: Annotated[str, typer.Argument(help="Trace to fit (bundled name or file).")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the spec (JSON).")],
+    fmt: to.TraceFormat = None,
+    num_requests: to.NumRequests = None,
+    tokenizer: to.Tokenizer = None,
+    model: to.TokenizerModel = None,
+    multi_turn: to.MultiTurn = False,
+    seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
+) -> None:
+    """Fit a trace's lengths, arrivals, sessions and prefix sharing into a spec; then
+    `--trace SPEC --num-requests N` draws any number of requests like it."""
+    from slotune.workloads.fit import fit_trace, write_spec
+
+    trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
+    try:
+        spec = fit_trace(trace)
+        write_spec(spec, out)
+    except ValueError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc}")
+    console = Console()
+    lengths, arrivals, prefix = spec["lengths"], spec["arrivals"], spec["prefix"]
+    console.print(
+        f"wrote {out}: fitted on {spec['requests']} requests of {trace.name}", highlight=False
+    )
+    console.print(
+        f"  prompt p50 {lengths['prompt'][20]:.0f}, output p50 {lengths['output'][20]:.0f} tokens; "
+        f"sessions {spec['sessions']['turns']}",
+        highlight=False,
+    )
+    if arrivals:
+        console.print(
+            f"  arrivals {arrivals['rate']:.3g} req/s, burstiness {arrivals['burstiness']:.3g}, "
+            f"shape over {arrivals['period_s']:.0f} s",
+            highlight=False,
+        )
+    console.print(
+        f"  prefix sharing: {prefix['share']:.0%} of first turns, {len(prefix['weights'])} groups",
+        highlight=False,
+    )

@@ -54,6 +54,27 @@ def tune(
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
     trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
     timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
+    request_timeout: Annotated[
+        float | None,
+        opt(
+            "--request-timeout",
+            "Client timeout per request (s): later, it is aborted and fails the SLO.",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        opt(
+            "--duration",
+            "Steady state: each run sends at its rate for this many seconds (the trace cut "
+            "or repeated), instead of a number of requests.",
+        ),
+    ] = None,
+    warmup: Annotated[
+        float, opt("--warmup", "Leave requests arriving in the first N seconds out of scores.")
+    ] = 0.0,
+    cooldown: Annotated[
+        float, opt("--cooldown", "Leave requests arriving in the last N seconds out of scores.")
+    ] = 0.0,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
@@ -70,6 +91,13 @@ def tune(
     ] = None,
     resume: Annotated[bool, opt("--resume", "Continue an existing study.")] = False,
     n_jobs: Annotated[int, opt("--n-jobs", "Parallel worker processes on one storage.")] = 1,
+    heartbeat: Annotated[
+        int,
+        opt(
+            "--heartbeat",
+            "Seconds between a worker's heartbeats; a trial silent for 3x is failed and retried.",
+        ),
+    ] = 30,
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
@@ -101,6 +129,10 @@ def tune(
         attainment=attainment,
         trials=trials,
         timeout=timeout,
+        request_timeout=request_timeout,
+        duration=duration,
+        warmup=warmup,
+        cooldown=cooldown,
         sampler=sampler,
         seed=seed,
         search=search,
@@ -111,6 +143,7 @@ def tune(
         backend=backend,
         out=out,
         slo=slo,
+        heartbeat=heartbeat,
     )
     try:
         prepared = prepare(options)
@@ -127,43 +160,46 @@ def _run(options: Any, prepared: Any, place: Any) -> None:
     from slotune.tuner.space import SearchSpace
 
     evaluator = Evaluator(prepared.setup, prepared.trace)
-    if place.exists:
-        try:
-            study, setup, baseline = studies.load(place.storage, place.name)
-        except studies.StudyError as e:
-            fail(str(e))
-        diff = setup.differences(prepared.setup)
-        if diff:
-            fail(
-                f"--resume: study {place.name!r} was created with other {', '.join(diff)}; "
-                "resume with the options it was created with"
-            )
+
+    def baseline() -> Any:
+        with _console.status("Measuring vLLM's defaults (the baseline)..."):
+            return measure_baseline(prepared, evaluator)
+
+    try:
+        joined = studies.create_or_join(
+            place.storage,
+            place.name,
+            prepared.setup,
+            baseline,
+            trials=options.trials,
+            heartbeat=options.heartbeat,
+        )
+    except KeyboardInterrupt:
+        Console(stderr=True).print(
+            "\nInterrupted before the study was created; nothing was stored."
+        )
+        raise typer.Exit(130) from None
+    except studies.StudyError as e:
+        fail(str(e))
+    study, setup, baseline = joined.study, joined.setup, joined.baseline
+    if not joined.created:
+        studies.set_budget(study, options.trials)
         evaluator = Evaluator(setup, prepared.trace)
         _console.print(
-            f"Resuming study [bold]{place.name}[/bold] "
+            f"{'Resuming' if options.resume else 'Joining'} study [bold]{place.name}[/bold] "
             f"({studies.count_finished(study)} finished trials)."
         )
-    else:
-        try:
-            with _console.status("Measuring vLLM's defaults (the baseline)..."):
-                setup, baseline = measure_baseline(prepared, evaluator)
-        except KeyboardInterrupt:
-            Console(stderr=True).print(
-                "\nInterrupted before the study was created; nothing was stored."
-            )
-            raise typer.Exit(130) from None
-        study = studies.create(place.storage, place.name, setup, baseline)
     _print_plan(setup, place, prepared.trace)
-    remaining = options.trials - studies.count_finished(study)
+    budget = options.trials
     if setup.sampler == "grid":
-        size = studies.enqueue_grid(
-            study, SearchSpace.from_dict(setup.space), setup.seed, options.trials
-        )
-        remaining = min(remaining, size - studies.count_finished(study))
+        space = SearchSpace.from_dict(setup.space)
+        size = studies.enqueue_grid(study, space, setup.seed, options.trials, url=place.storage)
+        budget = min(budget, size)
         _console.print(f"Grid: {size} configurations in the discretized space.")
+    seed = None if joined.created else studies.joiner_seed(setup.seed)
     try:
         _optimize(
-            place, studies.count_finished(study), setup, baseline, remaining, options, evaluator
+            place, studies.count_finished(study), setup, baseline, budget, options, evaluator, seed
         )
     except KeyboardInterrupt:
         done = studies.count_finished(study)
@@ -193,6 +229,11 @@ def _print_plan(setup: Any, place: Any, trace: Any) -> None:
             else (f"gamma, burstiness {setup.load.burstiness:g}")
         )
         load = f"the request rate is searched per trial ({kind}, 2% steps)"
+    if setup.load.duration_s is not None:
+        load += (
+            f", each run {setup.load.duration_s:g} s long (scored after a "
+            f"{setup.warmup_s:g} s warm-up, before a {setup.cooldown_s:g} s cool-down)"
+        )
     _console.print(
         f"Tuning [bold]{setup.model}[/bold] on [bold]{setup.gpu}[/bold]"
         f"{f' x{setup.tp}' if setup.tp > 1 else ''} for SLO [bold]{setup.slo}[/bold]: "
@@ -209,17 +250,19 @@ def _optimize(
     start: int,
     setup: Any,
     baseline: dict[str, Any],
-    remaining: int,
+    budget: int,
     options: Any,
     evaluator: Any,
+    seed: int | None,
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from slotune.tuner import study as studies
     from slotune.tuner.results import finished, select_best
 
+    remaining = budget - start
     if remaining <= 0:
-        _console.print(f"The study already has {options.trials} finished trials.")
+        _console.print(f"The study already has {start} finished trials.")
         return
     columns = (
         TextColumn("trials"),
@@ -243,11 +286,12 @@ def _optimize(
         studies.run_workers(
             place.storage,
             place.name,
-            remaining,
+            budget,
             options.n_jobs,
             timeout=options.timeout,
             on_progress=on_progress,
             evaluator=evaluator,
+            seed=seed,
         )
 
 
@@ -262,7 +306,7 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
             f"(defaults {baseline.get('score', float('nan')):.3f})"
         )
     return (
-        f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
+        f"best goodput {attrs.get('goodput_rps') or 0:.3g} req/s "
         f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
     )
 

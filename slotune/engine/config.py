@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from slotune.engine.kv_dtype import KV_CACHE_DTYPES
+
 PreemptionMode = Literal["recompute", "swap"]
 PrefixCaching = Literal["none", "hash", "radix"]
 Policy = Literal["chunked", "prefill_first"]
+KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
 
 _PREEMPTION_MODES = ("recompute", "swap")
 _PREFIX_CACHING = ("none", "hash", "radix")
@@ -23,7 +26,8 @@ class EngineConfig:
     """The scheduling and KV-cache knobs of the engine, named as in vLLM.
 
     ``long_prefill_token_threshold`` 0 means off. ``num_gpu_blocks`` overrides the pool
-    size the executor would derive from ``gpu_memory_utilization``.
+    size the executor would derive from ``gpu_memory_utilization``. ``kv_cache_dtype``
+    stores the KV cache in the model's dtype (``auto``) or quantized (see ``kv_dtype``).
     """
 
     max_num_batched_tokens: int = 2048
@@ -37,6 +41,7 @@ class EngineConfig:
     policy: Policy = "chunked"
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int | None = None
+    kv_cache_dtype: KVCacheDtype = "auto"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -74,6 +79,8 @@ class EngineConfig:
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            _fail("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}", self.kv_cache_dtype)
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             _fail("num_gpu_blocks", "must be at least 1 when set", self.num_gpu_blocks)
         if self.policy == "prefill_first" and self.long_prefill_token_threshold:

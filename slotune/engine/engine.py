@@ -197,6 +197,14 @@ class Engine:
         for i in range(1, self._num_completions.get(request_id, 1)):
             self.scheduler.abort_request(f"{request_id}#{i}")
 
+    def forget_request_id(self, request_id: str) -> None:
+        """Stop remembering the id of a request that finished or was aborted (and its
+        completions' ids), for a long-running caller that makes unique ids itself (the
+        server): the engine otherwise keeps every id it was given, to refuse repeats."""
+        n = self._num_completions.pop(request_id, 1)
+        self._used_ids.discard(request_id)
+        self._used_ids.difference_update(f"{request_id}#{i}" for i in range(1, n))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.scheduler.requests)
 

@@ -1,4 +1,5 @@
-"""The model's shape, read from a Hugging Face ``config.json`` (Llama 2/3, Mistral, Qwen2).
+"""The model's shape, read from a Hugging Face ``config.json`` (Llama 2/3, Mistral, Qwen2, and the
+mixture-of-experts Mixtral and Qwen2-MoE).
 
 Torch-free: the real executor builds its model from it and the simulator's catalogue its
 cost-model shapes, so both read a checkpoint by the same rules.
@@ -11,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 # the model_type of a file that names only its architecture
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
 }
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -30,6 +33,26 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts: each token's ``num_experts_per_tok`` highest-scoring experts (softmax
+    over the router's logits) run and are summed with those scores, renormalised to sum to
+    one when ``norm_topk_prob``. A shared expert (Qwen2-MoE) runs on every token, scaled
+    by ``sigmoid(shared_expert_gate(x))``. Layers not in ``moe_layers`` keep a dense MLP of
+    the model's ``intermediate_size``.
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int  # of each routed expert
+    moe_layers: tuple[int, ...]
+    norm_topk_prob: bool = True
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
 
 
 @dataclass(frozen=True)
@@ -52,6 +75,8 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    moe: MoEConfig | None = None
+    quantization: str | None = None  # quantization_config.quant_method, e.g. "fp8", "awq"
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -88,11 +113,13 @@ class ModelConfig:
                 rope_scaling=_rope_scaling(data, where),
                 max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-                attention_bias=model_type == "qwen2" or bool(data.get("attention_bias", False)),
+                attention_bias=_attention_bias(model_type, data),
                 mlp_bias=bool(data.get("mlp_bias", False)),
                 sliding_window=_sliding_window(data),
                 bos_token_id=data.get("bos_token_id"),
                 eos_token_ids=_token_ids(data.get("eos_token_id")),
+                moe=_moe(model_type, data, where),
+                quantization=quantization_method(data),
             )
         except KeyError as e:
             raise ValueError(f"{where}: required field {e.args[0]!r} is missing") from None
@@ -107,6 +134,68 @@ class ModelConfig:
     def from_file(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         return cls.from_hf_dict(json.loads(path.read_text()), where=str(path))
+
+
+def _attention_bias(model_type: str, data: dict[str, Any]) -> bool:
+    if model_type == "qwen2":
+        return True
+    if model_type == "qwen2_moe":  # files before transformers 4.51 lack the key: biased then
+        return bool(data.get("qkv_bias", True))
+    return bool(data.get("attention_bias", False))
+
+
+def _moe(model_type: str, data: dict[str, Any], where: str) -> MoEConfig | None:
+    """Mixtral: every layer routed, renormalised top-k. Qwen2-MoE: layer ``i`` routed when
+    ``(i + 1) % decoder_sparse_step == 0`` and ``i`` is not in ``mlp_only_layers``."""
+    if model_type == "mixtral":
+        experts = int(data.get("num_local_experts", 8))
+        return _checked_moe(
+            MoEConfig(
+                num_experts=experts,
+                num_experts_per_tok=int(data.get("num_experts_per_tok", 2)),
+                moe_intermediate_size=int(data["intermediate_size"]),
+                moe_layers=tuple(range(int(data["num_hidden_layers"]))),
+            ),
+            where,
+        )
+    if model_type != "qwen2_moe":
+        return None
+    experts = int(data.get("num_experts", 60))
+    step = int(data.get("decoder_sparse_step", 1))
+    dense = set(data.get("mlp_only_layers") or ())
+    layers = int(data["num_hidden_layers"])
+    moe_layers = tuple(
+        i for i in range(layers) if experts > 0 and (i + 1) % step == 0 and i not in dense
+    )
+    return _checked_moe(
+        MoEConfig(
+            num_experts=experts,
+            num_experts_per_tok=int(data.get("num_experts_per_tok", 4)),
+            moe_intermediate_size=int(data.get("moe_intermediate_size", 1408)),
+            moe_layers=moe_layers,
+            norm_topk_prob=bool(data.get("norm_topk_prob", False)),
+            shared_expert_intermediate_size=int(data.get("shared_expert_intermediate_size", 0)),
+        ),
+        where,
+    )
+
+
+def _checked_moe(moe: MoEConfig, where: str) -> MoEConfig:
+    if not 1 <= moe.num_experts_per_tok <= moe.num_experts:
+        raise ValueError(
+            f"{where}: num_experts_per_tok ({moe.num_experts_per_tok}) must be between 1 and "
+            f"the number of experts ({moe.num_experts})"
+        )
+    return moe
+
+
+def quantization_method(data: dict[str, Any]) -> str | None:
+    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq, …)."""
+    quant = data.get("quantization_config")
+    if not isinstance(quant, dict):
+        return None
+    method = quant.get("quant_method")
+    return str(method) if method else None
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:
@@ -150,7 +239,7 @@ def _rope_scaling(data: dict[str, Any], where: str) -> RopeScaling:
 
 
 def _sliding_window(data: dict[str, Any]) -> int | None:
-    if data.get("model_type") == "qwen2" and not data.get("use_sliding_window", False):
+    if data.get("model_type") in ("qwen2", "qwen2_moe") and not data.get("use_sliding_window"):
         return None
     window = data.get("sliding_window")
     return int(window) if window else None

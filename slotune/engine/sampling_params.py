@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,7 +46,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Below ``GREEDY_BELOW``, dividing the logits by the temperature would overflow
+        them (to inf and NaN in float32)."""
+        return self.temperature < GREEDY_BELOW
 
 
 def _is_int(value: object) -> bool:

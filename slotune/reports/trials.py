@@ -136,14 +136,17 @@ def _importances(study: Any, n_complete: int, param_names: tuple[str, ...]) -> d
 def load_study_trials(
     storage_url: str | Path, study_name: str | None, objective: str | None
 ) -> TrialsData:
-    """Load the Optuna study from a SQLite file or a storage URL, creating no tables;
+    """Load the Optuna study from a SQLite file or a storage URL (database or journal
+    file), creating no tables;
     importances use Optuna's default evaluator (PED-ANOVA)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    from slotune.tuner.storage import open_reader
+
     url = f"sqlite:///{storage_url}" if isinstance(storage_url, Path) else storage_url
-    storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+    storage = open_reader(url)
     study = optuna.load_study(study_name=study_name, storage=storage)
     names = _objective_names(study, objective)
     frame = _frame_from_study(study, len(names))

@@ -27,12 +27,6 @@ def config_key(config: EngineConfig) -> str:
     return json.dumps(config.to_dict(), sort_keys=True)
 
 
-def longest_request(trace: Any) -> int:
-    """Tokens of the longest request (prompt with its history, plus output): max_model_len."""
-    full = trace.full_prompt_lengths()
-    return max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
-
-
 @dataclass(frozen=True)
 class Measurement:
     """One run's summary with the study's score and attainment of it."""
@@ -93,27 +87,48 @@ class Evaluator:
         from slotune.workloads import run_engine, run_simulated
 
         arrivals = self.setup.load.arrivals(rate)
+        trace = (
+            self.trace
+            if arrivals.num_sessions is None
+            else self.trace.repeat_to(arrivals.num_sessions)
+        )
         self.runs += 1
         if self.setup.backend == "engine":
             from slotune.engine import Engine
 
             engine = Engine.local(config, model=self.setup.model)
-            return run_engine(engine, self.trace, arrivals, seed=self.setup.seed)
+            return run_engine(
+                engine,
+                trace,
+                arrivals,
+                seed=self.setup.seed,
+                timeout_s=self.setup.request_timeout_s,
+            )
         return run_simulated(
             config,
-            self.trace,
+            trace,
             gpu=self.setup.gpu,
             model=self.setup.model,
             tp=self.setup.tp,
             stack=self.setup.stack,
             arrivals=arrivals,
             seed=self.setup.seed,
+            timeout_s=self.setup.request_timeout_s,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:
         from slotune.workloads import summarize
 
-        return _plain(summarize(result, self.slo, percentiles=self.percentiles))
+        setup = self.setup
+        return _plain(
+            summarize(
+                result,
+                self.slo,
+                percentiles=self.percentiles,
+                warmup_s=setup.warmup_s,
+                cooldown_s=setup.cooldown_s,
+            )
+        )
 
     def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
         if rate is None:
@@ -133,7 +148,11 @@ class Evaluator:
             self.setup.percentile,
             self.own_percentiles,
         )
-        return Measurement(rate, summary, score, att, att >= self.setup.attainment)
+        # a timed run that never settled measured a burst, not a rate the server holds
+        settled = self.setup.load.duration_s is None or (
+            (summary.get("steady_state") or {}).get("steady") is not False
+        )
+        return Measurement(rate, summary, score, att, att >= self.setup.attainment and settled)
 
     def goodput(
         self, config: EngineConfig, start_rung: int, *, exact: bool = False
@@ -162,7 +181,11 @@ def load_setup_trace(setup: TuneSetup) -> Any:
     from slotune.workloads import load_trace
 
     return load_trace(
-        setup.trace, format=setup.trace_format, num_requests=setup.num_requests, seed=setup.seed
+        setup.trace,
+        format=setup.trace_format,
+        num_requests=setup.num_requests,
+        seed=setup.seed,
+        model=setup.model,
     )
 
 

@@ -2,7 +2,8 @@
 
 ``FLAGS`` is the one table from ``EngineConfig`` fields to each engine's flags. A rule
 returns the flags for a value and, where the engine cannot express the choice, a comment
-saying so and which nearest equivalent it used.
+saying so and which nearest equivalent it used. ``QUANTIZATION`` does the same for the
+model's weight precision, which is given (by ``best.json`` or the checkpoint), not tuned.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.engine.hf_config import quantization_method
 
 FORMATS = ("vllm", "sglang", "yaml", "json")
 VLLM_BLOCK_SIZES = (16, 32, 64, 128)
@@ -136,6 +139,28 @@ def _none(_v: Any, _c: EngineConfig) -> Flags:
     return Flags()
 
 
+def _kv_dtype(engine: str, flag_value: dict[str, str], int4_note: str = "") -> Rule:
+    """``--kv-cache-dtype``: auto is the default; a precision the engine lacks maps to the
+    value in ``flag_value`` with a comment."""
+    missing = {
+        "int8": f"{engine} has no int8 KV cache: {flag_value['int8']} (the same bytes per "
+        "element) is the nearest equivalent",
+        "int4": f"{engine} has no 4-bit KIVI KV cache: {flag_value['int4']}, the smallest it "
+        f"offers on every GPU (twice int4's bytes), is the nearest equivalent{int4_note}",
+    }
+
+    def rule(v: str, _c: EngineConfig) -> Flags:
+        if v == "auto":
+            return Flags()
+        return Flags(("--kv-cache-dtype", flag_value[v]), missing.get(v))
+
+    return rule
+
+
+_VLLM_KV = {"fp8": "fp8", "int8": "fp8", "int4": "fp8"}
+_SGLANG_KV = {"fp8": "fp8_e4m3", "int8": "fp8_e4m3", "int4": "fp8_e4m3"}
+
+
 FLAGS: dict[str, dict[str, Rule]] = {
     "max_num_batched_tokens": {"vllm": _value("--max-num-batched-tokens"), "sglang": _sglang_chunk},
     "long_prefill_token_threshold": {"vllm": _vllm_threshold, "sglang": _none},
@@ -151,6 +176,12 @@ FLAGS: dict[str, dict[str, Rule]] = {
     "num_gpu_blocks": {"vllm": _vllm_blocks, "sglang": _sglang_blocks},
     "max_model_len": {"vllm": _none, "sglang": _none},
     "swap_space_gb": {"vllm": _none, "sglang": _none},
+    "kv_cache_dtype": {
+        "vllm": _kv_dtype("vLLM", _VLLM_KV),
+        "sglang": _kv_dtype(
+            "SGLang", _SGLANG_KV, "; its 4-bit fp4_e2m1 runs on Blackwell-class GPUs only"
+        ),
+    },
 }
 """EngineConfig field -> engine -> rule. ``max_model_len`` is the trace's longest request,
 not a serving limit, so it is not exported (except where prefill-first needs it)."""
@@ -166,21 +197,65 @@ _LAUNCH = {
 }
 
 
-def engine_args(config: EngineConfig, engine: str) -> tuple[list[str], list[str]]:
-    """The flags and the comments for ``engine`` (``vllm`` or ``sglang``)."""
+_PREQUANTIZED = ("awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "bitsandbytes")
+_FULL_PRECISION = ("auto", "none", "bf16", "bfloat16", "fp16", "float16")
+_INT4_COMMENT = (
+    "4-bit weight-only quantization needs an AWQ or GPTQ checkpoint: --quantization awq "
+    "assumed (use gptq for a GPTQ checkpoint)"
+)
+QUANTIZATION: dict[str, dict[str, Flags]] = {
+    "fp8": {
+        "vllm": Flags(("--quantization", "fp8")),
+        "sglang": Flags(("--quantization", "fp8")),
+    },
+    "int8": {
+        "vllm": Flags(
+            (),
+            "vLLM runs int8 (W8A8) weights only from a pre-quantized compressed-tensors "
+            "checkpoint, whose config.json names the method: serve such a checkpoint",
+        ),
+        "sglang": Flags(("--quantization", "w8a8_int8")),
+    },
+    "int4": {
+        "vllm": Flags(("--quantization", "awq"), _INT4_COMMENT),
+        "sglang": Flags(("--quantization", "awq"), _INT4_COMMENT),
+    },
+    **{m: {e: Flags(("--quantization", m)) for e in ("vllm", "sglang")} for m in _PREQUANTIZED},
+}
+"""The model's weight precision (slotune's name, or a checkpoint's ``quant_method``) ->
+engine -> ``--quantization`` flags and comment. Full precision adds no flag."""
+
+
+def quantization_args(quantization: str | None, engine: str) -> Flags:
+    if quantization is None or quantization.lower() in _FULL_PRECISION:
+        return Flags()
+    key = {"w8a8_int8": "int8", "w4a16": "int4"}.get(quantization.lower(), quantization.lower())
+    if key not in QUANTIZATION:
+        known = ", ".join([*_FULL_PRECISION, *QUANTIZATION])
+        raise ValueError(f"model quantization {quantization!r} is unknown; known: {known}")
+    return QUANTIZATION[key][engine]
+
+
+def engine_args(
+    config: EngineConfig, engine: str, quantization: str | None = None
+) -> tuple[list[str], list[str]]:
+    """The flags and the comments for ``engine`` (``vllm`` or ``sglang``); ``quantization``
+    is the model's weight precision, given rather than tuned."""
     args: list[str] = []
     comments: list[str] = []
-    for name, rules in FLAGS.items():
-        flags = rules[engine](getattr(config, name), config)
+    rules = [rules[engine](getattr(config, name), config) for name, rules in FLAGS.items()]
+    for flags in [*rules, quantization_args(quantization, engine)]:
         args.extend(flags.args)
         if flags.comment:
             comments.append(flags.comment)
     return args, comments
 
 
-def command_line(config: EngineConfig, engine: str, *, model: str, tp: int = 1) -> str:
+def command_line(
+    config: EngineConfig, engine: str, *, model: str, tp: int = 1, quantization: str | None = None
+) -> str:
     """A ready shell command, comments first (``# ...``), then the launch line."""
-    args, comments = engine_args(config, engine)
+    args, comments = engine_args(config, engine, quantization)
     words = _LAUNCH[engine](model, tp) + args
     line = " ".join(shlex.quote(w) for w in words)
     return "\n".join([*(f"# {c}" for c in comments), line])
@@ -194,7 +269,8 @@ def export(best: dict[str, Any], fmt: str) -> str:
     model = hf_model_name(str(best.get("model", "MODEL")))
     tp = int(best.get("tp", 1))
     if fmt in ("vllm", "sglang"):
-        return command_line(config, fmt, model=model, tp=tp)
+        quantization = model_quantization(best)
+        return command_line(config, fmt, model=model, tp=tp, quantization=quantization)
     if fmt == "json":
         return json.dumps(config.to_dict(), indent=2)
     import yaml
@@ -219,3 +295,20 @@ HF_NAMES = {
 
 def hf_model_name(model: str) -> str:
     return HF_NAMES.get(model.lower(), model)
+
+
+def model_quantization(best: dict[str, Any]) -> str | None:
+    """``best["quantization"]`` when set, else the ``quant_method`` of the model's
+    ``config.json`` when ``model`` is a local checkpoint folder or file."""
+    if best.get("quantization"):
+        return str(best["quantization"])
+    path = Path(str(best.get("model", "")))
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the model's config.json ({e})") from None
+    return quantization_method(data)

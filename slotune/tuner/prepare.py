@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.baseline import gpu_spec, vllm_defaults
-from slotune.tuner.evaluate import Evaluator, longest_request
+from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
-from slotune.tuner.setup import LoadSpec, TuneSetup
+from slotune.tuner.setup import LoadSpec, TuneSetup, trace_digest
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
-from slotune.tuner.study import SAMPLERS, StudyError, default_storage, study_names
+from slotune.tuner.study import (
+    DEFAULT_HEARTBEAT_S,
+    SAMPLERS,
+    StudyError,
+    default_storage,
+    study_names,
+)
 
 DEFAULT_NUM_REQUESTS = {"sim": 500, "engine": 32}
 """Requests per trial by default. Simulated: enough for a meaningful p99, few enough that
@@ -49,6 +55,10 @@ class TuneOptions:
     attainment: float = 0.99
     trials: int = 50
     timeout: float | None = None
+    request_timeout: float | None = None
+    duration: float | None = None
+    warmup: float = 0.0
+    cooldown: float = 0.0
     sampler: str | None = None
     seed: int = 0
     search: str | None = None
@@ -59,6 +69,7 @@ class TuneOptions:
     backend: str = "sim"
     out: str | None = None
     slo: str = ""
+    heartbeat: int = DEFAULT_HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -91,9 +102,35 @@ def check_options(o: TuneOptions) -> None:
         (o.tp >= 1, f"--tp must be at least 1 (got {o.tp})"),
         (o.trials >= 1, f"--trials must be at least 1 (got {o.trials})"),
         (o.n_jobs >= 1, f"--n-jobs must be at least 1 (got {o.n_jobs})"),
+        (o.heartbeat >= 1, f"--heartbeat must be at least 1 second (got {o.heartbeat})"),
         (
             o.timeout is None or o.timeout > 0,
             f"--timeout must be positive seconds (got {o.timeout})",
+        ),
+        (
+            o.request_timeout is None
+            or (o.request_timeout > 0 and math.isfinite(o.request_timeout)),
+            f"--request-timeout must be positive seconds (got {o.request_timeout})",
+        ),
+        (
+            o.duration is None or (o.duration > 0 and math.isfinite(o.duration)),
+            f"--duration must be positive seconds (got {o.duration})",
+        ),
+        (
+            math.isfinite(o.warmup + o.cooldown) and min(o.warmup, o.cooldown) >= 0,
+            f"--warmup and --cooldown must be >= 0 seconds (got {o.warmup:g}, {o.cooldown:g})",
+        ),
+        (
+            o.duration is None or o.warmup + o.cooldown < o.duration,
+            "--warmup and --cooldown together must be shorter than --duration",
+        ),
+        (
+            o.duration is None or o.num_requests is None,
+            "--num-requests: with --duration the rate and the duration set the requests",
+        ),
+        (
+            o.duration is None or o.concurrency is None,
+            "--duration sends at a rate for a time; a closed loop (--concurrency) has no rate",
         ),
         (
             o.num_requests is None or o.num_requests >= 1,
@@ -122,7 +159,7 @@ def check_options(o: TuneOptions) -> None:
 
 def prepare(o: TuneOptions) -> Prepared:
     """Validate everything and build the setup (the baseline and its rate come later)."""
-    from slotune.workloads import load_trace, parse_slo
+    from slotune.workloads import default_max_model_len, load_trace, parse_slo
 
     check_options(o)
     try:
@@ -137,15 +174,19 @@ def prepare(o: TuneOptions) -> Prepared:
         raise TuneInputError(str(e)) from None
     gpu = _check_hardware(o)
     try:
-        trace = load_trace(o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed)
+        trace = load_trace(
+            o.trace, format=o.format, num_requests=o.num_requests, seed=o.seed, model=o.model
+        )
     except (ValueError, OSError) as e:
         raise TuneInputError(f"--trace: {e}") from None
-    if o.num_requests is None:  # the default takes what a short trace has
+    if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
     where = f"--search {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
-        space = build_space(max_model_len=longest_request(trace), overrides=overrides, where=where)
+        space = build_space(
+            max_model_len=default_max_model_len(trace), overrides=overrides, where=where
+        )
     except SearchSpaceError as e:
         raise TuneInputError(str(e)) from None
     objective = o.objective or _default_objective(o, trace)
@@ -192,10 +233,14 @@ def prepare(o: TuneOptions) -> Prepared:
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
+        request_timeout_s=o.request_timeout,
+        warmup_s=o.warmup,
+        cooldown_s=o.cooldown,
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,
         notes=tuple(notes),
+        trace_digest=trace_digest(trace),
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -244,12 +289,14 @@ def _default_objective(o: TuneOptions, trace: Any) -> str:
 
 def _load(o: TuneOptions, trace: Any) -> LoadSpec:
     if o.rate is not None:
-        return LoadSpec(rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency)
-    if trace.has_timestamps and o.burstiness == 1.0:
+        return LoadSpec(
+            rate=o.rate, burstiness=o.burstiness, concurrency=o.concurrency, duration_s=o.duration
+        )
+    if trace.has_timestamps and o.burstiness == 1.0 and o.duration is None:
         native = trace.stats().get("mean_rate")
         return LoadSpec(timestamps=True, native_rate=native, concurrency=o.concurrency)
     # no rate yet: the goodput search or the baseline's goodput sets it (burstiness applies)
-    return LoadSpec(burstiness=o.burstiness, concurrency=o.concurrency)
+    return LoadSpec(burstiness=o.burstiness, concurrency=o.concurrency, duration_s=o.duration)
 
 
 def baseline_config(p: Prepared) -> Any:
@@ -326,7 +373,9 @@ class StudyPlace:
 
 def place_study(o: TuneOptions, objective: str) -> StudyPlace:
     """Where the study lives. Without ``--study-name``, a new run takes the first free name
-    of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one."""
+    of ``<gpu>-<model>-<trace>-<objective>[-N]`` and ``--resume`` the last taken one. With
+    ``--storage`` and ``--study-name``, an existing study is joined (workers on other
+    machines start the same command), provided its settings are the same."""
 
     def where(name: str) -> tuple[str, Path]:
         out = Path(o.out) if o.out else DEFAULT_OUT_ROOT / name
@@ -342,7 +391,7 @@ def place_study(o: TuneOptions, objective: str) -> StudyPlace:
     if o.study_name:
         name = o.study_name
         exists = taken(name)
-        if exists and not o.resume:
+        if exists and not o.resume and not o.storage:
             raise TuneInputError(
                 f"--study-name: study {name!r} already exists in "
                 f"{where(name)[0]}; add --resume to continue it, or pick "

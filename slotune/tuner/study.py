@@ -1,105 +1,71 @@
-"""Optuna studies on any storage URL: create, resume, sample, and run worker processes.
+"""Optuna studies on any storage URL: create or join, resume, sample, and run workers.
 
-A study carries its ``TuneSetup`` and the baseline's measurements as study user
-attributes, so a worker process (``--n-jobs``) or a later ``--resume`` rebuilds the whole
-experiment from the storage URL and the study name. Simulation is CPU-bound Python, so
-parallel workers are processes, each with its own sampler seed, sharing the storage.
-``--trials`` counts the study's finished trials: a resumed study runs what is missing.
+A study carries its ``TuneSetup``, the baseline's measurements and its run settings
+(budget, heartbeat) as study user attributes, so any worker (``--n-jobs``, ``slotune
+worker`` on another machine, a later ``--resume``) rebuilds the whole experiment from the
+storage URL and the study name. Simulation is CPU-bound Python, so parallel workers are
+processes sharing the storage. ``--trials`` counts the study's finished trials, across
+all workers: a resumed study runs what is missing (see ``worker.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import multiprocessing
 import random
 import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.setup import BASELINE_ATTR, SETUP_ATTR, TuneSetup
+from slotune.tuner.setup import BASELINE_ATTR, RUN_ATTR, SETUP_ATTR, TuneSetup
 from slotune.tuner.space import SearchSpace
+from slotune.tuner.storage import (
+    DEFAULT_PATIENCE_S,
+    Heartbeat,
+    StudyError,
+    default_storage,
+    is_journal,
+    is_outage,
+    open_storage,
+    quiet_optuna,
+    redact,
+    study_lock,
+)
+from slotune.tuner.worker import Identity, Worker
 
 SAMPLERS = ("tpe", "nsga2", "random", "grid")
-_SQLITE_TIMEOUT_S = 60
+DEFAULT_HEARTBEAT_S = 30
 
-
-class StudyError(ValueError):
-    """A study that cannot be created or resumed as asked."""
-
-
-def quiet_optuna() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message=".*SQLite.*")
-
-
-def default_storage(out_dir: Path) -> str:
-    return f"sqlite:///{out_dir / 'study.db'}"
-
-
-@functools.lru_cache(maxsize=8)
-def open_storage(url: str) -> Any:
-    """The Optuna storage of ``url``, opened once per process."""
-    import optuna
-
-    quiet_optuna()
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        kwargs = {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
-    else:
-        kwargs = {"pool_pre_ping": True}
-    try:
-        storage = optuna.storages.RDBStorage(_with_driver(url), engine_kwargs=kwargs)
-    except Exception as e:  # SQLAlchemy raises many kinds for a bad URL or an unreachable DB
-        raise StudyError(f"--storage {url}: cannot open the storage ({_first_line(e)})") from None
-    if url.startswith("sqlite"):
-        _fast_sqlite(storage.engine)
-    return storage
-
-
-def _fast_sqlite(engine: Any) -> None:
-    """Write-ahead log with normal sync: each trial's dozen small commits no longer wait
-    for the disk (SQLite's default made a 50-trial study spend ~20 s in fsync), and
-    readers do not block the writing workers. A finished trial survives a crash or Ctrl-C
-    of the process; only a power loss can drop the last commits."""
-    import sqlalchemy
-
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.close()
-
-    sqlalchemy.event.listen(engine, "connect", on_connect)
-    engine.dispose()
-
-
-def _with_driver(url: str) -> str:
-    """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 defaults to
-    psycopg 3, while the ``postgres`` extra installs psycopg2."""
-    import importlib.util
-
-    for prefix in ("postgresql://", "postgres://"):
-        if (
-            url.startswith(prefix)
-            and importlib.util.find_spec("psycopg") is None
-            and (importlib.util.find_spec("psycopg2") is not None)
-        ):
-            return "postgresql+psycopg2://" + url[len(prefix) :]
-    return url
+__all__ = [
+    "DEFAULT_HEARTBEAT_S",
+    "SAMPLERS",
+    "Joined",
+    "StudyError",
+    "check_same_setup",
+    "count_finished",
+    "create",
+    "create_or_join",
+    "default_storage",
+    "enqueue_grid",
+    "joiner_seed",
+    "load",
+    "make_sampler",
+    "open_storage",
+    "quiet_optuna",
+    "run_settings",
+    "run_worker",
+    "run_workers",
+    "set_budget",
+    "study_lock",
+    "study_names",
+    "worker_evaluator",
+    "write_study_outputs",
+]
 
 
 def study_names(url: str) -> list[str]:
@@ -111,7 +77,56 @@ def study_names(url: str) -> list[str]:
     return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
 
 
-def create(url: str, name: str, setup: TuneSetup, baseline: dict[str, Any]) -> Any:
+@dataclass(frozen=True)
+class Joined:
+    """A study this process created or joined, with its stored setup and baseline."""
+
+    study: Any
+    setup: TuneSetup
+    baseline: dict[str, Any]
+    created: bool
+
+
+def create_or_join(
+    url: str,
+    name: str,
+    setup: TuneSetup,
+    measure_baseline: Callable[[], tuple[TuneSetup, dict[str, Any]]],
+    *,
+    trials: int,
+    heartbeat: int = DEFAULT_HEARTBEAT_S,
+) -> Joined:
+    """The study ``name``: created (with the baseline measured and queued, once) by the
+    first worker to get the study's lock, joined by the others, who must have the same
+    setup (``StudyError`` naming each differing field otherwise)."""
+    with study_lock(url, name):
+        if name in study_names(url):
+            study, stored, baseline = load(url, name)
+            check_same_setup(stored, setup, name)
+            return Joined(study, stored, baseline, created=False)
+        setup, baseline = measure_baseline()
+        study = create(url, name, setup, baseline, trials=trials, heartbeat=heartbeat)
+        return Joined(study, setup, baseline, created=True)
+
+
+def check_same_setup(stored: TuneSetup, mine: TuneSetup, name: str) -> None:
+    diff = stored.explain_differences(mine)
+    if diff:
+        raise StudyError(
+            f"study {name!r} was created with other settings: {diff}; run with the study's "
+            "settings (`slotune worker` reads them from the study)"
+        )
+
+
+def create(
+    url: str,
+    name: str,
+    setup: TuneSetup,
+    baseline: dict[str, Any],
+    *,
+    trials: int | None = None,
+    heartbeat: int = DEFAULT_HEARTBEAT_S,
+) -> Any:
     import optuna
 
     from slotune.tuner.trial import DIRECTIONS, METRIC_NAMES
@@ -123,6 +138,7 @@ def create(url: str, name: str, setup: TuneSetup, baseline: dict[str, Any]) -> A
     study.set_metric_names(list(METRIC_NAMES[setup.objective]))
     study.set_user_attr(SETUP_ATTR, setup.to_dict())
     study.set_user_attr(BASELINE_ATTR, baseline)
+    study.set_user_attr(RUN_ATTR, {"trials": trials, "heartbeat": heartbeat})
     _enqueue_baseline(study, setup, baseline)
     return study
 
@@ -149,11 +165,74 @@ def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        raise StudyError(f"no study named {name!r} in {url}") from None
+        raise StudyError(f"no study named {name!r} in {redact(url)}") from None
     attrs = study.user_attrs
     if SETUP_ATTR not in attrs:
-        raise StudyError(f"study {name!r} in {url} was not created by slotune tune")
+        raise StudyError(f"study {name!r} in {redact(url)} was not created by slotune tune")
     return study, TuneSetup.from_dict(attrs[SETUP_ATTR]), attrs.get(BASELINE_ATTR, {})
+
+
+def worker_evaluator(setup: TuneSetup) -> Any:
+    """An evaluator with the study's trace loaded on this machine, refused (naming the
+    trace) when that trace is not the one the study was created with."""
+    from slotune.tuner.evaluate import Evaluator, load_setup_trace
+    from slotune.tuner.setup import trace_digest
+
+    try:
+        trace = load_setup_trace(setup)
+    except (ValueError, OSError) as e:
+        raise StudyError(
+            f"trace: cannot load the study's trace {setup.trace!r} here ({e})"
+        ) from None
+    digest = trace_digest(trace)
+    if setup.trace_digest and digest != setup.trace_digest:
+        raise StudyError(
+            f"trace: {setup.trace!r} here is not the study's trace (digest {digest[:12]} here, "
+            f"{setup.trace_digest[:12]} in the study); give this machine the same trace file"
+        )
+    return Evaluator(setup, trace)
+
+
+def write_study_outputs(url: str, name: str, out_dir: Path) -> Any:
+    """``best.json``, ``trials.csv`` and ``runs/`` of a study in any storage, as ``slotune
+    tune`` writes them when its study is done (the recommendation and the baseline are
+    rerun once, on this machine's copy of the study's trace)."""
+    from slotune.tuner.results import write_outputs
+
+    study, setup, baseline = load(url, name)
+    return write_outputs(
+        out_dir=out_dir,
+        study=study,
+        setup=setup,
+        baseline=baseline,
+        evaluator=worker_evaluator(setup),
+        storage=url,
+    )
+
+
+def joiner_seed(seed: int) -> int:
+    """A sampler seed for a worker that joins a study: its host and process id mixed in,
+    so that workers started alike on several machines do not propose the same trials."""
+    import hashlib
+    import os
+    import socket
+
+    text = f"{seed}:{socket.gethostname()}:{os.getpid()}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
+
+
+def set_budget(study: Any, trials: int) -> None:
+    """Make ``trials`` the study's stored budget (what ``status`` counts against and a
+    ``slotune worker`` without ``--trials`` runs to): the last worker to ask sets it."""
+    run = dict(study.user_attrs.get(RUN_ATTR) or {})
+    if run.get("trials") != trials:
+        study.set_user_attr(RUN_ATTR, {**run, "trials": trials})
+
+
+def run_settings(study: Any) -> tuple[int | None, int]:
+    """The study's stored budget (None: not stored) and heartbeat seconds."""
+    run = study.user_attrs.get(RUN_ATTR) or {}
+    return run.get("trials"), int(run.get("heartbeat") or DEFAULT_HEARTBEAT_S)
 
 
 def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
@@ -183,9 +262,15 @@ def count_finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def enqueue_grid(study: Any, space: SearchSpace, seed: int, total: int) -> int:
+def enqueue_grid(
+    study: Any, space: SearchSpace, seed: int, total: int, *, url: str | None = None
+) -> int:
     """Queue grid points (in a seeded shuffle) not yet in the study until ``total`` trials
-    are finished or waiting; returns the grid's size."""
+    are finished or waiting; returns the grid's size. With the study's storage ``url``,
+    under the study's lock, so that workers starting together queue each point once."""
+    if url is not None:
+        with study_lock(url, study.study_name):
+            return enqueue_grid(study, space, seed, total)
     from optuna.trial import TrialState
 
     from slotune.tuner.evaluate import config_key
@@ -215,25 +300,29 @@ def enqueue_grid(study: Any, space: SearchSpace, seed: int, total: int) -> int:
 def run_worker(
     url: str,
     name: str,
-    n_trials: int,
+    budget: int,
     worker: int,
     *,
     timeout: float | None = None,
     callbacks: list[Callable[[Any, Any], None]] | None = None,
     evaluator: Any | None = None,
+    seed: int | None = None,
+    patience: float = DEFAULT_PATIENCE_S,
 ) -> None:
-    """Run ``n_trials`` trials of a stored study in this process (reusing ``evaluator``'s
-    loaded trace and cached runs when given)."""
+    """Run trials of a stored study in this process until it has ``budget`` finished
+    trials (reusing ``evaluator``'s loaded trace and cached runs when given). The sampler's
+    seed is ``seed``, by default the study's seed plus ``worker``."""
     import optuna
 
     from slotune.tuner.evaluate import Evaluator
     from slotune.tuner.trial import TrialObjective
 
-    if n_trials <= 0:
-        return
-    _, setup, baseline = load(url, name)
-    sampler = make_sampler(setup.sampler, setup.seed + worker, n_trials=n_trials)
-    study = optuna.load_study(study_name=name, storage=open_storage(url), sampler=sampler)
+    stored, setup, baseline = load(url, name)
+    heartbeat = None if is_journal(url) else Heartbeat.every(run_settings(stored)[1])
+    storage = open_storage(url, heartbeat)
+    seed = setup.seed + worker if seed is None else seed
+    sampler = make_sampler(setup.sampler, seed, n_trials=budget)
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)
     objective = TrialObjective(
@@ -243,12 +332,30 @@ def run_worker(
         baseline_rung=baseline.get("goodput_rung"),
         worker=worker,
     )
-    study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks or [])
+    Worker(
+        url,
+        study,
+        storage,
+        objective,
+        budget,
+        identity=Identity.here(worker),
+        heartbeat=heartbeat,
+        timeout=timeout,
+        callbacks=callbacks,
+        patience=patience,
+    ).run()
 
 
-def _worker_entry(url: str, name: str, n_trials: int, worker: int, timeout: float | None) -> None:
-    with contextlib.suppress(KeyboardInterrupt):
-        run_worker(url, name, n_trials, worker, timeout=timeout)
+def _worker_entry(
+    url: str, name: str, budget: int, worker: int, timeout: float | None, seed: int | None
+) -> None:
+    try:
+        run_worker(url, name, budget, worker, timeout=timeout, seed=seed)
+    except KeyboardInterrupt:
+        pass
+    except StudyError as e:
+        sys.stderr.write(f"slotune: worker {worker}: {e}\n")
+        sys.exit(1)
 
 
 @contextlib.contextmanager
@@ -275,31 +382,31 @@ def _noting_interrupts(interrupted: list[bool]) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def split_trials(n_trials: int, n_jobs: int) -> list[int]:
-    """Trials per worker: as even as possible, the total exact."""
-    n_jobs = max(1, min(n_jobs, n_trials)) if n_trials > 0 else 1
-    return [n_trials // n_jobs + (1 if i < n_trials % n_jobs else 0) for i in range(n_jobs)]
-
-
 def run_workers(
     url: str,
     name: str,
-    n_trials: int,
+    budget: int,
     n_jobs: int,
     *,
     timeout: float | None = None,
     on_progress: Callable[[Any], None] | None = None,
     evaluator: Any | None = None,
+    seed: int | None = None,
 ) -> None:
-    """Run ``n_trials`` more trials on ``n_jobs`` processes: this one and ``n_jobs - 1``
-    spawned workers on the same storage. ``on_progress(study)`` follows every trial."""
+    """Run the study up to ``budget`` finished trials on ``n_jobs`` processes: this one
+    and ``n_jobs - 1`` spawned workers (sampler seeds ``seed + i``, by default the study's
+    seed + i). ``on_progress(study)`` follows every trial."""
     import optuna
 
-    quotas = split_trials(n_trials, n_jobs)
+    n_jobs = max(1, min(n_jobs, budget))
     ctx = multiprocessing.get_context("spawn")
     children = [
-        ctx.Process(target=_worker_entry, args=(url, name, q, i + 1, timeout), daemon=True)
-        for i, q in enumerate(quotas[1:])
+        ctx.Process(
+            target=_worker_entry,
+            args=(url, name, budget, i, timeout, None if seed is None else seed + i),
+            daemon=True,
+        )
+        for i in range(1, n_jobs)
     ]
     for child in children:
         child.start()
@@ -310,12 +417,23 @@ def run_workers(
         if interrupted[0]:
             raise KeyboardInterrupt  # Ctrl-C was pressed during the trial
         if on_progress is not None:
-            on_progress(watcher)
+            try:
+                on_progress(watcher)
+            except Exception as e:  # the display waits for the database; the workers retry
+                if not is_outage(e):
+                    raise
 
     try:
         with _noting_interrupts(interrupted):
             run_worker(
-                url, name, quotas[0], 0, timeout=timeout, callbacks=[progress], evaluator=evaluator
+                url,
+                name,
+                budget,
+                0,
+                timeout=timeout,
+                callbacks=[progress],
+                evaluator=evaluator,
+                seed=seed,
             )
             while any(c.is_alive() for c in children):
                 progress(None, None)
@@ -330,8 +448,3 @@ def run_workers(
     failed = [c.exitcode for c in children if c.exitcode not in (0, None)]
     if failed:
         raise StudyError(f"{len(failed)} worker process(es) failed (exit codes {failed})")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

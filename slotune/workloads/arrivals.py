@@ -4,6 +4,14 @@ Open loop: Poisson at ``rate``; gamma with shape ``burstiness`` and mean gap ``1
 (vLLM's definition: burstiness 1 is Poisson, lower is burstier, the coefficient of
 variation of the gaps is ``1/sqrt(burstiness)``); ``constant`` gaps of ``1/rate``; the
 trace's own timestamps times ``time_scale``; or everything at t=0 when nothing is set.
+
+Load stages (inference-perf's ``stages``): a rate for a duration, then the next, e.g.
+``parse_stages("5:60,10:60")``. A stage of ``rate`` for ``duration_s`` sends
+``round(rate * duration_s)`` sessions spread over its time (Poisson: uniformly at random,
+which is a Poisson process given its count; gamma: gaps of that shape scaled to fill the
+stage; constant: every ``1/rate`` from its start). The stages fix the number of sessions
+(``ArrivalSpec.num_sessions``), so a run lasts as long in time whatever the trace; size
+the trace with ``Trace.repeat_to``.
 Closed loop: ``concurrency`` caps the sessions in flight (a single request is a session of
 one), so N concurrent users each send their next request when the previous one finishes.
 Later turns of a session always wait for the turn before them (see the runner).
@@ -11,9 +19,48 @@ Later turns of a session always wait for the turn before them (see the runner).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Stage:
+    """``rate`` requests (sessions) per second for ``duration_s`` seconds."""
+
+    rate: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"Stage.rate: must be > 0 requests/s (got {self.rate})")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"Stage.duration_s: must be > 0 seconds (got {self.duration_s})")
+
+    @property
+    def num_sessions(self) -> int:
+        return round(self.rate * self.duration_s)
+
+    def __str__(self) -> str:
+        return f"{self.rate:g}:{self.duration_s:g}"
+
+
+def parse_stages(text: str) -> tuple[Stage, ...]:
+    """``"5:60,10:60"``: 5 req/s for 60 s, then 10 req/s for 60 s."""
+    stages = []
+    for part in text.split(","):
+        rate, sep, duration = part.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError("no ':'")
+            stages.append(Stage(float(rate), float(duration)))
+        except ValueError as exc:
+            raise ValueError(
+                f"stage {part.strip()!r}: expected RATE:SECONDS such as 5:60 "
+                f"(stages as 5:60,10:60); {exc}"
+            ) from None
+    return tuple(stages)
 
 
 @dataclass(frozen=True)
@@ -24,8 +71,21 @@ class ArrivalSpec:
     timestamps: bool = False
     time_scale: float = 1.0
     constant: bool = False
+    stages: tuple[Stage, ...] = ()
+
+    @property
+    def num_sessions(self) -> int | None:
+        """How many sessions the stages send (None without stages: the trace decides)."""
+        return sum(s.num_sessions for s in self.stages) if self.stages else None
+
+    @property
+    def duration_s(self) -> float | None:
+        """How long the stages send for (None without stages)."""
+        return sum(s.duration_s for s in self.stages) if self.stages else None
 
     def __post_init__(self) -> None:
+        if self.stages:
+            self._check_stages()
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"ArrivalSpec.rate: must be > 0 requests/s (got {self.rate})")
         if not self.burstiness > 0:
@@ -42,25 +102,34 @@ class ArrivalSpec:
             raise ValueError(f"ArrivalSpec.time_scale: must be > 0 (got {self.time_scale})")
         if self.timestamps and self.rate is not None:
             raise ValueError("ArrivalSpec: give either timestamps=True or a rate, not both")
-        if self.constant and self.rate is None:
+        if self.constant and self.rate is None and not self.stages:
             raise ValueError("ArrivalSpec.constant: needs a rate")
-        if self.burstiness != 1.0 and self.rate is None:
+        if self.burstiness != 1.0 and self.rate is None and not self.stages:
             raise ValueError("ArrivalSpec.burstiness: needs a rate (the mean gap is 1/rate)")
+
+    def _check_stages(self) -> None:
+        if not all(isinstance(s, Stage) for s in self.stages):
+            raise ValueError("ArrivalSpec.stages: expected Stage(rate, duration_s) items")
+        if self.rate is not None or self.timestamps:
+            raise ValueError("ArrivalSpec.stages: give stages, a rate or timestamps, not two")
+        if self.num_sessions == 0:
+            raise ValueError("ArrivalSpec.stages: the stages send no request (rate x duration)")
 
     def describe(self) -> str:
         parts = []
+        kind = (
+            "constant"
+            if self.constant
+            else ("Poisson" if self.burstiness == 1 else f"gamma(burstiness={self.burstiness:g})")
+        )
         if self.timestamps:
             parts.append(
                 "trace timestamps" + (f" x{self.time_scale:g}" if self.time_scale != 1 else "")
             )
+        elif self.stages:
+            steps = ", ".join(f"{s.rate:g} req/s for {s.duration_s:g} s" for s in self.stages)
+            parts.append(f"{kind} stages: {steps}")
         elif self.rate is not None:
-            kind = (
-                "constant"
-                if self.constant
-                else (
-                    "Poisson" if self.burstiness == 1 else f"gamma(burstiness={self.burstiness:g})"
-                )
-            )
             parts.append(f"{kind} at {self.rate:g} req/s")
         elif self.concurrency is None:
             parts.append("all at once")
@@ -90,6 +159,8 @@ def arrival_times(
             )
         first = min(trace_times)  # type: ignore[type-var]
         return [(t - first) * spec.time_scale for t in trace_times]  # type: ignore[operator]
+    if spec.stages:
+        return _staged_times(spec, n, seed)
     if spec.rate is None:
         return [0.0] * n
     if spec.constant:
@@ -99,3 +170,24 @@ def arrival_times(
         theta = 1.0 / (spec.rate * spec.burstiness)
         gaps = rng.gamma(shape=spec.burstiness, scale=theta, size=n - 1)
     return [0.0, *np.cumsum(gaps).tolist()]
+
+
+def _staged_times(spec: ArrivalSpec, n: int, seed: int) -> list[float]:
+    if n != spec.num_sessions:
+        raise ValueError(
+            f"ArrivalSpec.stages send {spec.num_sessions} sessions, the trace has {n}; "
+            f"size it with trace.repeat_to({spec.num_sessions})"
+        )
+    rng = np.random.default_rng(seed)
+    times: list[float] = []
+    start = 0.0
+    for stage in spec.stages:
+        k = stage.num_sessions
+        if spec.constant:
+            offsets = np.arange(k) / stage.rate
+        else:
+            cumulative = np.cumsum(rng.gamma(shape=spec.burstiness, size=k + 1))
+            offsets = stage.duration_s * cumulative[:-1] / cumulative[-1]
+        times.extend((start + offsets).tolist())
+        start += stage.duration_s
+    return times

@@ -211,3 +211,105 @@ def long_context(
         for i, (a, b) in enumerate(zip(p, o, strict=True))
     )
     return Trace(name="long-context", requests=reqs, seed=seed)
+
+
+@dataclass(frozen=True)
+class ClippedNormal:
+    """inference-perf's length ``Distribution``: a normal draw, rounded, clipped to
+    ``[low, high]``; ``std_dev`` 0 is the constant ``mean``."""
+
+    mean: float
+    std_dev: float = 0.0
+    low: int = 1
+    high: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not self.mean >= 1 or self.std_dev < 0 or not 1 <= self.low <= self.high:
+            raise ValueError(
+                f"ClippedNormal: need mean >= 1, std_dev >= 0, 1 <= low <= high (got {self})"
+            )
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        draw = (
+            rng.normal(self.mean, self.std_dev, size=n) if self.std_dev else np.full(n, self.mean)
+        )
+        return np.clip(np.rint(draw), self.low, self.high).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class SharedPrefixParams:
+    """inference-perf's ``shared_prefix`` data: ``num_groups`` system prompts, each shared
+    by ``num_prompts_per_group`` users with a question of their own (its defaults).
+
+    With ``multi_turn`` (inference-perf's ``enable_multi_turn_chat``) every user is a
+    session of ``num_turns`` rounds: each round sends the user's question after the
+    history (system prompt, earlier questions and the engine's answers), as
+    inference-perf's user sessions do. Without it each user sends one request, system
+    prompt + question.
+    """
+
+    num_groups: int = 10
+    num_prompts_per_group: int = 10
+    system_prompt_len: int = 100
+    question_len: ClippedNormal = ClippedNormal(50)
+    output_len: ClippedNormal = ClippedNormal(50)
+    multi_turn: bool = False
+    num_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.num_groups, self.num_prompts_per_group, self.system_prompt_len) < 1:
+            raise ValueError(f"SharedPrefixParams: groups, users and lengths must be >= 1 ({self})")
+        if self.num_turns < 1 or (self.num_turns > 1 and not self.multi_turn):
+            raise ValueError("SharedPrefixParams.num_turns: >= 1, and above 1 only with multi_turn")
+
+
+def inference_perf_shared_prefix(
+    params: SharedPrefixParams = SharedPrefixParams(), *, seed: int = 0
+) -> Trace:
+    """Users in trace order shuffled with the seed (inference-perf shuffles them too)."""
+    rng = np.random.default_rng(seed)
+    keys = _Keys()
+    users = []
+    for _ in range(params.num_groups):
+        system = keys.new()
+        questions = params.question_len.sample(rng, params.num_prompts_per_group)
+        outputs = params.output_len.sample(rng, params.num_prompts_per_group * params.num_turns)
+        for u, q in enumerate(questions):
+            answers = outputs[u * params.num_turns : (u + 1) * params.num_turns]
+            users.append((system, keys.new(), int(q), [int(a) for a in answers]))
+    order = rng.permutation(len(users))
+    reqs: list[TraceRequest] = []
+    for n, u in enumerate(order):
+        system, question, q, answers = users[u]
+        parent: str | None = None
+        for turn, answer in enumerate(answers):
+            segments = ((system, params.system_prompt_len),) if turn == 0 else ()
+            segments += ((question, q),)
+            rid = f"ip{n}-t{turn}" if params.multi_turn else f"ip{n}"
+            reqs.append(
+                TraceRequest(
+                    request_id=rid,
+                    prompt_len=sum(length for _, length in segments),
+                    output_len=answer,
+                    prompt_segments=segments,
+                    session_id=f"user{n}" if params.multi_turn else None,
+                    turn=turn,
+                    parent_id=parent,
+                )
+            )
+            parent = rid
+    return Trace(name="inference-perf-shared-prefix", requests=tuple(reqs), seed=seed)
+
+
+def reasoning(
+    num_requests: int = 300,
+    *,
+    prompt: LengthDist = LengthDist(mean=200, sigma=0.8, low=16, high=2048),
+    output: LengthDist = LengthDist(mean=4000, sigma=0.7, low=512, high=16384),
+    seed: int = 0,
+) -> Trace:
+    """Reasoning-model traffic: short prompts, long outputs (thinking then the answer),
+    as math and coding questions to an R1-style model give (thousands of tokens)."""
+    return length_trace(
+        "reasoning", num_requests, prompt, output, max_total=18432, seed=seed, id_prefix="rs"
+    )

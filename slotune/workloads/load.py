@@ -15,6 +15,8 @@ BUNDLED = {
     "agent": "agent sessions: shared system prompt + tools, closed-loop turns",
     "shared-prefix": "groups of requests sharing a long system prompt",
     "long-context": "long prompts (2k-7k tokens) with short answers",
+    "reasoning": "reasoning model: short prompts (~200 tokens), long outputs (~4k tokens)",
+    "shared-prefix-chat": "inference-perf shared_prefix: 10 system prompts x 10 users, 4 rounds",
 }
 
 
@@ -30,6 +32,7 @@ def load_trace(
     tokenizer: str | Path | Tokenizer | None = None,
     seed: int = 0,
     multi_turn: bool = False,
+    model: str | None = None,
 ) -> Trace:
     """Load a bundled trace (``sharegpt-like``, ``agent``, ``shared-prefix``,
     ``long-context``) or a file (slotune JSONL, ShareGPT JSON, Mooncake JSONL, Azure or
@@ -37,7 +40,8 @@ def load_trace(
 
     ``num_requests`` keeps the first N requests (ShareGPT: the first N that pass the
     filters after the seeded shuffle) and is an error when the trace has fewer. Rows the
-    readers drop are counted in ``trace.dropped``.
+    readers drop are counted in ``trace.dropped``. Text is tokenized with ``tokenizer``,
+    by default with the vocabulary of ``model``'s family (see ``tokenizer.py``).
     """
     key = str(name_or_path)
     bundled = key in BUNDLED and not Path(key).exists()
@@ -54,7 +58,7 @@ def load_trace(
                 f"trace {key!r}: no such file and not a bundled trace; "
                 f"bundled: {', '.join(BUNDLED)}"
             )
-    tok = get_tokenizer(tokenizer)
+    tok = get_tokenizer(tokenizer, model)
     trace = read_trace_file(
         path, fmt, tok, num_requests=num_requests, seed=seed, multi_turn=multi_turn
     )

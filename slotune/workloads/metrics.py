@@ -7,6 +7,11 @@ Throughputs divide by the run's duration. A request meets the SLO when it comple
 meets every target (for ``itl``, every gap; for ``tpot``, a single-token request passes);
 failed requests count as misses. Attainment is the share of all requests that meet it,
 goodput the number per second.
+
+With a warm-up or a cool-down (see ``steady.py``) only the requests that arrive in the
+scoring window are counted, and every rate is per second of the window: throughputs
+count what finished (requests) or was generated (tokens) inside it, goodput the window's
+requests that met the SLO. ``steady_state`` says whether the run reached one.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from slotune.workloads.arrivals import Stage
 from slotune.workloads.result import RunResult
 from slotune.workloads.slo import SLO
+from slotune.workloads.steady import ScoringWindow, steady_state
 
 _METRIC_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2el_ms"}
 
@@ -82,15 +89,60 @@ def distribution_ms(values_s: np.ndarray, percentiles: Sequence[float]) -> dict[
 
 
 def summarize(
-    result: RunResult, slo: SLO | None = None, percentiles: Sequence[float] = (50, 90, 95, 99)
+    result: RunResult,
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = (50, 90, 95, 99),
+    *,
+    warmup_s: float = 0.0,
+    cooldown_s: float = 0.0,
+    stages: Sequence[Stage] = (),
 ) -> dict[str, Any]:
-    """The summary.json of a run (callers add ``config``)."""
+    """The summary.json of a run (callers add ``config``); ``warmup_s`` and ``cooldown_s``
+    leave the start and the end of the arrivals out of the scores; ``stages`` (the run's
+    load stages) have the steady-state check look at each stage apart."""
+    window = ScoringWindow.of(result, warmup_s, cooldown_s)
+    if not (warmup_s or cooldown_s):
+        summary = _summary(result, slo, percentiles, float(result.duration_s))
+    else:
+        scored = RunResult(
+            requests=result.requests[window.mask(result)].reset_index(drop=True),
+            steps=result.steps,
+            duration_s=result.duration_s,
+            engine_stats=result.engine_stats,
+        )
+        summary = _summary(scored, slo, percentiles, window.length_s)
+        summary.update(_window_throughput(result, window))
+        summary["duration_s"] = float(result.duration_s)
+        summary["scoring_window"] = window.to_dict(result)
+    ends = np.cumsum([s.duration_s for s in stages])[:-1].tolist() if stages else []
+    summary["steady_state"] = steady_state(result, window, ends)
+    return summary
+
+
+def _window_throughput(result: RunResult, window: ScoringWindow) -> dict[str, float]:
+    """Requests finished and tokens generated inside the window, per second of it."""
+    m = request_metrics(result)
+    finish = result.requests["finish_time"].to_numpy(dtype=float)
+    inside = m["ok"] & (finish >= window.start_s) & (finish <= window.end_s)
+    tokens = 0
+    for times, good in zip(result.requests["token_times"], m["ok"], strict=True):
+        if good and len(times):
+            t = np.asarray(times, dtype=float)
+            tokens += int(np.count_nonzero((t >= window.start_s) & (t <= window.end_s)))
+    return {
+        "request_throughput": float(inside.sum()) / window.length_s,
+        "output_throughput": tokens / window.length_s,
+    }
+
+
+def _summary(
+    result: RunResult, slo: SLO | None, percentiles: Sequence[float], duration: float
+) -> dict[str, Any]:
     m = request_metrics(result)
     df = result.requests
     ok = m["ok"]
     n = len(df)
     completed = int(ok.sum())
-    duration = float(result.duration_s)
     out_tokens = float(m["output_tokens"][ok].sum())
 
     def rate(x: float) -> float:

@@ -23,6 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from slotune.workloads.limits import (
+    MAX_SECONDS,
+    MAX_SEGMENT_KEY,
+    MAX_TOKEN_ID,
+    MAX_TOKENS,
+    check_int,
+    check_seconds,
+)
 from slotune.workloads.tokenizer import Tokenizer
 
 TOKEN_ID_LOW = 32  # synthetic ids are printable ASCII so byte-level decoding gives text
@@ -58,10 +66,19 @@ class TraceRequest:
             raise ValueError(f"prompt length must be at least 1 token (got {self.prompt_len})")
         if self.output_len < 1:
             raise ValueError(f"output length must be at least 1 token (got {self.output_len})")
-        if self.arrival_time is not None and not self.arrival_time >= 0:
-            raise ValueError(f"arrival time must be >= 0 seconds (got {self.arrival_time})")
-        if not self.think_time_s >= 0:
-            raise ValueError(f"think time must be >= 0 seconds (got {self.think_time_s})")
+        if max(self.prompt_len, self.output_len) > MAX_TOKENS:
+            raise ValueError(
+                f"prompt and output lengths must be at most {MAX_TOKENS} tokens "
+                f"(got {self.prompt_len} and {self.output_len})"
+            )
+        if self.arrival_time is not None and not 0 <= self.arrival_time <= MAX_SECONDS:
+            raise ValueError(
+                f"arrival time must be in [0, {MAX_SECONDS:g}] seconds (got {self.arrival_time})"
+            )
+        if not 0 <= self.think_time_s <= MAX_SECONDS:
+            raise ValueError(
+                f"think time must be in [0, {MAX_SECONDS:g}] seconds (got {self.think_time_s})"
+            )
         if self.turn < 0:
             raise ValueError(f"turn index must be >= 0 (got {self.turn})")
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
@@ -161,6 +178,34 @@ class Trace:
             )
         return replace(self, requests=self.requests[:num_requests], _cache={})
 
+    def repeat_to(self, num_sessions: int) -> Trace:
+        """A trace of exactly ``num_sessions`` sessions (a request without a parent and the
+        turns that continue it): the first ones, or the whole trace again and again (ids
+        ``<id>~1``, ``<id>~2``...) when it has fewer. Repeats send the same prompts, as a
+        replayed sample does: text and token-id prompts hit the prefix cache the second
+        time; length-only prompts get tokens of their own."""
+        if num_sessions < 1:
+            raise ValueError(f"num_sessions must be at least 1 (got {num_sessions})")
+        flow_of: dict[str, int] = {}
+        flows: list[list[TraceRequest]] = []
+        for r in self.requests:
+            if r.parent_id is None:
+                flow_of[r.request_id] = len(flows)
+                flows.append([r])
+            else:
+                flow_of[r.request_id] = flow_of[r.parent_id]
+                flows[flow_of[r.request_id]].append(r)
+        if not flows:
+            raise ValueError(f"trace {self.name} has no requests to repeat")
+        out: list[TraceRequest] = []
+        for k in range(num_sessions):
+            copy, f = divmod(k, len(flows))
+            out.extend(r if copy == 0 else _renamed(r, f"~{copy}") for r in flows[f])
+        if num_sessions <= len(flows):  # keep trace order when only cutting
+            keep = {r.request_id for r in out}
+            out = [r for r in self.requests if r.request_id in keep]
+        return replace(self, requests=tuple(out), _cache={})
+
     def own_prompt_token_ids(self) -> list[list[int]]:
         """Each request's own prompt tokens (for a continuing turn, what it appends).
 
@@ -236,6 +281,23 @@ class Trace:
             f.write(json.dumps(header) + "\n")
             for r in self.requests:
                 f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+
+
+def default_max_model_len(trace: Trace) -> int:
+    """``max_model_len`` when none is given: the trace's longest request (its prompt with
+    the session's history, plus its output), at least 16 tokens."""
+    full = trace.full_prompt_lengths()
+    longest = max(p + r.output_len for p, r in zip(full, trace.requests, strict=True))
+    return max(longest, 16)
+
+
+def _renamed(r: TraceRequest, suffix: str) -> TraceRequest:
+    return replace(
+        r,
+        request_id=r.request_id + suffix,
+        session_id=None if r.session_id is None else r.session_id + suffix,
+        parent_id=None if r.parent_id is None else r.parent_id + suffix,
+    )
 
 
 def synthetic_tokens(seed: int, kind: int, key: int, n: int) -> list[int]:
@@ -340,15 +402,22 @@ def request_from_json(obj: Any, tokenizer: Tokenizer) -> TraceRequest:
             raise ValueError(f"missing field {key!r}")
     ids = obj.get("prompt_token_ids")
     segments = obj.get("segments")
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
-        raise ValueError("prompt_token_ids must be a list of integers")
+    if ids is not None:
+        if not isinstance(ids, list):
+            raise ValueError("prompt_token_ids must be a list of integers")
+        ids = [check_int(t, "prompt_token_ids", maximum=MAX_TOKEN_ID) for t in ids]
     if segments is not None:
         if not isinstance(segments, list) or not all(
-            isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) for x in s)
-            for s in segments
+            isinstance(s, list) and len(s) == 2 for s in segments
         ):
             raise ValueError("segments must be a list of [key, length] integer pairs")
-        segments = tuple((int(k), int(n)) for k, n in segments)
+        segments = tuple(
+            (
+                check_int(k, "segment key", maximum=MAX_SEGMENT_KEY),
+                check_int(n, "segment length", minimum=1),
+            )
+            for k, n in segments
+        )
     text = obj.get("prompt")
     if text is not None and not isinstance(text, str):
         raise ValueError("prompt must be a string (token ids go in prompt_token_ids)")
@@ -365,20 +434,18 @@ def request_from_json(obj: Any, tokenizer: Tokenizer) -> TraceRequest:
         else:
             raise ValueError("missing field 'prompt_len' (or prompt_token_ids / segments)")
     arrival = obj.get("arrival_time")
-    if arrival is not None and not isinstance(arrival, (int, float)):
-        raise ValueError(f"arrival_time must be a number of seconds (got {arrival!r})")
     session = obj.get("session_id")
     parent = obj.get("parent_id")
     return TraceRequest(
         request_id=str(obj["id"]),
-        prompt_len=prompt_len,
-        output_len=obj["output_len"],
-        arrival_time=None if arrival is None else float(arrival),
+        prompt_len=check_int(prompt_len, "prompt_len", minimum=1),
+        output_len=check_int(obj["output_len"], "output_len", minimum=1),
+        arrival_time=None if arrival is None else check_seconds(arrival, "arrival_time"),
         prompt_token_ids=None if ids is None else tuple(ids),
         prompt_text=obj.get("prompt"),
         prompt_segments=segments,
         session_id=None if session is None else str(session),
-        turn=int(obj.get("turn", 0)),
-        think_time_s=float(obj.get("think_time_s", 0.0)),
+        turn=check_int(obj.get("turn", 0), "turn"),
+        think_time_s=check_seconds(obj.get("think_time_s", 0.0), "think_time_s"),
         parent_id=None if parent is None else str(parent),
     )

@@ -26,6 +26,7 @@ from slotune.engine import EngineConfig
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization", "(0, 1]"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "(0, 1]"),
         ({"num_gpu_blocks": 0}, "num_gpu_blocks", "at least 1"),
+        ({"kv_cache_dtype": "fp16"}, "kv_cache_dtype", "one of ('auto', 'fp8', 'int8', 'int4')"),
         (
             {"policy": "prefill_first", "long_prefill_token_threshold": 64},
             "long_prefill_token_threshold",
@@ -46,7 +47,12 @@ def test_invalid_config_names_field_and_rule(kwargs: dict, field: str, rule: str
 
 
 def test_valid_configs_round_trip() -> None:
-    config = EngineConfig(policy="prefill_first", max_num_batched_tokens=8192, max_model_len=4096)
+    config = EngineConfig(
+        policy="prefill_first",
+        max_num_batched_tokens=8192,
+        max_model_len=4096,
+        kv_cache_dtype="fp8",
+    )
     assert EngineConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown field"):
         EngineConfig.from_dict({"max_batch": 3})

@@ -28,16 +28,33 @@ def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model
 
 
+MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96)
+# Layer 0 dense (mlp_only_layers), 1 and 2 routed with a shared expert; top-k not renormalised.
+QWEN2_MOE = dict(
+    num_hidden_layers=3,
+    num_experts=6,
+    num_experts_per_tok=2,
+    moe_intermediate_size=48,
+    shared_expert_intermediate_size=80,
+    mlp_only_layers=[0],
+    decoder_sparse_step=1,
+    norm_topk_prob=False,
+)
+
+
 def save_hf(folder: Path, family: str, seed: int = 0, **overrides: object) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers as tf
 
     torch.manual_seed(seed)
     if family == "qwen2":
-        config = Qwen2Config(**(TINY | {"tie_word_embeddings": True} | overrides))
-        model = Qwen2ForCausalLM(config)
+        config = tf.Qwen2Config(**(TINY | {"tie_word_embeddings": True} | overrides))
+        model = tf.Qwen2ForCausalLM(config)
+    elif family == "mixtral":
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(**(TINY | MIXTRAL | overrides)))
+    elif family == "qwen2_moe":
+        model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**(TINY | QWEN2_MOE | overrides)))
     else:
-        config = LlamaConfig(**(TINY | overrides))
-        model = LlamaForCausalLM(config)
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**(TINY | overrides)))
     _perturbed(model, seed).save_pretrained(
         folder, **({"max_shard_size": "100KB"} if family == "sharded" else {})
     )
@@ -73,3 +90,13 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sharded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_hf(tmp_path_factory.mktemp("sharded"), "sharded", seed=3)
+
+
+@pytest.fixture(scope="session")
+def mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("mixtral"), "mixtral", seed=4)
+
+
+@pytest.fixture(scope="session")
+def qwen2_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("qwen2_moe"), "qwen2_moe", seed=5)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
 
 from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, select_backend
+from slotune.engine.model.kv_cache import allocate_kv_cache
 from slotune.engine.model.llama import ForwardBatch, LlamaForCausalLM
 
 
@@ -20,19 +22,21 @@ class PagedRunner:
         num_blocks: int = 64,
         backend: AttentionBackend | None = None,
         seed: int = 0,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
         shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
         dtype = next(model.parameters()).dtype
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k, self.v = allocate_kv_cache(kv_cache_dtype, shape, dtype, "cpu")
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: dict[str, list[int]] = {}
         self.lens: dict[str, int] = {}
-        self.backend = backend or select_backend("torch", torch.device("cpu"), block_size, dtype)
+        self.backend = backend or select_backend(
+            "torch", torch.device("cpu"), block_size, dtype, kv_cache_dtype
+        )
 
     def step(self, chunks: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
         """Run each request's new tokens in one batch; logits [len(chunk), vocab] per request."""
@@ -77,3 +81,44 @@ class PagedRunner:
         )
         logits = self.model(batch, self.k, self.v, self.backend)
         return list(logits.split(qlens))
+
+
+@dataclass(frozen=True)
+class LogitError:
+    """Logits of a quantized-KV run against the full-precision run on the same steps."""
+
+    max_abs: float
+    mean_abs: float
+    logit_std: float  # of the full-precision logits, the scale errors are read against
+    top1_agreement: float
+
+    @property
+    def mean_rel(self) -> float:
+        return self.mean_abs / self.logit_std
+
+
+def kv_logit_error(
+    model: LlamaForCausalLM,
+    ids: list[int],
+    kv_cache_dtype: str,
+    block_size: int = 16,
+    chunks: tuple[int, ...] = (37, 100),
+) -> LogitError:
+    """Prefill ``ids[:chunks[-1]]`` in chunks ending at ``chunks``, decode the rest one token
+    a step, with the cache quantized and in the model's dtype; compare every position."""
+
+    def run(kv: str) -> torch.Tensor:
+        runner = PagedRunner(model, block_size, kv_cache_dtype=kv)
+        bounds = list(zip((0, *chunks[:-1]), chunks, strict=True))
+        pieces = [runner.step([("a", ids[s:e])])[0] for s, e in bounds]
+        pieces += [runner.step([("a", [t])])[0] for t in ids[chunks[-1] :]]
+        return torch.cat(pieces)
+
+    ref, got = run("auto"), run(kv_cache_dtype)
+    err = (got - ref).abs()
+    return LogitError(
+        max_abs=err.max().item(),
+        mean_abs=err.mean().item(),
+        logit_std=ref.std().item(),
+        top1_agreement=(got.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+    )

@@ -31,11 +31,22 @@ def _prompts() -> dict[str, list[int]]:
 PROMPTS = _prompts()
 
 
+@pytest.fixture(scope="module", params=["tiny_dir", "mixtral_dir", "qwen2_moe_dir"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    """Each test runs on a dense Llama and on both mixture-of-experts families."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture(scope="module")
-def expected(tiny_dir: Path) -> dict[str, list[int]]:
+def expected(model_dir: Path) -> dict[str, list[int]]:
+    return hf_greedy(model_dir)
+
+
+def hf_greedy(folder: Path) -> dict[str, list[int]]:
+    """transformers' greedy continuation of every prompt, in float32."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
     out = {}
     for rid, ids in PROMPTS.items():
         tokens = hf.eval().generate(
@@ -81,10 +92,10 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_greedy_generations_equal_transformers(
-    tiny_dir: Path, expected: dict[str, list[int]], name: str
+    model_dir: Path, expected: dict[str, list[int]], name: str
 ) -> None:
     config = EngineConfig(max_model_len=128, num_gpu_blocks=64, **CONFIGS[name])
-    engine = Engine.local(config, model=str(tiny_dir), device="cpu", attention="torch")
+    engine = Engine.local(config, model=str(model_dir), device="cpu", attention="torch")
     tokens, cached = generate(engine)
     assert tokens == expected
     assert cached["shares_prefix"] >= 32  # reused the first request's prefix blocks
@@ -94,7 +105,7 @@ def test_greedy_generations_equal_transformers(
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_preemption_by_a_tiny_pool_changes_nothing(
-    tiny_dir: Path, expected: dict[str, list[int]], mode: str, block_size: int
+    model_dir: Path, expected: dict[str, list[int]], mode: str, block_size: int
 ) -> None:
     config = EngineConfig(
         max_model_len=128,
@@ -104,7 +115,7 @@ def test_preemption_by_a_tiny_pool_changes_nothing(
         preemption_mode=mode,
         swap_space_gb=0.01,
     )
-    engine = Engine.local(config, model=str(tiny_dir), device="cpu", attention="torch")
+    engine = Engine.local(config, model=str(model_dir), device="cpu", attention="torch")
     tokens, _ = generate(engine)
     assert tokens == expected
     stats = engine.stats()
@@ -132,9 +143,9 @@ def test_seeded_sampling_with_n_completions_is_reproducible(tiny_dir: Path) -> N
     assert first[("r", 0)] != first[("r", 1)]
 
 
-def test_a_stop_token_ends_the_generation(tiny_dir: Path, expected: dict[str, list[int]]) -> None:
+def test_a_stop_token_ends_the_generation(model_dir: Path, expected: dict[str, list[int]]) -> None:
     want = expected["medium"]
     stop = want[3] if want[3] not in want[:3] else want[0]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=(stop,))
-    [tokens] = _run_one(tiny_dir, params).values()
+    [tokens] = _run_one(model_dir, params).values()
     assert tokens == want[: want.index(stop) + 1]

@@ -59,3 +59,74 @@ def test_config_reads_both_rope_formats() -> None:
         ModelConfig.from_hf_dict(base | {"rope_scaling": {"rope_type": "yarn"}})
     with pytest.raises(ValueError, match="'intermediate_size' is missing"):
         ModelConfig.from_hf_dict({k: v for k, v in base.items() if k != "intermediate_size"})
+
+
+MIXTRAL_8X7B = dict(
+    architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=32000,
+    hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6,
+)  # fmt: skip
+QWEN15_MOE_A27B = dict(
+    architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", vocab_size=151936,
+    hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+    num_key_value_heads=16, num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+    shared_expert_intermediate_size=5632, decoder_sparse_step=1, norm_topk_prob=False,
+)  # fmt: skip
+
+
+def test_moe_fields_of_published_configs() -> None:
+    mixtral = ModelConfig.from_hf_dict(MIXTRAL_8X7B)
+    assert mixtral.moe is not None and not mixtral.attention_bias
+    assert (mixtral.moe.num_experts, mixtral.moe.num_experts_per_tok) == (8, 2)
+    assert mixtral.moe.moe_intermediate_size == 14336 and mixtral.moe.norm_topk_prob
+    assert mixtral.moe.moe_layers == tuple(range(32))
+    assert mixtral.moe.shared_expert_intermediate_size == 0
+
+    qwen = ModelConfig.from_hf_dict(QWEN15_MOE_A27B)
+    assert qwen.moe is not None and qwen.attention_bias  # no qkv_bias key: biased, as before 4.51
+    assert (qwen.moe.num_experts, qwen.moe.num_experts_per_tok) == (60, 4)
+    assert qwen.moe.moe_intermediate_size == 1408 and not qwen.moe.norm_topk_prob
+    assert qwen.moe.shared_expert_intermediate_size == 5632
+    assert qwen.moe.moe_layers == tuple(range(24))
+    assert ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "model_type": "llama"}).moe is None
+
+
+def test_qwen2_moe_layer_frequency_and_dense_layers() -> None:
+    sparse = {**QWEN15_MOE_A27B, "num_hidden_layers": 6, "decoder_sparse_step": 2}
+    assert ModelConfig.from_hf_dict(sparse).moe.moe_layers == (1, 3, 5)
+    dense = {**sparse, "mlp_only_layers": [3]}
+    assert ModelConfig.from_hf_dict(dense).moe.moe_layers == (1, 5)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok \(9\) must be between 1 and"):
+        ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "num_experts_per_tok": 9})
+
+
+def test_quantized_checkpoint_is_named_and_refused(tmp_path: Path) -> None:
+    data = {**MIXTRAL_8X7B, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}
+    assert ModelConfig.from_hf_dict(data).quantization == "fp8"
+    assert ModelConfig.from_hf_dict(MIXTRAL_8X7B).quantization is None
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="quantized with 'fp8' cannot be loaded"):
+        load_model(tmp_path, device="cpu")
+
+
+def test_moe_layers_route_as_transformers_does(qwen2_moe_dir: Path, mixtral_dir: Path) -> None:
+    """Same experts and weights per token as the HF router; Qwen2-MoE's dense layer 0 stays
+    dense, its routed layers carry the shared expert."""
+    from transformers import AutoModelForCausalLM
+
+    from slotune.engine.model.mlp import MLP, SparseMoE
+
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
+    for folder, routed in ((qwen2_moe_dir, (1, 2)), (mixtral_dir, (0, 1))):
+        ours = load_model(folder, device="cpu").model
+        hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).model
+        for i, layer in enumerate(ours.layers):
+            assert isinstance(layer.mlp, SparseMoE if i in routed else MLP)
+            if i not in routed:
+                continue
+            assert (layer.mlp.shared_expert is not None) == (folder == qwen2_moe_dir)
+            experts, weights = layer.mlp.route(x)
+            _, hf_weights, hf_experts = hf.layers[i].mlp.gate(x)
+            assert torch.equal(experts, hf_experts)
+            torch.testing.assert_close(weights, hf_weights.to(weights.dtype))
+            assert len(experts.unique()) == layer.mlp.gate.out_features  # every expert used

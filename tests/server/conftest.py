@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from slotune.engine import EngineConfig
-from slotune.engine.server import ServedModel, create_app, local_model
+from slotune.engine.server import ServedModel, create_app, local_model, simulated_model
 from slotune.engine.server.app import ASYNC_ENGINE
 from slotune.engine.server.async_engine import AsyncEngine
 
@@ -27,12 +27,16 @@ CONFIG = EngineConfig(
 )
 
 
-class ServerThread:
-    """Runs ``create_app(engine, served)`` with its own event loop in a daemon thread."""
+SIM_CONFIG = EngineConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=2048)
 
-    def __init__(self, engine: Any, served: ServedModel) -> None:
+
+class ServerThread:
+    """Runs ``create_app(engine, served, **options)`` with its own event loop in a daemon
+    thread."""
+
+    def __init__(self, engine: Any, served: ServedModel, **options: Any) -> None:
         self.served = served
-        self.app = create_app(engine, served)
+        self.app = create_app(engine, served, **options)
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -86,5 +90,12 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path) -> Iterator[ServerThread]:
     engine, served = local_model(CONFIG, tiny_dir, served_model_name="tiny")
+    with ServerThread(engine, served) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def sim_server() -> Iterator[ServerThread]:
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100", model="llama-3-8b")
     with ServerThread(engine, served) as s:
         yield s

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +103,62 @@ def test_engine_loop_survives_a_failing_step() -> None:
         (["--gpu", "h100", "--config", "/nonexistent.json"], "--config"),
         (["--gpu", "nonesuch"], "nonesuch"),
         (["--model", "/nonexistent-checkpoint"], "config.json"),
+        (["--gpu", "h100", "--max-queue", "-1"], "--max-queue"),
+        (["--gpu", "h100", "--drain-timeout", "-2"], "--drain-timeout"),
     ],
 )
 def test_serve_command_rejects_bad_flags(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+class _HangingEngine(_FlakyEngine):
+    """An engine whose step never returns (until released): the loop must still stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def step(self) -> Any:
+        self.release.wait(30)
+        return self.inner.step()
+
+
+def test_engine_loop_stops_while_a_step_hangs() -> None:
+    hanging = _HangingEngine()
+
+    async def main() -> None:
+        engine = AsyncEngine(hanging)  # type: ignore[arg-type]
+        engine.start()
+        task = asyncio.create_task(engine.add("a", [1, 2, 3], SamplingParams(max_tokens=2)))
+        await asyncio.sleep(0.2)  # the step is running now, and hangs
+        await asyncio.wait_for(engine.stop(), 2)
+        task.cancel()
+        steppers = [t for t in threading.enumerate() if t.name == "slotune-step"]
+        assert steppers and all(t.daemon for t in steppers)  # it cannot block the exit
+
+    try:
+        asyncio.run(main())
+    finally:
+        hanging.release.set()
+
+
+def test_health_fails_while_a_step_is_stuck() -> None:
+    from slotune.engine.server import simulated_model
+    from tests.server.conftest import ServerThread
+    from tests.server.helpers import call
+
+    hanging = _HangingEngine()
+    served = simulated_model(EngineConfig(max_model_len=256))[1]
+    with ServerThread(hanging, served, stuck_step_s=0.2) as server:
+        assert call(server, "/health")[0] == 200
+        body = {"prompt": "hi", "max_tokens": 2, "stream": True}
+        thread = threading.Thread(target=call, args=(server, "/v1/completions", body))
+        thread.start()
+        time.sleep(0.5)
+        status, data, _ = call(server, "/health")
+        assert status == 503 and "stuck" in data["status"]
+        hanging.release.set()
+        thread.join(10)
+        assert call(server, "/health")[0] == 200

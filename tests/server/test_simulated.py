@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import openai
-import pytest
 
-from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.server import simulated_model
+from slotune.engine import Engine, SamplingParams
 from slotune.engine.server.text import SimTextTokenizer
-from tests.server.conftest import ServerThread
-
-SIM_CONFIG = EngineConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=2048)
-
-
-@pytest.fixture(scope="module")
-def sim_server() -> Iterator[ServerThread]:
-    engine, served = simulated_model(SIM_CONFIG, gpu="h100", model="llama-3-8b")
-    with ServerThread(engine, served) as s:
-        yield s
+from tests.server.conftest import SIM_CONFIG, ServerThread
 
 
 def _simulated_seconds(prompt_ids: list[int], max_tokens: int) -> float:

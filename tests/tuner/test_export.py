@@ -130,3 +130,72 @@ def test_json_and_yaml_are_the_engine_config() -> None:
 def test_unknown_format() -> None:
     with pytest.raises(ValueError, match="unknown export format"):
         export(best(), "trt")
+
+
+NATIVE_PREFIX = {"vllm": "hash", "sglang": "radix"}  # no prefix-cache comment
+
+
+@pytest.mark.parametrize(
+    ("kv", "engine", "flag", "comment"),
+    [
+        ("auto", "vllm", None, None),
+        ("auto", "sglang", None, None),
+        ("fp8", "vllm", "--kv-cache-dtype fp8", None),
+        ("fp8", "sglang", "--kv-cache-dtype fp8_e4m3", None),
+        ("int8", "vllm", "--kv-cache-dtype fp8", "vLLM has no int8 KV cache"),
+        ("int8", "sglang", "--kv-cache-dtype fp8_e4m3", "SGLang has no int8 KV cache"),
+        ("int4", "vllm", "--kv-cache-dtype fp8", "vLLM has no 4-bit KIVI KV cache"),
+        ("int4", "sglang", "--kv-cache-dtype fp8_e4m3", "SGLang has no 4-bit KIVI KV cache"),
+    ],
+)
+def test_kv_cache_dtype(kv: str, engine: str, flag: str | None, comment: str | None) -> None:
+    text = export(best(kv_cache_dtype=kv, prefix_caching=NATIVE_PREFIX[engine]), engine)
+    *comments, command = text.splitlines()
+    if flag is None:
+        assert "--kv-cache-dtype" not in command
+    else:
+        assert flag in command and command.count("--kv-cache-dtype") == 1
+    if comment is None:
+        assert comments == []
+    else:
+        assert len(comments) == 1 and comment in comments[0]
+
+
+@pytest.mark.parametrize(
+    ("quantization", "engine", "flag", "comment"),
+    [
+        (None, "vllm", None, None),
+        ("bf16", "sglang", None, None),
+        ("fp8", "vllm", "--quantization fp8", None),
+        ("fp8", "sglang", "--quantization fp8", None),
+        ("awq", "vllm", "--quantization awq", None),
+        ("gptq", "sglang", "--quantization gptq", None),
+        ("int8", "vllm", None, "pre-quantized compressed-tensors checkpoint"),
+        ("int8", "sglang", "--quantization w8a8_int8", None),
+        ("int4", "vllm", "--quantization awq", "needs an AWQ or GPTQ checkpoint"),
+    ],
+)
+def test_model_quantization(
+    quantization: str | None, engine: str, flag: str | None, comment: str | None
+) -> None:
+    b = best(prefix_caching=NATIVE_PREFIX[engine])
+    text = export({**b, "quantization": quantization}, engine)
+    *comments, command = text.splitlines()
+    if flag is None:
+        assert "--quantization" not in command
+    else:
+        assert flag in command
+    assert (comments == []) == (comment is None)
+    if comment:
+        assert comment in comments[0]
+
+
+def test_quantization_is_read_from_a_local_checkpoint(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "mixtral", "quantization_config": {"quant_method": "fp8"}})
+    )
+    b = {**best(), "model": str(tmp_path)}
+    assert "--quantization fp8" in export(b, "vllm")
+    assert "--quantization awq" in export({**b, "quantization": "awq"}, "vllm")  # given wins
+    with pytest.raises(ValueError, match="model quantization 'nf3' is unknown"):
+        export({**b, "quantization": "nf3"}, "sglang")

@@ -10,7 +10,7 @@ from slotune.tuner.objectives import RateLadder
 from slotune.tuner.results import finished, pareto_front, select_best
 from slotune.tuner.setup import LoadSpec, TuneSetup
 from slotune.tuner.space import build_space
-from slotune.tuner.study import make_sampler, split_trials
+from slotune.tuner.study import make_sampler
 from slotune.tuner.trial import TrialObjective
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -160,12 +160,6 @@ def test_goodput_selection_breaks_ties_by_score() -> None:
         (7.0, 0.6),
         (3.0, 0.1),
     ]
-
-
-def test_split_trials_is_exact() -> None:
-    assert split_trials(10, 3) == [4, 3, 3]
-    assert split_trials(2, 4) == [1, 1]
-    assert sum(split_trials(50, 7)) == 50
 
 
 def test_setup_round_trips_through_json() -> None:

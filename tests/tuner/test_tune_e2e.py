@@ -217,8 +217,10 @@ def test_two_workers_on_sqlite_share_the_study(tmp_path: Path) -> None:
         str(out),
     )
     trials = [t for t in load_study(out).trials if t.state.name == "COMPLETE"]
+    # the budget is global: exactly 4 finished trials, whichever worker ran them
     assert len(trials) == 4
-    assert {t.user_attrs["worker"] for t in trials} == {0, 1}
+    assert {t.user_attrs["worker"] for t in trials} <= {0, 1}
+    assert len({t.number for t in trials}) == 4
 
 
 @pytest.fixture(autouse=True)

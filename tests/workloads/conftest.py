@@ -45,6 +45,7 @@ class FakeEngine:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.added: dict[str, tuple[list[int], float]] = {}
+        self.aborted: list[str] = []
         self.last_step: StepStats | None = None
         self._blocks: set[int] = set()
         self._queries = self._hits = self._steps = 0
@@ -66,6 +67,11 @@ class FakeEngine:
     def enqueue(self, request: _Req) -> None:
         self.added[request.rid] = (list(request.prompt), request.arrival)
         self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.waiting = [r for r in self.waiting if r.rid != request_id]
+        self.running = [r for r in self.running if r.rid != request_id]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

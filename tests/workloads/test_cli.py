@@ -18,10 +18,18 @@ runner = CliRunner()
 def test_traces_list_shows_every_bundled_trace() -> None:
     res = runner.invoke(app, ["traces", "list"])
     assert res.exit_code == 0, res.output
-    for name in ("sharegpt-like", "agent", "shared-prefix", "long-context"):
+    names = {
+        "sharegpt-like",
+        "agent",
+        "shared-prefix",
+        "long-context",
+        "reasoning",
+        "shared-prefix-chat",
+    }
+    for name in names:
         assert name in res.output
     data = json.loads(runner.invoke(app, ["traces", "list", "--json"]).output)
-    assert {d["name"] for d in data} == {"sharegpt-like", "agent", "shared-prefix", "long-context"}
+    assert {d["name"] for d in data} == names
 
 
 def test_traces_show_and_convert(tmp_path: Path) -> None:
@@ -70,6 +78,8 @@ def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> No
             "ttft=300ms,tpot=50ms",
             "--max-num-batched-tokens",
             "1024",
+            "--kv-cache-dtype",
+            "fp8",
             "--seed",
             "1",
             "--out",
@@ -100,6 +110,7 @@ def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> No
     assert set(summary["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
     assert summary["num_requests"] == summary["completed"] == 40
     assert summary["config"]["max_num_batched_tokens"] == 1024
+    assert summary["config"]["kv_cache_dtype"] == "fp8"
     requests = pd.read_csv(out / "requests.csv")
     steps = pd.read_csv(out / "steps.csv")
     assert len(requests) == 40 and len(steps) > 40
@@ -139,8 +150,15 @@ def test_bench_table_output_and_config_file(tmp_path: Path) -> None:
         (["--burstiness", "2"], "burstiness: needs a rate"),
         (["--timestamps"], "has no timestamps"),
         (["--block-size", "24"], "block_size: must be a power of two"),
+        (["--kv-cache-dtype", "fp4"], "kv_cache_dtype: must be one of"),
         (["--backend", "http"], "needs --url"),
         (["--backend", "grpc"], "not one of sim, engine, http"),
+        (["--timeout", "0"], "--timeout: must be a positive number of seconds"),
+        (["--stages", "5"], "expected RATE:SECONDS"),
+        (["--stages", "5:10", "--rate", "3"], "give stages or --rate"),
+        (["--duration", "10"], "--duration: needs --rate"),
+        (["--stages", "5:10", "--num-requests", "9"], "the load stages"),
+        (["--rate", "5", "--duration", "4", "--warmup", "5"], "leave nothing of the"),
         (["--gpu", "abacus", "--num-requests", "5"], "abacus"),
     ],
 )
@@ -148,3 +166,30 @@ def test_bench_bad_input_exits_2(args: list[str], fragment: str) -> None:
     res = runner.invoke(app, ["bench", *args])
     assert res.exit_code == 2, res.output
     assert fragment in res.output
+
+
+def test_bench_timeout_fails_requests_of_an_overloaded_run(tmp_path: Path) -> None:
+    args = ["bench", "--num-requests", "150", "--rate", "80", "--max-num-seqs", "8", "--json"]
+    res = runner.invoke(app, [*args, "--timeout", "1.5", "--slo", "ttft=10s"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["timeout_s"] == 1.5
+    assert summary["errors"] == {"timeout": summary["failed"]} and summary["failed"] > 0
+    assert summary["slo_attainment"] <= summary["completed"] / summary["num_requests"]
+
+
+def test_bench_stages_warmup_and_steady_state(tmp_path: Path) -> None:
+    args = ["bench", "--stages", "2:10,4:10", "--warmup", "5", "--cooldown", "2", "--json"]
+    res = runner.invoke(app, [*args, "--slo", "ttft=1s"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["arrivals"] == "Poisson stages: 2 req/s for 10 s, 4 req/s for 10 s"
+    window = s["scoring_window"]
+    assert (window["warmup_s"], window["cooldown_s"]) == (5, 2)
+    assert s["num_requests"] == window["requests"] < 60  # 60 sent, the ends not scored
+    assert s["steady_state"]["steady"] is True
+    overloaded = runner.invoke(
+        app, ["bench", "--rate", "200", "--duration", "5", "--max-num-seqs", "4"]
+    )
+    assert overloaded.exit_code == 0, overloaded.output
+    assert "not in steady state" in overloaded.output

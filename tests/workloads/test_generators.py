@@ -5,13 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slotune.engine import EngineConfig
 from slotune.workloads import (
     BUNDLED,
     AgentParams,
+    ArrivalSpec,
+    ClippedNormal,
+    SharedPrefixParams,
     agent_sessions,
+    inference_perf_shared_prefix,
     load_trace,
+    reasoning,
+    run_simulated,
     shared_prefix,
     sharegpt_like,
+    summarize,
 )
 from slotune.workloads.load import bundled_path
 
@@ -66,8 +74,10 @@ def test_bundled_traces_load_with_stats(name: str) -> None:
     stats = trace.stats()
     assert trace.name == name and stats["requests"] == len(trace) >= 200
     assert bundled_path(name).stat().st_size < 100_000
-    if name in ("agent", "shared-prefix"):
+    if name in ("agent", "shared-prefix", "shared-prefix-chat"):
         assert stats["prefix_sharing_ratio"] > 0.5
+    if name == "reasoning":
+        assert stats["prompt_len"]["mean"] < 400 and stats["output_len"]["mean"] > 3000
     if name == "agent":
         assert stats["sessions"] >= 32
     if name == "sharegpt-like":
@@ -87,3 +97,65 @@ def test_bundled_files_match_the_generator_script(tmp_path) -> None:
     module.main(tmp_path)
     for name in BUNDLED:
         assert (tmp_path / f"{name}.jsonl").read_text() == bundled_path(name).read_text()
+
+
+def test_reasoning_has_short_prompts_and_long_outputs() -> None:
+    trace = reasoning(2000, seed=2)
+    p = np.array([r.prompt_len for r in trace])
+    o = np.array([r.output_len for r in trace])
+    assert 150 < p.mean() < 300 and 3000 < o.mean() < 5000
+    assert o.min() >= 512 and (p + o).max() <= 18432
+
+
+def test_clipped_normal_lengths() -> None:
+    rng = np.random.default_rng(0)
+    x = ClippedNormal(200, 50, 100, 260).sample(rng, 20_000)
+    assert x.min() == 100 and x.max() == 260
+    assert ClippedNormal(50).sample(rng, 3).tolist() == [50, 50, 50]
+    with pytest.raises(ValueError, match="ClippedNormal"):
+        ClippedNormal(10, low=20, high=5)
+
+
+def test_inference_perf_shared_prefix_single_turn() -> None:
+    trace = inference_perf_shared_prefix(SharedPrefixParams(num_groups=3, num_prompts_per_group=4))
+    assert len(trace) == 12 and all(r.session_id is None for r in trace)
+    assert all((r.prompt_len, r.output_len) == (150, 50) for r in trace)  # defaults: 100 + 50
+    systems: dict[int, int] = {}
+    for r in trace:
+        (system, n), (_, q) = r.prompt_segments
+        assert (n, q) == (100, 50)
+        systems[system] = systems.get(system, 0) + 1
+    assert sorted(systems.values()) == [4, 4, 4]  # each system prompt shared by its 4 users
+
+
+def test_inference_perf_shared_prefix_multi_turn_sessions() -> None:
+    params = SharedPrefixParams(
+        num_groups=2,
+        num_prompts_per_group=3,
+        question_len=ClippedNormal(40, 10, 20, 60),
+        output_len=ClippedNormal(30, 5, 10, 50),
+        multi_turn=True,
+        num_turns=3,
+    )
+    trace = inference_perf_shared_prefix(params, seed=4)
+    assert len(trace) == 18 and len({r.session_id for r in trace}) == 6
+    index = {r.request_id: r for r in trace}
+    full = dict(zip(index, trace.full_prompt_lengths(), strict=True))
+    for r in trace:
+        if r.turn == 0:
+            assert r.parent_id is None and r.prompt_segments[0][1] == 100
+        else:
+            parent = index[r.parent_id]
+            assert parent.turn == r.turn - 1 and parent.session_id == r.session_id
+            # each round sends the user's question again after the history
+            assert r.prompt_segments == parent.prompt_segments[-1:]
+            assert full[r.request_id] == full[parent.request_id] + parent.output_len + r.prompt_len
+    with pytest.raises(ValueError, match="num_turns"):
+        SharedPrefixParams(num_turns=2)
+
+
+def test_shared_prefix_chat_hits_the_prefix_cache() -> None:
+    trace = load_trace("shared-prefix-chat", num_requests=120)
+    cfg = EngineConfig(prefix_caching="hash")
+    s = summarize(run_simulated(cfg, trace, arrivals=ArrivalSpec(concurrency=16)))
+    assert s["completed"] == 120 and s["prefix_cache_hit_rate"] > 0.6

@@ -143,6 +143,8 @@ def test_timeout_is_recorded(server: _Server) -> None:
     )
     df = res.requests.set_index("request_id")
     assert df.loc["r0", "error"] == "timeout"
+    waited = df.loc["r0", "finish_time"] - df.loc["r0", "arrival_time"]
+    assert 0.5 <= waited < 3.0  # given up at the timeout, before the server answers (3 s)
     assert pd.isna(df.loc["r1", "error"])
 
 

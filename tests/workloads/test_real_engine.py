@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from slotune.engine import Engine, EngineConfig
@@ -45,3 +46,24 @@ def test_run_engine_with_the_torch_executor(tiny_model: Path) -> None:
     assert (df["first_token_time"] > df["arrival_time"]).all()
     assert len(res.steps) >= 4 and (res.steps["duration_s"] > 0).all()
     assert summarize(res)["completed"] == 3
+
+
+def test_run_engine_gives_up_at_the_timeout_and_frees_blocks(tiny_model: Path) -> None:
+    engine = Engine.local(
+        EngineConfig(max_num_batched_tokens=64, max_model_len=8192),
+        model=str(tiny_model),
+        device="cpu",
+    )
+    reqs = (
+        TraceRequest(request_id="long", prompt_len=16, output_len=8000),
+        TraceRequest(request_id="short", prompt_len=16, output_len=2),
+    )
+    res = run_engine(engine, Trace(name="t", requests=reqs), timeout_s=0.3)
+    df = res.requests.set_index("request_id")
+    assert df.loc["long", "error"] == "timeout"
+    assert df.loc["long", "finish_time"] == pytest.approx(df.loc["long", "arrival_time"] + 0.3)
+    assert 0 < df.loc["long", "output_tokens"] < 8000
+    assert max(df.loc["long", "token_times"]) <= df.loc["long", "finish_time"]
+    assert pd.isna(df.loc["short", "error"]) and df.loc["short", "output_tokens"] == 2
+    assert not engine.has_unfinished_requests()
+    assert res.engine_stats["num_free_blocks"] == res.engine_stats["num_total_blocks"]

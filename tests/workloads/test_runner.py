@@ -5,9 +5,18 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from slotune.workloads import ArrivalSpec, Trace, TraceRequest, agent_sessions, summarize
+from slotune.workloads import (
+    ArrivalSpec,
+    Trace,
+    TraceRequest,
+    agent_sessions,
+    parse_slo,
+    summarize,
+)
+from slotune.workloads.arrivals import ALL_AT_ONCE
 from slotune.workloads.generators import AgentParams, LengthDist
 from slotune.workloads.runner.engine_loop import VirtualClock, drive_engine, run_engine
 
@@ -200,3 +209,44 @@ def test_rate_and_concurrency_together() -> None:
     assert peak == 2
     # a request held back by the cap starts when a slot frees, not at its scheduled time
     assert (df["arrival_time"].to_numpy() > np.array(scheduled) + 1e-9).any()
+
+
+def test_timeout_on_the_virtual_clock_gives_up_at_the_deadline_and_aborts() -> None:
+    # one step costs 0.01 s + 0.0001 s per token: r0's first token (after a 40-token prefill)
+    # comes at 0.014 s, then one every 0.0101 s; 49 tokens come by its 0.5 s deadline
+    reqs = (
+        TraceRequest(request_id="r0", prompt_len=40, output_len=100),
+        TraceRequest(request_id="r1", prompt_len=40, output_len=5),
+    )
+    engine = FakeEngine()
+    res = drive_engine(
+        engine,
+        Trace(name="t", requests=reqs),
+        ArrivalSpec(rate=1, constant=True),
+        VirtualClock(),
+        timeout_s=0.5,
+    )
+    df = res.requests.set_index("request_id")
+    assert df.loc["r0", "error"] == "timeout"
+    assert df.loc["r0", "finish_time"] == pytest.approx(0.5)
+    assert df.loc["r0", "output_tokens"] == 49
+    assert df.loc["r0", "token_times"][-1] <= 0.5 < df.loc["r0", "token_times"][-1] + 0.0101
+    assert engine.aborted == ["r0"]  # aborted at the first step boundary after 0.5 s
+    assert pd.isna(df.loc["r1", "error"]) and df.loc["r1", "output_tokens"] == 5
+    assert not engine.has_unfinished_requests()
+    s = summarize(res, parse_slo("e2e=10s"))
+    assert (s["failed"], s["slo_attainment"], s["errors"]) == (1, 0.5, {"timeout": 1})
+
+
+def test_a_request_finishing_after_its_deadline_timed_out() -> None:
+    # 8 tokens: the last comes at 0.014 + 7 * 0.0101 = 0.0847 s, after a 0.08 s deadline
+    engine = FakeEngine()
+    res = drive_engine(engine, _simple_trace(n=1), ALL_AT_ONCE, VirtualClock(), timeout_s=0.08)
+    row = res.requests.iloc[0]
+    assert (row["error"], row["finish_time"], row["output_tokens"]) == ("timeout", 0.08, 7)
+    assert engine.aborted == []  # it had finished in the engine: nothing to abort
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="timeout: must be a positive number"):
+        drive_engine(FakeEngine(), _simple_trace(n=1), ALL_AT_ONCE, VirtualClock(), timeout_s=0)

@@ -104,3 +104,40 @@ def test_simulated_run_is_deterministic_and_virtual() -> None:
     assert (a.requests["output_tokens"] == [r.output_len for r in trace]).all()
     assert a.steps["duration_s"].sum() <= a.duration_s + 1e-9
     assert (a.steps["num_scheduled_tokens"] <= 1024).all()
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_timeouts_on_the_simulated_engine_fail_at_the_deadline_and_free_blocks(
+    fast_forward: bool,
+) -> None:
+    trace = load_trace("sharegpt-like", num_requests=150)
+    cfg = EngineConfig(max_num_batched_tokens=512, max_num_seqs=16)
+    res = run_simulated(
+        cfg, trace, arrivals=ArrivalSpec(rate=60), timeout_s=2.0, fast_forward=fast_forward
+    )
+    df = res.requests
+    timed_out = df["error"] == "timeout"
+    assert 0 < timed_out.sum() < len(df)  # overloaded: some give up, some are served
+    assert df["error"][~timed_out].isna().all()
+    deadline = df["arrival_time"] + 2.0
+    assert np.allclose(df["finish_time"][timed_out], deadline[timed_out])
+    assert (df["finish_time"][~timed_out] <= deadline[~timed_out] + 1e-9).all()
+    assert all(
+        not ts or ts[-1] <= d + 1e-9 for ts, d in zip(df["token_times"], deadline, strict=True)
+    )
+    assert (df["output_tokens"] == [len(ts) for ts in df["token_times"]]).all()
+    stats = res.engine_stats
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]  # aborts freed every block
+    assert summarize(res)["failed"] == timed_out.sum()
+
+
+def test_timeouts_are_the_same_with_and_without_fast_forward() -> None:
+    trace = load_trace("sharegpt-like", num_requests=120)
+    cfg = EngineConfig(max_num_batched_tokens=512, max_num_seqs=16)
+    runs = [
+        run_simulated(cfg, trace, arrivals=ArrivalSpec(rate=50), timeout_s=1.5, fast_forward=ff)
+        for ff in (True, False)
+    ]
+    a, b = (r.requests for r in runs)
+    assert a["error"].tolist() == b["error"].tolist()
+    assert a["token_times"].tolist() == b["token_times"].tolist()

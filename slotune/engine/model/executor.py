@@ -12,12 +12,14 @@ import torch
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
+from slotune.engine.kv_dtype import kv_block_bytes
 from slotune.engine.model.attention import (
     BACKEND_NAMES,
     AttentionBackend,
     AttentionMetadata,
     select_backend,
 )
+from slotune.engine.model.kv_cache import KVCache, allocate_kv_cache, cache_tensors
 from slotune.engine.model.llama import ForwardBatch
 from slotune.engine.model.loader import load_model
 from slotune.engine.model.sampler import Sampler, SampleRow
@@ -36,8 +38,9 @@ class TorchExecutor:
     """Runs a local Hugging Face Llama-family checkpoint over a paged KV cache.
 
     The device cache is two tensors [layers, blocks, block_size, kv_heads, head_dim]
-    (keys, values); swapped-out blocks live in a CPU pool of the same layout, pinned when
-    the device is CUDA. ``attention`` is chosen when the cache is allocated, since the
+    (keys, values), or with a quantized ``kv_cache_dtype`` two ``QuantizedCache`` of codes
+    and scales; swapped-out blocks live in a CPU pool of the same layout, pinned when the
+    device is CUDA. ``attention`` is chosen when the cache is allocated, since the
     flash and triton backends depend on the block size.
 
     On the CPU, ``threads`` sets torch's intra-op threads for the process. By default a
@@ -75,21 +78,23 @@ class TorchExecutor:
         self.block_size = 0
         self.sampler = Sampler()
         self.timer = timer
-        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._cpu_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kv: tuple[KVCache, KVCache] | None = None
+        self._cpu_kv: tuple[KVCache, KVCache] | None = None
         if self.device.type == "cpu":
             if threads is None and self.model_config.hidden_size <= SINGLE_THREAD_MAX_HIDDEN:
                 threads = 1
             if threads:
                 torch.set_num_threads(threads)
 
-    def block_bytes(self, block_size: int) -> int:
+    def block_bytes(self, block_size: int, kv_cache_dtype: str = "auto") -> int:
         c = self.model_config
-        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
-        return per_token * block_size * self.dtype.itemsize
+        per_layer = kv_block_bytes(
+            kv_cache_dtype, block_size, c.num_key_value_heads, c.head_dim, self.dtype.itemsize
+        )
+        return c.num_hidden_layers * per_layer
 
     def determine_capacity(self, config: EngineConfig) -> KVCacheCapacity:
-        block_bytes = self.block_bytes(config.block_size)
+        block_bytes = self.block_bytes(config.block_size, config.kv_cache_dtype)
         useful = config.max_num_seqs * -(-config.max_model_len // config.block_size)
         gpu_blocks = min(self._device_kv_bytes(config) // block_bytes, useful)
         cpu_blocks = min(int(config.swap_space_gb * GIB) // block_bytes, useful)
@@ -123,25 +128,23 @@ class TorchExecutor:
         shape = (c.num_hidden_layers, 0, config.block_size, c.num_key_value_heads, c.head_dim)
         gpu_shape = (*shape[:1], capacity.num_gpu_blocks, *shape[2:])
         cpu_shape = (*shape[:1], capacity.num_cpu_blocks, *shape[2:])
+        self.backend = select_backend(
+            self.attention_name, self.device, config.block_size, self.dtype, config.kv_cache_dtype
+        )
         # Zeroed: a padded decode batch multiplies masked-out slots by zero weights, and
         # uninitialised memory could hold NaN. Swapped-in blocks are copies of such blocks.
-        self._kv = (
-            torch.zeros(gpu_shape, dtype=self.dtype, device=self.device),
-            torch.zeros(gpu_shape, dtype=self.dtype, device=self.device),
-        )
+        kv_dtype = config.kv_cache_dtype
+        self._kv = allocate_kv_cache(kv_dtype, gpu_shape, self.dtype, self.device)
         pin = self.device.type == "cuda"
-        self._cpu_kv = (
-            torch.empty(cpu_shape, dtype=self.dtype, pin_memory=pin),
-            torch.empty(cpu_shape, dtype=self.dtype, pin_memory=pin),
-        )
-        self.backend = select_backend(
-            self.attention_name, self.device, config.block_size, self.dtype
+        self._cpu_kv = allocate_kv_cache(
+            kv_dtype, cpu_shape, self.dtype, "cpu", pin_memory=pin, zeroed=False
         )
         logger.info(
-            "KV cache: %d device blocks, %d CPU blocks of %d tokens; attention: %s",
+            "KV cache: %d device blocks, %d CPU blocks of %d tokens (%s); attention: %s",
             capacity.num_gpu_blocks,
             capacity.num_cpu_blocks,
             config.block_size,
+            kv_dtype,
             self.backend.name,
         )
 
@@ -168,7 +171,9 @@ class TorchExecutor:
 
     def _copy_blocks(self, so: SchedulerOutput) -> None:
         assert self._kv is not None and self._cpu_kv is not None
-        for gpu, cpu in zip(self._kv, self._cpu_kv, strict=True):
+        device_tensors = [t for cache in self._kv for t in cache_tensors(cache)]
+        host_tensors = [t for cache in self._cpu_kv for t in cache_tensors(cache)]
+        for gpu, cpu in zip(device_tensors, host_tensors, strict=True):
             if so.swap_out:
                 src, dst = _pairs(so.swap_out, self.device, torch.device("cpu"))
                 cpu[:, dst] = gpu[:, src].to("cpu")

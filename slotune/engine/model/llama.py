@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2; Mixtral and Qwen2-MoE with routed-expert
+feed-forward layers) over a paged KV cache.
 
 ``forward`` runs on the flattened tokens of one step, prefill chunks and decodes mixed,
 writes their keys and values through the slot mapping, and returns logits only at the
@@ -10,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from slotune.engine.hf_config import ModelConfig
 from slotune.engine.model.attention import AttentionBackend, AttentionMetadata, write_kv_cache
+from slotune.engine.model.kv_cache import KVCache, KVLayer
+from slotune.engine.model.mlp import MLP, SparseMoE
 from slotune.engine.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -56,8 +58,8 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
@@ -71,25 +73,19 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(tokens, self.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        size, bias = config.intermediate_size, config.mlp_bias
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * size, bias=bias)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+def feed_forward(config: ModelConfig, layer: int) -> nn.Module:
+    if config.moe is not None and config.moe.is_moe_layer(layer):
+        return SparseMoE(config.hidden_size, config.moe)
+    return MLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = feed_forward(config, layer)
 
     def forward(self, x: torch.Tensor, *attn_args: object) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), *attn_args)
@@ -105,7 +101,8 @@ class LlamaForCausalLM(nn.Module):
         # Given a weight, Embedding skips its random init, whose first call imports dynamo.
         weight = torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        layers = range(config.num_hidden_layers)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -116,13 +113,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self,
         batch: ForwardBatch,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVCache,
+        v_cache: KVCache,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] in float32.
 
-        ``k_cache`` / ``v_cache`` are [layers, blocks, block_size, kv_heads, head_dim].
+        ``k_cache`` / ``v_cache`` are [layers, blocks, block_size, kv_heads, head_dim], plain
+        or quantized (``kv_cache.QuantizedCache``).
         """
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)

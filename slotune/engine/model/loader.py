@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from slotune.engine.hf_config import ModelConfig
+from slotune.engine.hf_config import ModelConfig, MoEConfig
 from slotune.engine.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -62,6 +62,12 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
             "folder (make one with `slotune init-model DIR`)"
         )
     config = ModelConfig.from_file(config_file)
+    if config.quantization is not None:
+        raise ValueError(
+            f"{config_file}: weights quantized with {config.quantization!r} cannot be loaded by "
+            "the torch executor, which runs float16/bfloat16/float32 checkpoints; simulate "
+            "this model instead, or load its unquantized checkpoint"
+        )
     if config.sliding_window is not None:
         logger.warning(
             "%s: sliding_window=%d is not applied; attention over contexts longer than that "
@@ -111,20 +117,15 @@ def _read_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
+        attn = p + "self_attn."
         out[attn + "qkv_proj.weight"] = _cat(raw, [attn + f"{x}_proj.weight" for x in "qkv"])
         if config.attention_bias:
             out[attn + "qkv_proj.bias"] = _cat(raw, [attn + f"{x}_proj.bias" for x in "qkv"])
         out[attn + "o_proj.weight"] = _take(raw, attn + "o_proj.weight")
-        out[mlp + "gate_up_proj.weight"] = _cat(
-            raw, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
-        )
-        out[mlp + "down_proj.weight"] = _take(raw, mlp + "down_proj.weight")
-        if config.mlp_bias:
-            out[mlp + "gate_up_proj.bias"] = _cat(
-                raw, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]
-            )
-            out[mlp + "down_proj.bias"] = _take(raw, mlp + "down_proj.bias")
+        if config.moe is not None and config.moe.is_moe_layer(i):
+            out |= _moe_weights(raw, config.model_type, config.moe, i)
+        else:
+            out |= _mlp_weights(raw, p + "mlp.", p + "mlp.", bias=config.mlp_bias)
         for norm in ("input_layernorm", "post_attention_layernorm"):
             out[p + norm + ".weight"] = _take(raw, p + norm + ".weight")
     out["embed_tokens.weight"] = _take(raw, "embed_tokens.weight")
@@ -137,6 +138,47 @@ def _read_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     raw = {k: v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")}
     if raw:
         raise ValueError(f"model {str(folder)!r}: unexpected weights {sorted(raw)[:5]}")
+    return out
+
+
+def _mlp_weights(
+    raw: dict[str, torch.Tensor], src: str, dst: str, bias: bool = False
+) -> dict[str, torch.Tensor]:
+    """A SwiGLU MLP under ``src`` with its gate and up projections fused, renamed to ``dst``."""
+    out = {
+        dst + "gate_up_proj.weight": _cat(raw, [src + "gate_proj.weight", src + "up_proj.weight"]),
+        dst + "down_proj.weight": _take(raw, src + "down_proj.weight"),
+    }
+    if bias:
+        out[dst + "gate_up_proj.bias"] = _cat(raw, [src + "gate_proj.bias", src + "up_proj.bias"])
+        out[dst + "down_proj.bias"] = _take(raw, src + "down_proj.bias")
+    return out
+
+
+# Each family's names, under a layer, for (router, expert prefix, gate, up, down).
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", "w1", "w3", "w2"),
+    "qwen2_moe": ("mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _moe_weights(
+    raw: dict[str, torch.Tensor], model_type: str, moe: MoEConfig, layer: int
+) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint matrices stacked into ``SparseMoE``'s [experts, out, in] tensors."""
+    p = f"layers.{layer}."
+    router, experts, gate, up, down = _MOE_NAMES[model_type]
+    names = [f"{p}{experts}.{e}." for e in range(moe.num_experts)]
+    out = {
+        p + "mlp.gate.weight": _take(raw, p + router + ".weight"),
+        p + "mlp.experts_gate_up": torch.stack(
+            [_cat(raw, [n + gate + ".weight", n + up + ".weight"]) for n in names]
+        ),
+        p + "mlp.experts_down": torch.stack([_take(raw, n + down + ".weight") for n in names]),
+    }
+    if moe.shared_expert_intermediate_size:
+        out |= _mlp_weights(raw, p + "mlp.shared_expert.", p + "mlp.shared_expert.")
+        out[p + "mlp.shared_expert_gate.weight"] = _take(raw, p + "mlp.shared_expert_gate.weight")
     return out
 
 

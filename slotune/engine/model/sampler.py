@@ -3,7 +3,9 @@
 Each row of logits belongs to one request and yields ``n`` tokens (``n > 1`` only at the
 end of the prompt of a request that the engine then forks). A seeded request draws from
 its own generator, kept across steps, so that its whole output is reproducible whatever
-else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``.
+else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``
+(modulo 2**64, so any integer seed is valid). Temperatures below
+``sampling_params.GREEDY_BELOW`` sample greedily, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from slotune.engine.sampling_params import SamplingParams
+
+_SEED_MODULUS = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Sampler:
             return None
         gen = self._generators.get(row.request_id)
         if gen is None:
-            gen = torch.Generator(device=device).manual_seed(seed + row.index)
+            gen = torch.Generator(device=device).manual_seed((seed + row.index) % _SEED_MODULUS)
             self._generators[row.request_id] = gen
         return gen
 

@@ -1,17 +1,27 @@
 """OpenAI request bodies in, engine requests out; OpenAI-style errors.
 
-Accepted fields (others, such as ``user`` or penalties, are ignored as vLLM ignores what
-it does not support): ``model``, ``prompt`` (a string, a list of token ids, or a list
-holding one of those) or ``messages``, ``max_tokens`` (chat also
-``max_completion_tokens``), ``temperature``, ``top_p``, ``top_k`` (0 or -1: off),
-``seed``, ``n``, ``stop_token_ids``, ``ignore_eos``, ``logprobs`` (completions: an integer;
-chat: a boolean with ``top_logprobs``), ``stream``, ``stream_options.include_usage``.
-Only the sampled token's logprob is known, so ``top_logprobs`` lists that token alone.
-Stop strings are refused: use ``stop_token_ids``.
+Accepted fields: ``model``, ``prompt`` (a string, a list of token ids, or a list holding
+one of those) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``),
+``temperature`` (below 1e-5: greedy, as in vLLM), ``top_p``, ``top_k`` (0 or -1: off),
+``seed`` (a 64-bit signed integer), ``n``, ``stop_token_ids``, ``ignore_eos``,
+``logprobs`` (completions: 0; chat: a boolean, ``top_logprobs`` 0): the sampled token's
+logprob, ``stream``, ``stream_options.include_usage``, ``stop`` (strings: the text ends
+before the first one, finish reason "stop"), and fields that change nothing (``user``).
+``prompt`` may be a batch (a list of prompts): one engine request each, choices indexed
+``prompt * n + completion`` as vLLM does. A field slotune cannot honour is refused with a
+400 naming it (see ``_UNSUPPORTED``) rather than silently ignored: top-k logprobs,
+penalties, ``best_of``, tools, response formats, guided decoding, ``echo`` with
+``logprobs`` or in chat (``echo`` alone starts each completion with its prompt).
+
+Over a simulated engine, ``seed`` changes nothing (simulated tokens are a function of the
+request id and position) and ``stop_token_ids`` are never sampled (simulated requests end
+by ``max_tokens``, unless they cover every token the simulator draws: then the first
+token stops the request); both are accepted so that benchmark clients need no changes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,15 +30,42 @@ from slotune.engine.server.served import ServedModel
 from slotune.engine.server.text import render_chat
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; chat defaults to the room left
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds (torch.long)
+
+# field -> the values that change nothing (anything else is refused, naming the field)
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "suffix": ("",),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "min_tokens": (0,),
+    "prompt_logprobs": (0,),
+    "use_beam_search": (False,),
+    "include_stop_str_in_output": (False,),
+}
 
 
 class InvalidRequest(ValueError):
-    """A client error: answered with HTTP 400 naming ``param``."""
+    """A client error: answered with HTTP ``status`` (400) naming ``param``."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, code: str | None = None, status: int = 400
+    ) -> None:
         super().__init__(message)
         self.param = param
         self.code = code
+        self.status = status
 
 
 def error_body(
@@ -42,71 +79,198 @@ def error_body(
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """``prompts``: one engine request each (completions take a batch; chat one)."""
+
     chat: bool
-    prompt_token_ids: list[int]
+    prompts: list[list[int]]
     params: SamplingParams
     stream: bool
     include_usage: bool
     logprobs: bool
-    top_logprobs: int
+    top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
+    echo: tuple[str, ...] = ()  # with ``echo``: each prompt's text, to start its choices
 
 
 def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRequest:
+    """Check ``body`` and tokenize its prompts (slow for long prompts: run it off the event
+    loop). Raises ``InvalidRequest``."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    _check_model(body.get("model"), served)
+    check_model(body.get("model"), served)
+    _refuse_unsupported(body)
     prompt_field = "messages" if chat else "prompt"
     if prompt_field not in body:
         raise InvalidRequest(f"'{prompt_field}' is required", prompt_field, "missing_required")
-    ids = _chat_prompt(body["messages"], served) if chat else _prompt(body["prompt"], served)
-    _check_prompt_ids(ids, served, prompt_field)
+    chat_ids = _chat_prompt(body["messages"], served) if chat else None
+    prompts = [chat_ids] if chat_ids is not None else _prompts(body["prompt"], served)
+    for ids in prompts:
+        _check_prompt_ids(ids, served, prompt_field)
     if chat:
         logprobs = _typed(body, "logprobs", bool, False)
-        top = _typed(body, "top_logprobs", int, 0)
-        if top and not logprobs:
-            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        top, top_field = _typed(body, "top_logprobs", int, 0), "top_logprobs"
     else:
-        top = _typed(body, "logprobs", int, None)
+        top, top_field = _typed(body, "logprobs", int, None), "logprobs"
         logprobs = top is not None
         top = top or 0
-    if top < 0:
-        raise InvalidRequest(f"must be >= 0 (got {top})", "top_logprobs" if chat else "logprobs")
-    stop = body.get("stop")
-    if stop:
-        raise InvalidRequest("stop strings are not supported; use 'stop_token_ids'", "stop")
+    if top != 0:
+        raise InvalidRequest(
+            f"'{top_field}' must be 0 (got {top}): slotune returns the sampled token's "
+            "logprob only, not the top-k alternatives",
+            top_field,
+        )
+    echo = _typed(body, "echo", bool, False)
+    if echo and (chat or logprobs):
+        raise InvalidRequest(
+            "'echo' works on /v1/completions without 'logprobs' (slotune does not compute "
+            "the prompt's logprobs)",
+            "echo",
+        )
     options = _typed(body, "stream_options", dict, None) or {}
+    longest = max(len(ids) for ids in prompts)
     return GenerationRequest(
         chat=chat,
-        prompt_token_ids=ids,
-        params=_sampling_params(body, len(ids), served, chat),
+        prompts=prompts,
+        params=_sampling_params(body, longest, served, chat),
         stream=_typed(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage", False)),
         logprobs=logprobs,
         top_logprobs=top,
+        stop=_stop_strings(body.get("stop")),
+        echo=_echo_texts(body["prompt"], prompts, served) if echo else (),
     )
 
 
-def _check_model(model: Any, served: ServedModel) -> None:
+def _echo_texts(prompt: Any, prompts: list[list[int]], served: ServedModel) -> tuple[str, ...]:
+    """Each prompt's text as the client sent it (token ids decoded)."""
+    batch = isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt)
+    raw = prompt if batch else [prompt]
+    return tuple(
+        p if isinstance(p, str) else served.tokenizer.decode(ids)
+        for p, ids in zip(raw, prompts, strict=True)
+    )
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop``: a string or a list of strings; the text ends before the first one found."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest("'stop' must be a string or a list of strings", "stop")
+    return tuple(s for s in stops if s)
+
+
+def parse_tokenize(body: Any, served: ServedModel) -> list[int]:
+    """``/tokenize``: the token ids of ``prompt`` or of the chat prompt of ``messages``."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    check_model(body.get("model"), served)
+    specials = _typed(body, "add_special_tokens", bool, True)
+    if "messages" in body:
+        return _chat_prompt(body["messages"], served)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidRequest("'prompt' (a string) or 'messages' is required", "prompt")
+    return encode_text(prompt, served, "prompt", specials)
+
+
+def parse_detokenize(body: Any, served: ServedModel) -> list[int]:
+    """``/detokenize``: the token ids to turn into text, each in the vocabulary."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    check_model(body.get("model"), served)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+        raise InvalidRequest("'tokens' must be a list of token ids", "tokens")
+    bad = next((t for t in tokens if not 0 <= t < served.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(
+            f"token id {bad} is outside the vocabulary [0, {served.vocab_size})", "tokens"
+        )
+    return tokens
+
+
+def check_model(model: Any, served: ServedModel) -> None:
+    """A named model must be the one served: 404 otherwise, as vLLM answers."""
     if model is None:
         return
     if model != served.name:
         raise InvalidRequest(
-            f"model {model!r} is not served here; this server serves {served.name!r}",
+            f"The model `{model}` does not exist; this server serves `{served.name}`",
             "model",
             "model_not_found",
+            status=404,
         )
 
 
-def _prompt(prompt: Any, served: ServedModel) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, harmless in _UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(_same(value, h) for h in harmless):
+            raise InvalidRequest(
+                f"'{name}' is not supported by slotune's server (got {_short(value)})", name
+            )
+
+
+def _same(value: Any, harmless: Any) -> bool:
+    """Equal and of the same kind (``0`` is not ``False``; ``0`` is ``0.0``)."""
+    if isinstance(value, bool) or isinstance(harmless, bool):
+        return value is harmless
+    if isinstance(value, (int, float)) and isinstance(harmless, (int, float)):
+        return value == harmless
+    return type(value) is type(harmless) and value == harmless
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _prompts(prompt: Any, served: ServedModel) -> list[list[int]]:
+    """A string, a list of token ids, or a batch: a list of those."""
     if isinstance(prompt, str):
-        return served.tokenizer.encode(prompt)
-    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
-        return list(prompt)
+        return [encode_text(prompt, served, "prompt")]
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return [list(prompt)]
+    if isinstance(prompt, list) and prompt:
+        batch = []
+        for p in prompt:
+            if isinstance(p, str):
+                batch.append(encode_text(p, served, "prompt"))
+            elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+                batch.append(list(p))
+            else:
+                break
+        else:
+            return batch
     raise InvalidRequest(
-        "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt"
+        "'prompt' must be a string, a list of token ids, or a non-empty list of those",
+        "prompt",
     )
+
+
+def encode_text(
+    text: str, served: ServedModel, field: str, add_special_tokens: bool = True
+) -> list[int]:
+    """The text's token ids; refused without tokenizing when it is certainly longer than
+    ``max_model_len`` (a huge prompt would hold a worker for seconds), or not valid
+    Unicode (a lone surrogate)."""
+    limit = served.max_model_len * served.max_token_chars + 16
+    if len(text) > limit:
+        raise InvalidRequest(
+            f"'{field}' is {len(text)} characters, more than the {limit} that "
+            f"max_model_len={served.max_model_len} tokens can hold",
+            field,
+            "context_length_exceeded",
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"'{field}' is not valid Unicode: {exc.reason} at character {exc.start}", field
+        ) from None
+    return served.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _chat_prompt(messages: Any, served: ServedModel) -> list[int]:
@@ -123,7 +287,7 @@ def _chat_prompt(messages: Any, served: ServedModel) -> list[int]:
         text = render_chat(plain, served.chat_template, served.special_tokens)
     except ValueError as exc:
         raise InvalidRequest(str(exc), "messages") from None
-    return served.tokenizer.encode(text, add_special_tokens=served.chat_template is None)
+    return encode_text(text, served, "messages", served.chat_template is None)
 
 
 def _content(content: Any, i: int) -> str:
@@ -145,44 +309,55 @@ def _content(content: Any, i: int) -> str:
 def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
     if not ids:
         raise InvalidRequest(f"'{field}' is empty; it needs at least one token", field)
+    if len(ids) >= served.max_model_len:
+        raise InvalidRequest(
+            f"'{field}' is {len(ids)} tokens: with at least one token to generate it does not "
+            f"fit this server's max_model_len={served.max_model_len}",
+            field,
+            "context_length_exceeded",
+        )
     bad = next((t for t in ids if t < 0 or t >= served.vocab_size), None)
     if bad is not None:
         raise InvalidRequest(
             f"token id {bad} is outside the vocabulary [0, {served.vocab_size})", field
-        )
-    if len(ids) > served.max_model_len:
-        raise InvalidRequest(
-            f"'{field}' is {len(ids)} tokens, longer than this server's max_model_len="
-            f"{served.max_model_len}",
-            field,
-            "context_length_exceeded",
         )
 
 
 def _sampling_params(
     body: dict[str, Any], prompt_len: int, served: ServedModel, chat: bool
 ) -> SamplingParams:
-    room = max(served.max_model_len - prompt_len, 1)
-    default = room if chat else DEFAULT_MAX_TOKENS
+    room = served.max_model_len - prompt_len
     max_tokens = _typed(body, "max_tokens", int, None)
     name = "max_tokens"
     if chat and max_tokens is None:
         max_tokens = _typed(body, "max_completion_tokens", int, None)
         name = "max_completion_tokens"
     if max_tokens is None:
-        max_tokens = default
+        max_tokens = room if chat else min(DEFAULT_MAX_TOKENS, room)
     if max_tokens < 1:
         raise InvalidRequest(f"'{name}' must be at least 1 (got {max_tokens})", name)
+    if max_tokens > room:
+        raise InvalidRequest(
+            f"'{name}' is {max_tokens}, but the prompt's {prompt_len} tokens leave room for "
+            f"{room} of this server's max_model_len={served.max_model_len}",
+            name,
+            "context_length_exceeded",
+        )
     top_k = _typed(body, "top_k", int, 0)
     stops = _typed(body, "stop_token_ids", list, None) or []
     if not all(_is_int(t) for t in stops):
         raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    seed = _typed(body, "seed", int, None)
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise InvalidRequest(
+            f"'seed' must be a 64-bit signed integer, in [{SEED_MIN}, {SEED_MAX}]", "seed"
+        )
     fields = {
         "max_tokens": max_tokens,
-        "temperature": _number(body, "temperature", 1.0),
+        "temperature": _number(body, "temperature", 1.0),  # tiny ones: greedy
         "top_p": _number(body, "top_p", 1.0),
         "top_k": 0 if top_k == -1 else top_k,
-        "seed": _typed(body, "seed", int, None),
+        "seed": seed,
         "n": _typed(body, "n", int, 1),
         "stop_token_ids": tuple(stops),
         "ignore_eos": _typed(body, "ignore_eos", bool, False),
@@ -204,7 +379,7 @@ def _typed(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
         return default
     ok = _is_int(value) if kind is int else isinstance(value, kind)
     if not ok:
-        raise InvalidRequest(f"'{name}' must be {_TYPE_NAMES[kind]} (got {value!r})", name)
+        raise InvalidRequest(f"'{name}' must be {_TYPE_NAMES[kind]} (got {_short(value)})", name)
     return value
 
 
@@ -213,8 +388,14 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"'{name}' must be a number (got {value!r})", name)
-    return float(value)
+        raise InvalidRequest(f"'{name}' must be a number (got {_short(value)})", name)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidRequest(f"'{name}' must be a finite number (got {_short(value)})", name)
+    return number
 
 
 def _is_int(value: object) -> bool:

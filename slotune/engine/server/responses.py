@@ -14,7 +14,9 @@ from slotune.engine.server.text import IncrementalDetokenizer, TextTokenizer
 @dataclass
 class _Choice:
     detok: IncrementalDetokenizer
-    text: list[str] = field(default_factory=list)
+    echo: str = ""  # the prompt's text, with ``echo``: sent with the first chunk
+    text: str = ""  # all decoded so far; the client has ``text[:sent]``
+    sent: int = 0
     num_tokens: int = 0
     finish_reason: str | None = None
     logprobs: list[tuple[str, float | None]] = field(default_factory=list)  # (token, logprob)
@@ -22,29 +24,76 @@ class _Choice:
 
 
 class Completion:
-    """The state of one request's choices; ``update`` turns an output into a chunk."""
+    """The state of one response's choices; ``update`` turns an engine output into a chunk.
+
+    A batch of prompts is one engine request per prompt (``request_ids``); choice
+    ``p * n + i`` is completion ``i`` of prompt ``p``. Stop strings end a choice before the
+    first one found; its engine request runs on until the caller aborts it, and its later
+    outputs are dropped. While text streams, the last ``len(longest stop) - 1`` characters
+    are held back, as vLLM holds them, so a stop string is never half sent.
+    """
 
     def __init__(
-        self, request_id: str, model: str, gen: GenerationRequest, tokenizer: TextTokenizer
+        self, response_id: str, model: str, gen: GenerationRequest, tokenizer: TextTokenizer
     ) -> None:
-        self.request_id = request_id
+        self.response_id = response_id
         self.model = model
         self.gen = gen
         self.tokenizer = tokenizer
         self.created = int(time.time())
-        self.choices = [_Choice(IncrementalDetokenizer(tokenizer)) for _ in range(gen.params.n)]
-        self.num_open = gen.params.n
-        self.num_cached_tokens = 0
+        n = gen.params.n
+        batch = len(gen.prompts)
+        self.request_ids = (
+            [response_id] if batch == 1 else [f"{response_id}-{p}" for p in range(batch)]
+        )
+        self._prompt_index = {rid: p for p, rid in enumerate(self.request_ids)}
+        self._engine_open = dict.fromkeys(self.request_ids, n)
+        echo = gen.echo or ("",) * batch
+        self.choices = [
+            _Choice(IncrementalDetokenizer(tokenizer), echo[i // n]) for i in range(batch * n)
+        ]
+        self.num_open = batch * n
+        self._hold = max((len(s) for s in gen.stop), default=1) - 1
+        self._cached_tokens = dict.fromkeys(self.request_ids, 0)
         self.object = "chat.completion" if gen.chat else "text_completion"
 
     @property
     def done(self) -> bool:
+        """Every choice has finished, for the engine or by a stop string."""
         return self.num_open == 0
 
+    def running_request_ids(self) -> list[str]:
+        """Engine requests not finished there: to abort when the response is done."""
+        return [rid for rid, open_ in self._engine_open.items() if open_ > 0]
+
+    def take_stopped_request_ids(self) -> list[str]:
+        """Engine requests still running whose choices stop strings all ended: to abort
+        now (each is returned once)."""
+        n = self.gen.params.n
+        stopped = [
+            rid
+            for rid, open_ in self._engine_open.items()
+            if open_ > 0 and all(c.finish_reason for c in self._choices_of(rid, n))
+        ]
+        for rid in stopped:
+            self._engine_open[rid] = 0
+        return stopped
+
+    def _choices_of(self, request_id: str, n: int) -> list[_Choice]:
+        first = self._prompt_index[request_id] * n
+        return self.choices[first : first + n]
+
     def update(self, out: RequestOutput) -> dict[str, Any] | None:
-        """Record ``out``; the stream chunk it makes, or None while its text is held back."""
-        c = self.choices[out.index]
-        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        """Record ``out``; the stream chunk it makes: one per output, so one per token (its
+        text empty while held back), or None for a choice that a stop string ended."""
+        rid = out.request_id
+        if out.finished and self._engine_open[rid] > 0:
+            self._engine_open[rid] -= 1
+        index = self._prompt_index[rid] * self.gen.params.n + out.index
+        c = self.choices[index]
+        if c.finish_reason is not None:
+            return None
+        self._cached_tokens[rid] = max(self._cached_tokens[rid], out.num_cached_tokens)
         c.num_tokens += len(out.new_token_ids)
         if self.gen.logprobs:
             lps: list[float | None] = list(out.logprobs)
@@ -53,16 +102,21 @@ class Completion:
             c.logprobs.extend(
                 (decode([t]), lp) for t, lp in zip(out.new_token_ids, lps, strict=True)
             )
-        delta = c.detok.add(out.new_token_ids, final=out.finished)
-        if out.finished:
-            c.finish_reason = out.finish_reason
+        c.text += c.detok.add(out.new_token_ids, final=out.finished)
+        end, reason = self._stop(c)
+        if reason is None and out.finished:
+            end, reason = len(c.text), out.finish_reason
+        delta = c.text[c.sent : end] if end > c.sent else ""
+        if c.echo:
+            delta, c.echo = c.echo + delta, ""
+        c.sent = max(c.sent, end)
+        if reason is not None:
+            c.text = c.text[: c.sent]
+            c.finish_reason = reason
             self.num_open -= 1
-        if not delta and not out.finished:
-            return None
-        c.text.append(delta)
-        choice: dict[str, Any] = {"index": out.index}
+        choice: dict[str, Any] = {"index": index}
         if self.gen.chat:
-            choice["delta"] = {"content": delta} if delta else {}
+            choice["delta"] = {"content": delta} if delta or reason is None else {}
         else:
             choice["text"] = delta
         choice["logprobs"] = self._logprobs(c, c.num_logprobs_sent)
@@ -70,8 +124,18 @@ class Completion:
         choice["finish_reason"] = c.finish_reason
         return self._chunk([choice])
 
+    def _stop(self, c: _Choice) -> tuple[int, str | None]:
+        """Where the choice's sendable text ends: before the first stop string (and then
+        "stop"), or short of the held-back tail."""
+        if self.gen.stop:
+            found = [i for i in (c.text.find(s, c.sent) for s in self.gen.stop) if i >= 0]
+            if found:
+                return min(found), "stop"
+        return len(c.text) - self._hold, None
+
     def role_chunk(self) -> dict[str, Any]:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
+        """Chat streams open each choice with the assistant role, as OpenAI's do; sent
+        with the first token, so that a client's time to first chunk is its TTFT."""
         return self._chunk(
             [
                 {
@@ -88,20 +152,20 @@ class Completion:
         return self._chunk([]) | {"usage": self.usage()}
 
     def usage(self) -> dict[str, Any]:
-        prompt = len(self.gen.prompt_token_ids)
+        prompt = sum(len(ids) for ids in self.gen.prompts)
         completion = sum(c.num_tokens for c in self.choices)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": sum(self._cached_tokens.values())},
         }
 
     def body(self) -> dict[str, Any]:
         """The whole (non-streamed) response."""
         choices = []
         for i, c in enumerate(self.choices):
-            text = "".join(c.text)
+            text = self.gen.echo[i // self.gen.params.n] + c.text if self.gen.echo else c.text
             choice: dict[str, Any] = {"index": i}
             if self.gen.chat:
                 choice["message"] = {"role": "assistant", "content": text}
@@ -111,7 +175,7 @@ class Completion:
             choice["finish_reason"] = c.finish_reason
             choices.append(choice)
         return {
-            "id": self.request_id,
+            "id": self.response_id,
             "object": self.object,
             "created": self.created,
             "model": self.model,
@@ -121,7 +185,7 @@ class Completion:
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "id": self.request_id,
+            "id": self.response_id,
             "object": self.object + ".chunk" if self.gen.chat else self.object,
             "created": self.created,
             "model": self.model,
@@ -132,13 +196,12 @@ class Completion:
         """Logprobs of the choice's tokens from ``start`` on, in OpenAI's shape."""
         if not self.gen.logprobs:
             return None
-        entries = c.logprobs[start:]
-        top = self.gen.top_logprobs
+        entries = c.logprobs[start:]  # the sampled tokens only: top_logprobs is always 0
         if self.gen.chat:
             content = []
             for tok, lp in entries:
                 item = {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
-                content.append(item | {"top_logprobs": [item] if top else []})
+                content.append(item | {"top_logprobs": []})
             return {"content": content}
         offset = sum(len(tok) for tok, _ in c.logprobs[:start])
         offsets = []
@@ -148,6 +211,6 @@ class Completion:
         return {
             "tokens": [tok for tok, _ in entries],
             "token_logprobs": [lp for _, lp in entries],
-            "top_logprobs": [{tok: lp} for tok, lp in entries] if top else None,
+            "top_logprobs": None,
             "text_offset": offsets,
         }

@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServedModel:
-    """``pace``: hold each step's tokens for its (virtual) duration, for simulated engines."""
+    """``pace``: hold each step's tokens for its (virtual) duration, for simulated engines.
+    ``max_token_chars``: at most this many characters of text make one token, so a longer
+    text than ``max_model_len * max_token_chars`` is refused without tokenizing it."""
 
     name: str
     tokenizer: TextTokenizer
@@ -31,6 +33,7 @@ class ServedModel:
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)
     pace: bool = False
+    max_token_chars: int = 1
 
 
 def local_model(
@@ -45,11 +48,14 @@ def local_model(
     engine = Engine.local(config, model=str(model), device=device, attention=attention)
     executor: Any = engine.executor
     template, specials = read_chat_template(model)
+    max_token_chars = 1
     if executor.tokenizer is None:
         logger.warning("%s has no tokenizer.json: serving byte-level text", model)
         tokenizer: TextTokenizer = SimTextTokenizer()
     else:
         tokenizer = CheckpointTokenizer(executor.tokenizer)
+        # twice the longest vocabulary entry: room for normalizers that expand text
+        max_token_chars = 2 * max(map(len, executor.tokenizer.get_vocab()), default=1)
     served = ServedModel(
         name=served_model_name or str(model),
         tokenizer=tokenizer,
@@ -57,6 +63,7 @@ def local_model(
         max_model_len=config.max_model_len,
         chat_template=template,
         special_tokens=specials,
+        max_token_chars=max_token_chars,
     )
     return engine, served
 

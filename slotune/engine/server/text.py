@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _PRINTABLE_LOW, _PRINTABLE_SPAN = 32, 95
 _REPLACEMENT = "\ufffd"
+_LONG = 4096  # characters or tokens from which the tokenizer releases the GIL
 
 
 class TextTokenizer(Protocol):
@@ -32,15 +33,23 @@ class TextTokenizer(Protocol):
 
 class CheckpointTokenizer:
     """A checkpoint's ``tokenizers.Tokenizer``: special tokens (BOS) added to plain prompts
-    as vLLM adds them, skipped in output text."""
+    as vLLM adds them, skipped in output text.
+
+    Long inputs go through the ``*_batch`` calls, which release the GIL (``encode`` holds it
+    for seconds on a megabyte of text, stalling the event loop even from a worker thread).
+    """
 
     def __init__(self, tokenizer: HFTokenizerModel) -> None:
         self._tok = tokenizer
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > _LONG:
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int]) -> str:
+        if len(token_ids) > _LONG:
+            return self._tok.decode_batch([list(token_ids)], skip_special_tokens=True)[0]
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
 

@@ -28,7 +28,9 @@ class SimExecutor:
 
     Sampled tokens are a function of (request id, position, sample index) into the regular
     vocabulary (a table of pseudo-random tokens, read from an offset hashed from the id),
-    never an end-of-sequence or stop token, so simulated requests end by ``max_tokens``.
+    never an end-of-sequence or stop token, so simulated requests end by ``max_tokens``
+    (unless a request's stop tokens cover every token it could draw: then its first token
+    stops it, rather than the draw looping forever).
     ``gpu`` is a catalogue name, the path of a profile JSON or a ``GpuProfile``; ``model`` a
     catalogue name or the path of an HF ``config.json``; ``stack`` the serving engine
     around the kernels (a shipped stack name, a stack JSON path or a ``StackProfile``;
@@ -182,13 +184,15 @@ class SimExecutor:
 
     def _seed(self, req: Request) -> tuple[int, frozenset[int] | None]:
         """The request's offset into the token table and the tokens it must never sample
-        (None: none can be drawn anyway)."""
+        (None: none of them can be drawn, or all that can be are, and it stops at once)."""
         offset = (zlib.crc32(req.request_id.encode()) * 0x9E3779B1) & _MASK
         avoid = set(self._avoid) | set(req.sampling_params.stop_token_ids)
         if req.eos_token_id is not None:
             avoid.add(req.eos_token_id)
         low, high = self._token_low, self._token_low + self._token_span
         drawable = frozenset(t for t in avoid if low <= t < high)
+        if len(drawable) >= self._token_span:  # every token it could draw stops it:
+            return offset, None  # draw as usual, so its first token stops it
         return offset, drawable or None
 
     def _token(self, req: Request, position: int, index: int) -> int:

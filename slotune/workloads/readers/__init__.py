@@ -12,14 +12,15 @@ from slotune.workloads.readers.csv_traces import (
     read_burstgpt,
     read_header,
 )
-from slotune.workloads.readers.errors import TraceFormatError
+from slotune.workloads.readers.errors import TraceFormatError, read_head
 from slotune.workloads.readers.jsonl import read_slotune_jsonl
 from slotune.workloads.readers.mooncake import read_mooncake
 from slotune.workloads.readers.sharegpt import read_sharegpt
+from slotune.workloads.readers.spec import read_spec_trace
 from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace
 
-FORMATS = ("slotune", "sharegpt", "mooncake", "azure", "burstgpt")
+FORMATS = ("slotune", "sharegpt", "mooncake", "azure", "burstgpt", "spec")
 
 
 def detect_format(path: Path) -> str:
@@ -38,10 +39,11 @@ def detect_format(path: Path) -> str:
             f"{list(AZURE_COLUMNS)} or BurstGPT columns {list(BURSTGPT_COLUMNS)} "
             "(or pass --format)",
         )
-    with open(path, encoding="utf-8") as f:
-        head = f.read(1 << 16).lstrip()
+    head = read_head(path).lstrip()
     if head.startswith("["):
         return "sharegpt"
+    if head.startswith("{") and '"slotune_spec"' in head[:200]:
+        return "spec"
     first = head.split("\n", 1)[0]
     try:
         obj = json.loads(first)
@@ -69,6 +71,8 @@ def read_trace_file(
     multi_turn: bool,
 ) -> Trace:
     fmt = fmt or detect_format(path)
+    if fmt == "spec":
+        return read_spec_trace(path, num_requests=num_requests, seed=seed)
     if fmt == "sharegpt":
         return read_sharegpt(
             path, tokenizer, num_requests=num_requests, seed=seed, multi_turn=multi_turn

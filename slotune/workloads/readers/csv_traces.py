@@ -10,11 +10,13 @@ the recorded length. Rows must be in time order.
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from slotune.workloads.readers.errors import DropCounter, TraceFormatError
+from slotune.workloads.limits import check_int, check_seconds, check_timestamp, parse_number
+from slotune.workloads.readers.errors import DropCounter, TraceFormatError, at, read_head, read_text
 from slotune.workloads.trace import Trace, TraceRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -29,13 +31,16 @@ BURSTGPT_COLUMNS = (
 
 
 def read_header(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8") as f:
-        return [c.strip() for c in next(csv.reader(f), [])]
+    first = read_head(path).split("\n", 1)[0]
+    try:
+        return [c.strip() for c in next(csv.reader([first]), [])]
+    except csv.Error:
+        return []
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    try:
         header = [c.strip() for c in next(reader, [])]
         missing = [c for c in required if c not in header]
         if missing:
@@ -52,20 +57,13 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
                     path, f"row {reader.line_num}", f"expected {len(header)} fields, got {len(row)}"
                 )
             yield reader.line_num, dict(zip(header, (c.strip() for c in row), strict=True))
+    except csv.Error as exc:
+        raise TraceFormatError(path, f"row {reader.line_num}", f"bad CSV ({exc})") from None
 
 
 def _count(path: Path, row: int, name: str, text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceFormatError(
-            path, f"row {row}", f"column {name!r}: expected a token count, got {text!r}"
-        ) from None
-    if value < 0 or value != int(value):
-        raise TraceFormatError(
-            path, f"row {row}", f"column {name!r}: expected a non-negative integer, got {text!r}"
-        )
-    return int(value)
+    with at(path, f"row {row}"):
+        return check_int(parse_number(text, f"column {name!r}"), f"column {name!r}")
 
 
 def parse_azure_timestamp(text: str) -> datetime:
@@ -105,8 +103,8 @@ def _read(
     last: float | None = None
     for row, values in _rows(path, columns):
         try:
-            t = parse_time(values[time_col])
-        except ValueError:
+            t = check_timestamp(parse_time(values[time_col]), f"column {time_col!r}")
+        except (ValueError, OverflowError):
             raise TraceFormatError(
                 path, f"row {row}", f"column {time_col!r}: cannot read time {values[time_col]!r}"
             ) from None
@@ -120,6 +118,8 @@ def _read(
         last = t
         if first is None:
             first = t
+        with at(path, f"row {row}"):
+            check_seconds(t - first, f"{time_col} since the first row")
         n_in = _count(path, row, prompt_col, values[prompt_col])
         n_out = _count(path, row, output_col, values[output_col])
         if n_out == 0:
@@ -163,7 +163,7 @@ def read_burstgpt(path: Path, *, seed: int) -> Trace:
         "Timestamp",
         "Request tokens",
         "Response tokens",
-        float,
+        lambda text: parse_number(text, "Timestamp"),
         "bg",
         "failed (Response tokens = 0)",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,49 @@ class DropCounter(Counter):
         self[reason] += 1
 
 
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text; bytes that are not UTF-8 are an error naming their line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceFormatError(
+            path, f"line {line}", f"not UTF-8 text (byte 0x{data[exc.start]:02x}); expected UTF-8"
+        ) from None
+
+
+def read_head(path: Path, size: int = 1 << 16) -> str:
+    """The first ``size`` bytes as text (undecodable bytes replaced), to detect a format."""
+    with open(path, "rb") as f:
+        return f.read(size).decode("utf-8", errors="replace")
+
+
 def iter_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """``(line number, parsed value)`` for each non-blank line of a JSON-lines file."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(
-                    path,
-                    f"line {lineno}",
-                    f"invalid JSON ({exc.msg}); expected one JSON object per line",
-                ) from None
+    for lineno, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                f"invalid JSON ({exc.msg}); expected one JSON object per line",
+            ) from None
+        except (ValueError, RecursionError) as exc:
+            raise TraceFormatError(
+                path, f"line {lineno}", f"invalid JSON ({str(exc)[:100]})"
+            ) from None
+
+
+@contextmanager
+def at(path: Path, where: str) -> Iterator[None]:
+    """Turn a ``ValueError`` from checking a value into a ``TraceFormatError`` at ``where``."""
+    try:
+        yield
+    except TraceFormatError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise TraceFormatError(path, where, str(exc)) from None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotune.workloads.readers.errors import TraceFormatError, iter_json_lines
+from slotune.workloads.limits import MAX_TOKENS, check_int
+from slotune.workloads.readers.errors import TraceFormatError, at, iter_json_lines
 from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace, TraceRequest, request_from_json
 
@@ -18,15 +19,11 @@ def read_slotune_jsonl(path: Path, tokenizer: Tokenizer, default_seed: int) -> T
     used_text = False
     for lineno, obj in iter_json_lines(path):
         if isinstance(obj, dict) and "slotune_trace" in obj:
-            name = str(obj.get("name", name))
-            trace_seed = int(obj.get("seed", default_seed))
-            dropped = dict(obj.get("dropped", {}))
-            source = str(obj.get("source", ""))
+            with at(path, f"line {lineno}"):
+                name, trace_seed, dropped, source = _header(obj, name, default_seed)
             continue
-        try:
+        with at(path, f"line {lineno}"):
             req = request_from_json(obj, tokenizer)
-        except (ValueError, TypeError) as exc:
-            raise TraceFormatError(path, f"line {lineno}", str(exc)) from None
         if req.parent_id is not None and req.parent_id not in seen:
             raise TraceFormatError(
                 path,
@@ -56,3 +53,15 @@ def read_slotune_jsonl(path: Path, tokenizer: Tokenizer, default_seed: int) -> T
         source=source or str(path),
         tokenizer=tokenizer.name if used_text else "",
     )
+
+
+def _header(obj: dict, name: str, default_seed: int) -> tuple[str, int, dict[str, int], str]:
+    seed = check_int(obj.get("seed", default_seed), "header field 'seed'", maximum=2**63 - 1)
+    dropped = obj.get("dropped", {})
+    if not isinstance(dropped, dict):
+        raise ValueError(f"header field 'dropped': expected an object, got {dropped!r}")
+    counts = {
+        str(k): check_int(v, f"header field 'dropped'[{k!r}]", maximum=MAX_TOKENS)
+        for k, v in dropped.items()
+    }
+    return str(obj.get("name", name)), seed, counts, str(obj.get("source", ""))

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slotune.workloads.readers.errors import TraceFormatError, iter_json_lines
+from slotune.workloads.limits import (
+    MAX_SECONDS,
+    MAX_SEGMENT_KEY,
+    MAX_TIMESTAMP,
+    MAX_TOKENS,
+    check_int,
+)
+from slotune.workloads.readers.errors import TraceFormatError, at, iter_json_lines
 from slotune.workloads.trace import Trace, TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-def _int_field(path: Path, lineno: int, obj: dict, key: str, minimum: int) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise TraceFormatError(
-            path, f"line {lineno}", f"field {key!r}: expected an integer, got {value!r}"
-        )
-    if value < minimum:
-        raise TraceFormatError(
-            path, f"line {lineno}", f"field {key!r}: expected >= {minimum}, got {value}"
-        )
-    return int(value)
+def _int_field(path: Path, lineno: int, obj: dict, key: str, minimum: int, maximum: int) -> int:
+    with at(path, f"line {lineno}"):
+        return check_int(obj.get(key), f"field {key!r}", minimum=minimum, maximum=maximum)
 
 
 def read_mooncake(path: Path, *, seed: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
@@ -35,17 +34,18 @@ def read_mooncake(path: Path, *, seed: int, block_tokens: int = MOONCAKE_BLOCK_T
     for lineno, obj in iter_json_lines(path):
         if not isinstance(obj, dict):
             raise TraceFormatError(path, f"line {lineno}", "expected a JSON object")
-        ts = _int_field(path, lineno, obj, "timestamp", 0)
-        n_in = _int_field(path, lineno, obj, "input_length", 1)
-        n_out = _int_field(path, lineno, obj, "output_length", 1)
+        ts = _int_field(path, lineno, obj, "timestamp", 0, int(MAX_TIMESTAMP))
+        n_in = _int_field(path, lineno, obj, "input_length", 1, MAX_TOKENS)
+        n_out = _int_field(path, lineno, obj, "output_length", 1, MAX_TOKENS)
         hash_ids = obj.get("hash_ids")
         if not isinstance(hash_ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= MAX_SEGMENT_KEY
+            for h in hash_ids
         ):
             raise TraceFormatError(
                 path,
                 f"line {lineno}",
-                "field 'hash_ids': expected a list of non-negative integers",
+                f"field 'hash_ids': expected a list of integers in [0, {MAX_SEGMENT_KEY}]",
             )
         need = -(-n_in // block_tokens)
         if len(hash_ids) < need:
@@ -65,6 +65,13 @@ def read_mooncake(path: Path, *, seed: int, block_tokens: int = MOONCAKE_BLOCK_T
         last_ms = ts
         if first_ms is None:
             first_ms = ts
+        if ts - first_ms > MAX_SECONDS * 1000:
+            raise TraceFormatError(
+                path,
+                f"line {lineno}",
+                f"timestamp {ts} is {(ts - first_ms) / 1000:g} s after the first; "
+                f"expected a trace shorter than {MAX_SECONDS:g} s",
+            )
         segments = [(h, block_tokens) for h in hash_ids[: need - 1]]
         segments.append((hash_ids[need - 1], n_in - block_tokens * (need - 1)))
         requests.append(

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slotune.workloads.readers.errors import DropCounter, TraceFormatError
+from slotune.workloads.readers.errors import DropCounter, TraceFormatError, read_text
 from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace, TraceRequest
 
@@ -34,7 +34,7 @@ _Entry = tuple[int, str, list[tuple[str, str]]]  # line, conversation id, (role,
 
 def iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield (line number, entry) of a top-level JSON array, for errors that name the line."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     decoder = json.JSONDecoder()
     pos, line = 0, 1
 
@@ -62,6 +62,8 @@ def iter_json_array(path: Path) -> Iterator[tuple[int, Any]]:
             raise TraceFormatError(
                 path, f"line {exc.lineno}", f"invalid JSON ({exc.msg})"
             ) from None
+        except (ValueError, RecursionError) as exc:  # a huge integer, nesting too deep
+            raise fail(pos, f"invalid JSON ({str(exc)[:100]})") from None
         yield line, obj
         pos = skip_ws(end)
         if pos < len(text) and text[pos] == ",":

@@ -24,6 +24,7 @@ from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher
 from slotune.workloads.runner.record import Recorder
+from slotune.workloads.runner.timeouts import TIMEOUT_ERROR, Deadlines, earliest
 from slotune.workloads.trace import Trace
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ def run_simulated(
     seed: int = 0,
     progress: Progress | None = None,
     fast_forward: bool = True,
+    timeout_s: float | None = None,
 ) -> RunResult:
     """Replay ``trace`` through the simulated engine on a virtual clock.
 
@@ -128,6 +130,8 @@ def run_simulated(
     (``RunResult.with_request_latency``). ``fast_forward`` runs stretches of plain decode
     steps at once (``Engine.fast_forward``); the result is identical either way, only
     faster. Turn it off to debug or compare.
+    ``timeout_s``: the client gives up on a request this long after sending it (see
+    ``runner.timeouts``); None waits for ever.
     """
     from slotune.engine.engine import Engine
     from slotune.engine.sim.stack import StackProfile, load_stack
@@ -144,6 +148,7 @@ def run_simulated(
             progress=progress,
             fast_forward=fast_forward,
             client_latency_s=stack.request_latency_s,
+            timeout_s=timeout_s,
         )
     return result.with_request_latency(stack.request_latency_s, stack.name)
 
@@ -173,9 +178,12 @@ def run_engine(
     *,
     seed: int = 0,
     progress: Progress | None = None,
+    timeout_s: float | None = None,
 ) -> RunResult:
     """Replay ``trace`` through an in-process engine with a real executor, in wall time."""
-    return drive_engine(engine, trace, arrivals, WallClock(), seed=seed, progress=progress)
+    return drive_engine(
+        engine, trace, arrivals, WallClock(), seed=seed, progress=progress, timeout_s=timeout_s
+    )
 
 
 def drive_engine(
@@ -188,11 +196,14 @@ def drive_engine(
     progress: Progress | None = None,
     fast_forward: bool = False,
     client_latency_s: float = 0.0,
+    timeout_s: float | None = None,
 ) -> RunResult:
     """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
-    later); ``RunResult.with_request_latency`` moves the recorded times to match."""
+    later); ``RunResult.with_request_latency`` moves the recorded times to match. With
+    ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
+    are aborted."""
     if fast_forward and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: fast_forward needs a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -204,12 +215,24 @@ def drive_engine(
     index = rec.index
     token_times = rec.token_times
     total = len(trace)
+    deadlines = Deadlines(timeout_s, total)
 
     def end(i: int, now: float, **kw: Any) -> None:
+        deadlines.resolve(i)
         rec.done(i, now, **kw)
         disp.finish(i, now + client_latency_s, outputs.pop(i, []))
         if progress is not None:
             progress(rec.num_done, total)
+
+    def give_up(i: int) -> None:
+        """The client gave up at the deadline: keep what had arrived by then."""
+        deadline = deadlines.at[i]
+        times = token_times[i]
+        while times and times[-1] > deadline:
+            times.pop()
+        if keep_output[i]:
+            del outputs[i][len(times) :]
+        end(i, deadline, error=TIMEOUT_ERROR, output_tokens=len(times))
 
     def due(now: float) -> list[Request]:
         """Send what is due by ``now``: the engine's requests (rejected ones end here)."""
@@ -230,10 +253,12 @@ def drive_engine(
                 )
             except ValueError as exc:
                 end(i, now, error=f"rejected: {exc}")
+                continue
+            deadlines.start(i, rel.arrival_time)
         return requests
 
-    # without finishes that release requests, a stretch runs on through arrivals
-    feed = _Feed(disp, due) if fast_forward and not stop_at_finish else None
+    # without finishes that release requests (or deadlines), a stretch runs on through arrivals
+    feed = _Feed(disp, due) if fast_forward and not stop_at_finish and timeout_s is None else None
     while True:
         now = clock.now()
         for request in due(now):
@@ -250,7 +275,10 @@ def drive_engine(
             fast_forward
             and (
                 stretch := engine.fast_forward(
-                    now, disp.next_time(), stop_at_finish=stop_at_finish, arrivals=feed
+                    now,
+                    earliest(disp.next_time(), deadlines.next_time()),
+                    stop_at_finish=stop_at_finish,
+                    arrivals=feed,
                 )
             )
             is not None
@@ -276,12 +304,19 @@ def drive_engine(
         if ended:
             ended.sort(key=_end_step)  # in step order, as single steps would report them
             for last, i, out in ended:
+                finish = times[last - 1] if last else now
+                if deadlines.missed(i, finish):
+                    give_up(i)
+                    continue
                 end(
                     i,
-                    times[last - 1] if last else now,
+                    finish,
                     error="aborted" if out.finish_reason == "abort" else None,
                     cached_tokens=out.num_cached_tokens,
                     preemptions=out.num_preemptions,
                     prompt_tokens=out.num_prompt_tokens or None,
                 )
+        for i in deadlines.pop_expired(now):
+            engine.abort_request(trace.requests[i].request_id)
+            give_up(i)
     return rec.result(clock.now(), engine.stats())

@@ -20,7 +20,7 @@ from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher, Release
 from slotune.workloads.runner.record import Recorder
-from slotune.workloads.tokenizer import Tokenizer, get_tokenizer
+from slotune.workloads.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 from slotune.workloads.trace import Trace
 
 Endpoint = Literal["completions", "chat"]
@@ -86,7 +86,8 @@ async def run_http_async(
 
     if endpoint not in ("completions", "chat"):
         raise ValueError(f"endpoint must be 'completions' or 'chat' (got {endpoint!r})")
-    tok = get_tokenizer(tokenizer)
+    # synthetic ids are printable bytes: byte-level text keeps their number
+    tok = ByteTokenizer() if tokenizer is None else get_tokenizer(tokenizer)
     own = trace.own_prompt_token_ids()
     texts = [
         r.prompt_text if r.prompt_text is not None else tok.decode(own[i])

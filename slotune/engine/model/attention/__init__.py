@@ -38,15 +38,32 @@ def _triton_unavailable_reason(device: torch.device, block_size: int) -> str | N
 
 
 def select_backend(
-    name: str, device: torch.device, block_size: int, dtype: torch.dtype
+    name: str,
+    device: torch.device,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
     """The backend ``name`` asks for, or the best one that can run, with a logged reason.
 
     ``auto`` prefers flash, then triton, then torch; an explicit name that cannot run
-    here falls back the same way, never failing a run for a missing accelerator.
+    here falls back the same way, never failing a run for a missing accelerator. Only the
+    torch backend reads a quantized KV cache: asking another for one is an error.
     """
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention: unknown backend {name!r}; choose one of {BACKEND_NAMES}")
+    if kv_cache_dtype != "auto":
+        if name in ("triton", "flash"):
+            raise ValueError(
+                f"attention backend {name!r} cannot read a quantized KV cache "
+                f"(kv_cache_dtype={kv_cache_dtype!r}); only the torch backend dequantizes it: "
+                "use attention 'torch' (or 'auto'), or kv_cache_dtype 'auto'"
+            )
+        from slotune.engine.model.attention.torch_backend import TorchAttention
+
+        if name == "auto":
+            _log_fallback(name, "flash or triton", f"kv_cache_dtype is {kv_cache_dtype!r}")
+        return TorchAttention()
     from slotune.engine.model.attention.flash_backend import flash_unavailable_reason
 
     if name in ("auto", "flash"):

@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 
+from slotune.engine.model.kv_cache import KVLayer, QuantizedLayer
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -54,11 +56,15 @@ class AttentionBackend(Protocol):
 def write_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: KVLayer,
+    v_cache: KVLayer,
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store this step's keys and values [tokens, kv_heads, head_dim] at their slots."""
+    if isinstance(k_cache, QuantizedLayer) and isinstance(v_cache, QuantizedLayer):
+        k_cache.write(k, slot_mapping)
+        v_cache.write(v, slot_mapping)
+        return
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, v)

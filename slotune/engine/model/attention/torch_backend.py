@@ -2,6 +2,8 @@
 
 Decoding requests (one query token each) go through batched SDPA calls, grouped by context
 length and padded to the longest of their group (masked); each prefill chunk gets its own.
+A quantized cache (``kv_cache.QuantizedLayer``) is read the same way: gathering its blocks
+dequantizes them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from slotune.engine.model.attention.base import AttentionMetadata
+from slotune.engine.model.kv_cache import KVLayer
 
 
 class TorchAttention:
@@ -18,8 +21,8 @@ class TorchAttention:
     def forward(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
@@ -57,8 +60,8 @@ def _by_context(seqs: list[int], context_lens: tuple[int, ...]) -> list[list[int
 
 def _decode(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: KVLayer,
+    v_cache: KVLayer,
     meta: AttentionMetadata,
     seqs: list[int],
     scale: float,
@@ -80,8 +83,8 @@ def _decode(
 
 def _prefill(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: KVLayer,
+    v_cache: KVLayer,
     table: torch.Tensor,
     ctx_len: int,
     scale: float,
@@ -99,7 +102,7 @@ def _prefill(
     return o.transpose(0, 1)
 
 
-def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def _gather(cache: KVLayer, tables: torch.Tensor) -> torch.Tensor:
     """[seqs, kv_heads, blocks·block_size, head_dim] from block tables [seqs, blocks]."""
     seqs, blocks = tables.shape
     _, block_size, kv_heads, head_dim = cache.shape

@@ -1,0 +1,140 @@
+"""The OpenAI server under load: hundreds of concurrent streaming clients, a third leaving.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/server_load.py [--clients 300] [--target sim tiny]
+
+Starts ``slotune serve`` as its own process on 127.0.0.1 (``--gpu h100``: a simulated
+Llama-3-8B; ``tiny``: a tiny checkpoint made by ``init-model``, on this machine's CPU),
+then sends ``--clients`` streaming completions at once; every third client closes its
+connection after 3 tokens. Reports client-side requests/s, tokens/s, TTFT and ITL
+percentiles, and from ``/metrics`` the engine's summed step time (simulated seconds for the
+simulated GPU) against the wall time of the load; then checks that nothing is left
+running (gauges at zero, every request accounted for) and stops the server with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.server.load import run_load
+
+PROMPT = "Benchmark the server with a prompt of a few dozen tokens, the same for all. " * 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(target: str, port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    root = Path(__file__).resolve().parents[1]
+    cli = [sys.executable, "-c", "from slotune.cli.app import main; main()"]
+    if target == "sim":
+        flags, model = ["--gpu", "h100", "--max-num-seqs", "256"], "llama-3-8b"
+    else:
+        subprocess.run([*cli, "init-model", str(workdir / "tiny")], check=True, capture_output=True)
+        flags = ["--model", str(workdir / "tiny"), "--device", "cpu", "--max-num-seqs", "256"]
+        flags += ["--max-model-len", "1024", "--served-model-name", "tiny"]
+        model = "tiny"
+    env = os.environ | {"PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [*cli, "serve", *flags, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, model
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"slotune serve ({target}) did not start") from None
+            time.sleep(0.2)
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            reason = s.labels.get("finished_reason")
+            if "le" not in s.labels:
+                out[s.name + (f"[{reason}]" if reason else "")] = s.value
+    return out
+
+
+def _settled(url: str) -> dict[str, float]:
+    deadline = time.monotonic() + 30
+    while True:
+        m = _scrape(url)
+        if m["vllm:num_requests_running"] == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+def bench(target: str, clients: int, max_tokens: int) -> dict[str, Any]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, model = _start(target, port, Path(tmp))
+        try:
+            before = _scrape(url)
+            load = asyncio.run(
+                run_load(
+                    url, model, clients=clients, max_tokens=max_tokens, prompt=PROMPT, timeout_s=300
+                )
+            )
+            after = _settled(url)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+            code = proc.wait(timeout=60)
+            exit_s = time.monotonic() - start
+    summary: dict[str, Any] = {"target": target, **load.summary()}
+    summary["errors"] = len(load.errors)
+    summary["engine_s"] = after["slotune:engine_step_seconds_total"] - before.get(
+        "slotune:engine_step_seconds_total", 0.0
+    )
+    summary["left_running"] = after["vllm:num_requests_running"]
+    summary["left_waiting"] = after["vllm:num_requests_waiting"]
+    summary["kv_usage_after"] = after["vllm:kv_cache_usage_perc"]
+    summary["aborted"] = after.get("vllm:request_success_total[abort]", 0.0)
+    summary["sigterm_exit"] = f"{code} in {exit_s:.1f}s"
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--target", nargs="+", default=["sim", "tiny"], choices=["sim", "tiny"])
+    args = parser.parse_args()
+    rows = [bench(t, args.clients, args.max_tokens) for t in args.target]
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Steady-state goodput: how long a run must be for the tuner's ranking to stop changing.
+
+    .venv/bin/python benchmarks/steady_state.py                 # sharegpt-like, h100, 10 configs
+    .venv/bin/python benchmarks/steady_state.py --durations 10,20,40,80,160 --trace agent
+
+For each of a grid of configurations (batch budget x max_num_seqs, and vLLM's defaults)
+the goodput objective's rate search (the highest 2 % ladder rate whose run meets the SLO
+for 99 % of requests) is run with the default burst (500 requests at each rate) and with
+timed runs of each duration (warm-up a quarter of it, cool-down a tenth, a run that never
+settled counts as a miss). Reported per mode: each configuration's goodput, the seconds
+the searches took, and against the longest runs: Kendall's tau of the rankings, whether
+the best configuration is the same, and the largest goodput error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from typing import Any
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-b (ties allowed): 1 when the two rankings agree on every pair."""
+    concordant = discordant = ties_a = ties_b = 0
+    for i, j in itertools.combinations(range(len(a)), 2):
+        da, db = a[i] - a[j], b[i] - b[j]
+        if da == 0 and db == 0:
+            continue
+        if da == 0:
+            ties_a += 1
+        elif db == 0:
+            ties_b += 1
+        elif da * db > 0:
+            concordant += 1
+        else:
+            discordant += 1
+    n = concordant + discordant
+    denominator = ((n + ties_a) * (n + ties_b)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else 1.0
+
+
+def configs(baseline: Any) -> list[tuple[str, Any]]:
+    from dataclasses import replace
+
+    out = [("vllm-defaults", baseline)]
+    for tokens, seqs in itertools.product((256, 1024, 4096), (16, 64, 256)):
+        name = f"tokens{tokens}-seqs{seqs}"
+        out.append((name, replace(baseline, max_num_batched_tokens=tokens, max_num_seqs=seqs)))
+    return out
+
+
+def goodputs(options: Any, named: list[tuple[str, Any]]) -> tuple[list[float], float]:
+    from slotune.tuner.evaluate import Evaluator
+    from slotune.tuner.prepare import prepare
+
+    setup = prepare(options).setup
+    evaluator = Evaluator(setup)
+    start = time.perf_counter()
+    values = [evaluator.goodput(config, 0, exact=True).value for _, config in named]
+    return values, time.perf_counter() - start
+
+
+def main() -> None:
+    from slotune.tuner.prepare import TuneOptions, baseline_config, prepare
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default="sharegpt-like")
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--slo", default="ttft=300ms,tpot=50ms")
+    parser.add_argument("--durations", default="10,20,40,80,160")
+    parser.add_argument(
+        "--warmup", type=float, default=None, help="Warm-up seconds (default: a quarter)"
+    )
+    args = parser.parse_args()
+    base = TuneOptions(gpu=args.gpu, slo=args.slo, trace=args.trace, objective="goodput")
+    named = configs(baseline_config(prepare(base)))
+    modes = [("burst-500", base)]
+    for d in (float(x) for x in args.durations.split(",")):
+        modes.append(
+            (
+                f"{d:g}s",
+                TuneOptions(
+                    **{**base.__dict__, "duration": d, "warmup": d / 4, "cooldown": d / 10}
+                ),
+            )
+        )
+    results = {}
+    for name, options in modes:
+        results[name] = goodputs(options, named)
+        print(f"{name}: {results[name][1]:.1f} s", flush=True)
+    reference = results[modes[-1][0]][0]
+    best = max(range(len(named)), key=lambda i: reference[i])
+    print(f"\nreference: the {modes[-1][0]} runs; best there: {named[best][0]}")
+    print(f"{'mode':>10} {'search s':>9} {'tau':>6} {'same best':>9} {'max err':>8}")
+    for name, _ in modes:
+        values, seconds = results[name]
+        error = max(abs(v - r) / r for v, r in zip(values, reference, strict=True) if r)
+        same = max(range(len(named)), key=lambda i: values[i]) == best
+        print(
+            f"{name:>10} {seconds:9.1f} {kendall_tau(values, reference):6.2f} "
+            f"{'yes' if same else 'no':>9} {error:8.1%}"
+        )
+    print("\ngoodput (req/s) per configuration:")
+    print(f"{'config':>20} " + " ".join(f"{n:>9}" for n, _ in modes))
+    for i, (cname, _) in enumerate(named):
+        print(f"{cname:>20} " + " ".join(f"{results[n][0][i]:9.2f}" for n, _ in modes))
+
+
+if __name__ == "__main__":
+    main()

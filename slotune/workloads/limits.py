@@ -1,0 +1,62 @@
+"""What a trace's numbers may be: one place for the rules every reader and request checks.
+
+Trace files are user input: a corrupted one can hold ``1e309`` (infinity), ``NaN``, negative
+or absurdly large numbers. Each is rejected with a ``ValueError`` that names the field;
+readers add the file and line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_TOKENS = 10_000_000  # per prompt or output: far past any model's context
+MAX_SECONDS = 1e9  # about 31 years: a trace's time span, a think time
+MAX_TIMESTAMP = 1e13  # a raw timestamp (seconds or milliseconds since some epoch)
+MAX_TOKEN_ID = 2**31 - 1
+MAX_SEGMENT_KEY = 2**63 - 1
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    if isinstance(value, int):
+        return value  # type: ignore[return-value]  # keep big ints exact for the checks below
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return value
+
+
+def parse_number(text: str, name: str) -> float:
+    """A number written in a text field (CSV); ValueError says what is wrong."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number, got {text!r}") from None
+    return _number(value, name)
+
+
+def check_int(value: Any, name: str, *, minimum: int = 0, maximum: int = MAX_TOKENS) -> int:
+    """An integer in [minimum, maximum]; an integral float (``12.0``) is accepted."""
+    v = _number(value, name)
+    if int(v) != v:
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if not minimum <= v <= maximum:
+        raise ValueError(f"{name}: expected an integer in [{minimum}, {maximum}], got {value!r}")
+    return int(v)
+
+
+def check_seconds(value: Any, name: str, *, maximum: float = MAX_SECONDS) -> float:
+    """A finite, non-negative number of seconds up to ``maximum``."""
+    v = _number(value, name)
+    if not 0 <= v <= maximum:
+        raise ValueError(f"{name}: expected seconds in [0, {maximum:g}], got {value!r}")
+    return float(v)
+
+
+def check_timestamp(value: Any, name: str) -> float:
+    """A raw timestamp: finite, at most ``MAX_TIMESTAMP`` in size (it may be negative)."""
+    v = _number(value, name)
+    if not -MAX_TIMESTAMP <= v <= MAX_TIMESTAMP:
+        raise ValueError(f"{name}: expected a timestamp within ±{MAX_TIMESTAMP:g}, got {value!r}")
+    return float(v)
