@@ -148,7 +148,8 @@ def run_simulated(
             progress=progress,
             fast_forward=fast_forward,
             client_latency_s=stack.request_latency_s,
-            timeout_s=timeout_s,
+            # the client's clock runs request_latency_s ahead of the engine's
+            timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
         )
     return result.with_request_latency(stack.request_latency_s, stack.name)
 
