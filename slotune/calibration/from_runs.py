@@ -8,10 +8,11 @@ fit over ten runs takes minutes, not hours.
 
 The fitted parameters (``PARAMS``): the host's exposed work per step, the kernel overhead
 left under CUDA graphs, the per-request latency outside the engine, the all-reduce latency
-(only TP runs move it), and three corrections of the GPU profile's attention (the part a
-profile may carry over from another card): the decode bandwidth efficiency, the
-block-indirection cost and the prefill efficiency against cached context. The GEMM and
-memory-bound kernel constants stay as their kernel measurements fitted them.
+(only TP runs move it) and the time of the engine's kernels against the profile's isolated
+kernel measurements (``gpu_time_scale``). All live in the stack, so that a stack fitted on
+one card carries to others; the GPU profile stays as its kernel measurements fitted it.
+``ATTENTION_PARAMS`` are corrections of a profile's attention constants (for a profile
+whose attention was carried over from another card) for fits that want them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ PARAMS = (
     Param("stack.graph_overhead_scale", 0.0, 1.0),
     Param("stack.request_in_us", 0.0, 50000.0),
     Param("stack.allreduce_latency_us", 0.0, 50.0),
+    Param("stack.gpu_time_scale", 0.7, 1.3),
+)
+ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),
     Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
     Param("gpu.attention.prefill_prefix_eff", 0.1, 1.0),

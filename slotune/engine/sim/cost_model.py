@@ -184,7 +184,9 @@ class CostModel:
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
         self.stack = stack = stack or StackProfile()
         gpu = profile.gpu
-        self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
+        # the stack's kernels run at 1 / gpu_time_scale of the profile's rates
+        self.bw = gpu.hbm_bytes_per_s / stack.gpu_time_scale
+        self.peak = gpu.flops_per_s / stack.gpu_time_scale
         m = model
         self.hidden = m.hidden_size
         self.q_heads = m.num_heads // tp
@@ -197,15 +199,16 @@ class CostModel:
         self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
         layers = m.num_layers
         att = profile.attention
-        self._eager = _Kernels.of(profile, layers, 1.0)
-        self._graph = _Kernels.of(profile, layers, stack.graph_overhead_scale)
+        time_scale = stack.gpu_time_scale
+        self._eager = _Kernels.of(profile, layers, time_scale)
+        self._graph = _Kernels.of(profile, layers, stack.graph_overhead_scale * time_scale)
         graph_max = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
         sizes = graph_capture_sizes(graph_max) if stack.cuda_graphs else ()
         self.graph_max_tokens = sizes[-1] if sizes else 0
         self._padded = [0] * (self.graph_max_tokens + 1)
         for lo, hi in zip((0, *sizes), sizes, strict=False):
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
-        self._dec_per_seq = layers * att.decode_per_seq_us * _US
+        self._dec_per_seq = layers * att.decode_per_seq_us * time_scale * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )

@@ -35,7 +35,10 @@ class StackProfile:
     as a graph: its token count is padded to the next captured size and every kernel's fixed
     overhead is scaled by ``graph_overhead_scale``. ``request_in_us`` is a request's cost
     before the engine sees it, ``request_out_us`` after a token leaves the engine until the
-    client has it. ``None`` host or all-reduce fields take the GPU profile's values."""
+    client has it. ``gpu_time_scale`` multiplies every kernel's time: how the engine's own
+    kernels (paged-attention and fused elementwise kernels, GEMMs replayed in graphs) run
+    against the isolated kernels the GPU profile measured. ``None`` host or all-reduce
+    fields take the GPU profile's values."""
 
     name: str = EAGER
     host_step_us: float | None = None
@@ -44,6 +47,7 @@ class StackProfile:
     cuda_graphs: bool = False
     graph_max_tokens: int = 0
     graph_overhead_scale: float = 1.0
+    gpu_time_scale: float = 1.0
     request_in_us: float = 0.0
     request_out_us: float = 0.0
     allreduce_latency_us: float | None = None
@@ -56,6 +60,10 @@ class StackProfile:
             v = getattr(self, name)
             if v is not None and not v >= 0:
                 raise ValueError(f"stack {self.name!r}: {name} must be >= 0 (got {v})")
+        if not 0 < self.gpu_time_scale <= 2:
+            raise ValueError(
+                f"stack {self.name!r}: gpu_time_scale must be in (0, 2] (got {self.gpu_time_scale})"
+            )
         for name in ("request_in_us", "request_out_us", "graph_overhead_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(
