@@ -88,11 +88,15 @@ class Engine:
         gpu: str = "h100",
         model: str = "llama-3-8b",
         tp: int = 1,
+        quantization: str | None = None,
+        ep: int = 1,
     ) -> Engine:
-        """An engine on a simulated GPU: virtual step durations from the cost model."""
+        """An engine on a simulated GPU: virtual step durations from the cost model
+        (``quantization`` overrides the model's weight format; ``ep``: expert parallelism)."""
         from slotune.engine.sim import SimExecutor
 
-        return cls(config, SimExecutor(gpu=gpu, model=model, tp=tp))
+        executor = SimExecutor(gpu=gpu, model=model, tp=tp, quantization=quantization, ep=ep)
+        return cls(config, executor)
 
     @classmethod
     def local(

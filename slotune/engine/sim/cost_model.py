@@ -10,10 +10,14 @@ batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from slotune.engine.kv_dtype import kv_block_bytes
 from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.moe import DEFAULT_IMBALANCE, MoECost
+from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
 from slotune.engine.sim.profile import (
     AttentionProfile,
     ElementwiseProfile,
@@ -23,6 +27,11 @@ from slotune.engine.sim.profile import (
 
 _US = 1e-6
 DTYPE_BYTES = 2
+KV_DEQUANT_BYTES = 0.25
+"""What dequantizing one cached value costs attention, in bytes of extra read: a quantized
+KV cache reads its codes and scales plus this per value (so fp8 decode attention reads
+1.25 bytes' worth where bf16 reads 2). An estimate for the conversion the kernel does
+between load and MMA, not fitted."""
 
 
 def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: int) -> float:
@@ -99,6 +108,19 @@ def decode_attention_seconds(
     return (p.decode_overhead_us + p.decode_per_seq_us * num_seqs) * _US + per_token * context_sum
 
 
+def kv_bytes_per_token_layer(
+    kv_cache_dtype: str, block_size: int, kv_heads: int, head_dim: int
+) -> tuple[float, float]:
+    """(stored, read) KV bytes per token in one layer of one GPU: the stored bytes (codes
+    and scales, ``kv_dtype.kv_block_bytes``) over the block, and what attention pays to
+    read them (plus ``KV_DEQUANT_BYTES`` per value for a quantized cache)."""
+    block = kv_block_bytes(kv_cache_dtype, block_size, kv_heads, head_dim, DTYPE_BYTES)
+    stored = block // block_size if block % block_size == 0 else block / block_size
+    if kv_cache_dtype == "auto":
+        return stored, stored
+    return stored, stored + KV_DEQUANT_BYTES * 2 * kv_heads * head_dim
+
+
 def allreduce_seconds(profile: GpuProfile, tp: int, nbytes: float) -> float:
     """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link."""
     if tp <= 1 or nbytes <= 0:
@@ -122,16 +144,28 @@ class StepBreakdown:
 class CostModel:
     """Step durations of ``model`` on ``tp`` GPUs described by ``profile``.
 
-    Shapes are those of one GPU's shard. The public costing calls are ``step_seconds``
+    Shapes are those of one GPU's shard. Linear layers run in the model's weight format
+    (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
+    expert-parallel GPUs and ``moe_imbalance``; ``kv_cache_dtype`` sets the KV bytes that
+    attention reads and swaps move. The public costing calls are ``step_seconds``
     (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
     decode steps, bit-identical to costing each step with ``step_seconds``) and
     ``breakdown`` (per-op detail for ``slotune estimate``).
     """
 
     def __init__(
-        self, profile: GpuProfile, model: ModelSpec, tp: int = 1, block_size: int = 16
+        self,
+        profile: GpuProfile,
+        model: ModelSpec,
+        tp: int = 1,
+        block_size: int = 16,
+        *,
+        ep: int = 1,
+        kv_cache_dtype: str = "auto",
+        moe_imbalance: float = DEFAULT_IMBALANCE,
     ) -> None:
         model.check_tp(tp)
+        model.check_ep(tp, ep)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
@@ -145,8 +179,14 @@ class CostModel:
         self.attn_dim = self.q_heads * m.head_dim
         self.ffn = m.intermediate_size // tp
         self.vocab = -(-m.vocab_size // tp)
-        self.kv_bytes_per_token_layer = 2 * self.kv_heads * m.head_dim * DTYPE_BYTES
-        self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
+        self.kv_cache_dtype = kv_cache_dtype
+        stored, read = kv_bytes_per_token_layer(
+            kv_cache_dtype, block_size, self.kv_heads, m.head_dim
+        )
+        self.kv_bytes_per_token_layer = read
+        self.block_bytes = block_size * stored * m.num_layers
+        self._linear = _linear_pricer(profile, model)
+        self._moe = MoECost(profile, model, tp, ep, moe_imbalance) if model.moe else None
         layers = m.num_layers
         att = profile.attention
         self._dec_fixed = layers * att.decode_overhead_us * _US
@@ -174,7 +214,7 @@ class CostModel:
     def layer_ops(self, num_tokens: int) -> dict[str, float]:
         """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens
         (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer)."""
-        p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
+        p, bw, h, m = self.profile, self.bw, self.hidden, num_tokens
         ew = p.elementwise
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
 
@@ -182,12 +222,12 @@ class CostModel:
             return elementwise_seconds(ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn))
 
         return {
-            "qkv_proj": gemm_seconds(p.linear, bw, peak, m, h, self.qkv_out),
+            "qkv_proj": self._linear(m, h, self.qkv_out),
             "rope": elem("rope"),
-            "o_proj": gemm_seconds(p.linear, bw, peak, m, self.attn_dim, h),
-            "mlp_up": gemm_seconds(p.linear, bw, peak, m, h, 2 * self.ffn),
+            "o_proj": self._linear(m, self.attn_dim, h),
+            "mlp_up": self._linear(m, h, 2 * self.ffn),
             "mlp_act": elem("act"),
-            "mlp_down": gemm_seconds(p.linear, bw, peak, m, self.ffn, h),
+            "mlp_down": self._linear(m, self.ffn, h),
             "norms": 2 * elem("norm") + 2 * elem("add"),
             "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES),
         }
@@ -200,7 +240,11 @@ class CostModel:
                 t = 0.0
             else:
                 ew, h = self.profile.elementwise, self.hidden
-                t = self.model.num_layers * sum(self.layer_ops(num_tokens).values())
+                ops = self.layer_ops(num_tokens)
+                if self._moe is None:
+                    t = self.model.num_layers * sum(ops.values())
+                else:
+                    t = self._moe.layers_seconds(ops, num_tokens)
                 t += elementwise_seconds(ew["embed"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
                 t += elementwise_seconds(ew["norm"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
             self._dense_cache[num_tokens] = t
@@ -311,6 +355,8 @@ class CostModel:
         num_tokens = num_prefill_tokens + num_decodes
         layers = self.model.num_layers
         per_layer = self.layer_ops(num_tokens)
+        if self._moe is not None:
+            per_layer = self._moe.mean_layer_ops(per_layer, num_tokens)
         chunks = [(num_prefill_tokens, prior_context)] if num_prefill_tokens else []
         attention = 0.0
         if chunks:
@@ -342,3 +388,20 @@ class CostModel:
             chunks,
         )
         return StepBreakdown(per_layer, per_step, total)
+
+
+def _linear_pricer(profile: GpuProfile, model: ModelSpec) -> Callable[[int, int, int], float]:
+    """``(m, k, n) -> seconds`` of one linear layer in the model's weight format: exactly
+    ``gemm_seconds`` for 16-bit weights."""
+    gpu, fmt = profile.gpu, model.weight_format
+    if fmt.bits_per_weight == 16:
+        return partial(gemm_seconds, profile.linear, gpu.hbm_bytes_per_s, gpu.flops_per_s)
+    rate, weight_only = gemm_rate(fmt, gpu)
+    return partial(
+        format_gemm_seconds,
+        profile.linear,
+        gpu.hbm_bytes_per_s,
+        rate,
+        fmt.bytes_per_weight,
+        weight_only,
+    )

@@ -29,15 +29,25 @@ class SimExecutor:
     vocabulary (a table of pseudo-random tokens, read from an offset hashed from the id),
     never an end-of-sequence or stop token, so simulated requests end by ``max_tokens``.
     ``gpu`` is a catalogue name or the path of a profile JSON; ``model`` a
-    catalogue name or the path of an HF ``config.json``.
+    catalogue name or the path of an HF ``config.json``; ``quantization`` overrides the
+    model's weight format; ``ep`` of the ``tp`` GPUs split a MoE model's experts.
     """
 
-    def __init__(self, gpu: str = "h100", model: str = "llama-3-8b", tp: int = 1) -> None:
+    def __init__(
+        self,
+        gpu: str = "h100",
+        model: str = "llama-3-8b",
+        tp: int = 1,
+        *,
+        quantization: str | None = None,
+        ep: int = 1,
+    ) -> None:
         self.profile: GpuProfile = load_profile(gpu)
-        self.model: ModelSpec = get_model(model)
+        self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
-        self.tp = tp
-        self.cost_model = CostModel(self.profile, self.model, tp)
+        self.model.check_ep(tp, ep)
+        self.tp, self.ep = tp, ep
+        self.cost_model = CostModel(self.profile, self.model, tp, ep=ep)
         self.capacity: KVCacheCapacity | None = None
         hi = min(self.model.vocab_size, _TOKEN_HIGH)
         self._token_low = min(_TOKEN_LOW, hi // 2)
@@ -51,7 +61,14 @@ class SimExecutor:
         return determine_capacity(self.profile, self.model, self.tp, config)
 
     def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
-        self.cost_model = CostModel(self.profile, self.model, self.tp, config.block_size)
+        self.cost_model = CostModel(
+            self.profile,
+            self.model,
+            self.tp,
+            config.block_size,
+            ep=self.ep,
+            kv_cache_dtype=config.kv_cache_dtype,
+        )
         self.capacity = capacity
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
