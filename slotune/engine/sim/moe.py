@@ -6,7 +6,7 @@ probability ``(1 − k/E)^T`` (routing taken as uniform and independent), so
 ``E·(1 − (1 − k/E)^T)`` experts are touched on average and only their weights are read:
 at one decoding token Mixtral reads 2 of its 8 experts, at 64 tokens all of them. The
 FLOPs are those of the ``T·k`` routed rows, spread over the touched experts (each
-expert's rows padded to the GEMM tile).
+expert's rows padded to ``MOE_TILE``).
 
 Expert parallelism (``ep`` of the ``tp`` GPUs) gives each GPU ``E/ep`` whole experts
 (each sharded ``tp/ep`` ways). The token batch is then dispatched to the experts' owners
@@ -29,6 +29,10 @@ measured here: the Switch Transformer's capacity factor 1.25 (Fedus et al. 2021)
 headroom over a uniform load that drops few tokens with a balancing loss, and about the
 spread of per-expert token shares in the Mixtral paper's routing analysis (Jiang et al.
 2024, Fig. 7: shares up to ~1.2-1.3x the uniform 1/8 in some layers)."""
+
+MOE_TILE = 16
+"""Rows each expert's share is padded to: the smallest ``BLOCK_SIZE_M`` of vLLM's fused-MoE
+kernel configurations (it picks 16 for small batches)."""
 
 MLP_OPS = ("mlp_up", "mlp_act", "mlp_down")
 """The dense-layer ops (``CostModel.layer_ops``) a MoE layer replaces by its own."""
@@ -72,7 +76,7 @@ class MoECost:
         self.shared_ffn = self.moe.shared_ffn // tp
         self._cache: dict[int, float] = {}
 
-    def _gemm(self, rows: float, k: int, n: int, groups: float = 1.0) -> float:
+    def _gemm(self, rows: float, k: int, n: int, groups: float = 1.0, tile: int = 0) -> float:
         return format_gemm_seconds(
             self.profile.linear,
             self.bw,
@@ -83,6 +87,7 @@ class MoECost:
             k,
             n,
             groups,
+            tile,
         )
 
     def _pass(self, op: str, nbytes: float) -> float:
@@ -113,9 +118,9 @@ class MoECost:
             # softmax/top-k over the logits, then gathering rows to experts and summing back
             "moe_route": self._pass("act", _ROUTER_BYTES * t * moe.num_experts)
             + self._pass("add", _ACT_BYTES * (2 * rows + t) * h),
-            "moe_up": self._gemm(rows, h, 2 * ffn, groups),
+            "moe_up": self._gemm(rows, h, 2 * ffn, groups, MOE_TILE),
             "moe_act": self._pass("act", 3 * rows * ffn * _ACT_BYTES),
-            "moe_down": self._gemm(rows, ffn, h, groups),
+            "moe_down": self._gemm(rows, ffn, h, groups, MOE_TILE),
             "shared_expert": 0.0,
         }
         if self.shared_ffn:

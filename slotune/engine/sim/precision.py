@@ -30,6 +30,11 @@ dequantization that Marlin-class kernels overlap with the MMA but do not fully h
 An estimate (Marlin, Frantar et al. 2024, reports near-bf16 throughput at large batch),
 not fitted: refit when W4A16 measurements exist."""
 
+WEIGHT_ONLY_TILE = 16
+"""Rows of a weight-only kernel's M tile (Marlin's 16). Such kernels are built for small
+batches: priced at the profile's full compute efficiency on rows padded to this tile,
+without the small-M ramp fitted on cuBLAS bf16 GEMMs, which would hide their gain."""
+
 
 @dataclass(frozen=True)
 class WeightFormat:
@@ -119,21 +124,27 @@ def format_gemm_seconds(
     k: int,
     n: int,
     groups: float = 1.0,
+    tile: int = 0,
 ) -> float:
     """``groups`` GEMMs of ``[m / groups, k] @ [k, n]`` in one kernel (a MoE grouped GEMM;
     one group: a plain linear layer) with weights of ``bytes_per_weight``: each group's
-    weights read once, bf16 activations in and out, FLOPs on each group's rows padded to
-    the tile at ``rate``. Weight-only formats pay ``DEQUANT_OVERHEAD`` on the compute side;
-    W8A8 formats a pass that quantizes the input rows (bf16 read, one byte written).
+    weights read once, bf16 activations in and out, FLOPs at ``rate`` on each group's rows
+    padded to ``tile`` (0: the profile's), the profile's small-M ramp applied once.
+    Weight-only formats use ``WEIGHT_ONLY_TILE`` without the ramp and pay
+    ``DEQUANT_OVERHEAD`` on the compute side; W8A8 formats a pass that quantizes the input
+    rows (bf16 read, one byte written).
 
     With 16-bit weights, the bf16 rate and one group this is ``cost_model.gemm_seconds``.
     """
     if m <= 0:
         return 0.0
-    tile = p.tile_tokens
+    half = p.half_tokens
+    if weight_only:
+        tile, half = WEIGHT_ONLY_TILE, 0.0
+    tile = tile or p.tile_tokens
     m_pad = math.ceil(m / groups / tile) * tile * groups
     t_mem = (groups * k * n * bytes_per_weight + 2 * (m * k + m * n)) / (bw * p.mem_eff)
-    t_cmp = 2.0 * (m_pad + p.half_tokens * groups) * k * n / (rate * p.compute_eff)
+    t_cmp = 2.0 * (m_pad + half) * k * n / (rate * p.compute_eff)
     if weight_only:
         t_cmp *= 1.0 + DEQUANT_OVERHEAD
     quantize_input = 0.0 if weight_only or bytes_per_weight >= 2 else 3 * m * k / (bw * p.mem_eff)
