@@ -257,7 +257,7 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
             f"(defaults {baseline.get('score', float('nan')):.3f})"
         )
     return (
-        f"best goodput {attrs.get('goodput_rps', 0):.3g} req/s "
+        f"best goodput {attrs.get('goodput_rps') or 0:.3g} req/s "
         f"(defaults {baseline.get('goodput_rps') or 0:.3g})"
     )
 

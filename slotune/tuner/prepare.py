@@ -144,7 +144,12 @@ def prepare(o: TuneOptions) -> Prepared:
     where = f"--search {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
-        space = build_space(max_model_len=longest_request(trace), overrides=overrides, where=where)
+        space = build_space(
+            max_model_len=longest_request(trace),
+            overrides=overrides,
+            where=where,
+            kv_cache_dtypes=gpu.kv_cache_dtypes if gpu is not None else ("auto",),
+        )
     except SearchSpaceError as e:
         raise TuneInputError(str(e)) from None
     objective = o.objective or _default_objective(o, trace)

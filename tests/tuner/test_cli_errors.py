@@ -62,6 +62,7 @@ def test_empty_search_space_file(tmp_path: Path) -> None:
     search.write_text(
         "max_num_batched_tokens: 2048\nlong_prefill_token_threshold: off\nblock_size: 16\n"
         "preemption_mode: recompute\nmax_num_seqs: 256\nprefix_caching: hash\npolicy: chunked\n"
+        "kv_cache_dtype: auto\n"
     )
     result = runner.invoke(app, [*OK, "--search", str(search), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2

@@ -44,6 +44,12 @@ class GpuSpec:
         return self.bf16_tflops * 1e12
 
     @property
+    def kv_cache_dtypes(self) -> tuple[str, ...]:
+        """The KV-cache formats a production engine serves here: fp8 where the GPU has FP8
+        tensor cores (vLLM's and SGLang's fp8 KV; int8 and int4 only slotune's engine has)."""
+        return ("auto", "fp8") if self.fp8_tflops is not None else ("auto",)
+
+    @property
     def int8_ops_per_s(self) -> float:
         return (self.int8_tops if self.int8_tops is not None else 2 * self.bf16_tflops) * 1e12
 
