@@ -31,6 +31,8 @@ def bench(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
+    quantization: eo.Quantization = None,
+    ep: eo.ExpertParallel = 1,
     backend: Annotated[str, opt("--backend", "sim | engine | http.")] = "sim",
     url: Annotated[str | None, opt("--url", "Server URL for --backend http.")] = None,
     endpoint: Annotated[str, opt("--endpoint", "completions | chat (http).")] = "completions",
@@ -127,6 +129,8 @@ def bench(
         seed=seed,
         tokenizer=tokenizer,
         console=console,
+        quantization=quantization,
+        ep=ep,
     )
     summary = summarize(result, slo_obj)
     summary.update(
@@ -136,6 +140,8 @@ def bench(
             "gpu": gpu if backend == "sim" else None,
             "model": model,
             "tp": tp,
+            "quantization": quantization,
+            "ep": ep,
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
             "arrivals": arrivals.describe(),
@@ -179,6 +185,8 @@ def _run(
     seed: int,
     tokenizer: str | None,
     console: Console,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -202,6 +210,8 @@ def _run(
                     arrivals=arrivals,
                     seed=seed,
                     progress=on_progress,
+                    quantization=quantization,
+                    ep=ep,
                 )
             if backend == "engine":
                 from slotune.engine import Engine

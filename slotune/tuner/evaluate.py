@@ -107,6 +107,8 @@ class Evaluator:
             tp=self.setup.tp,
             arrivals=arrivals,
             seed=self.setup.seed,
+            quantization=self.setup.quantization,
+            ep=self.setup.ep,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:

@@ -58,6 +58,8 @@ class TuneOptions:
     backend: str = "sim"
     out: str | None = None
     slo: str = ""
+    quantization: str | None = None
+    ep: int = 1
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,8 @@ def prepare(o: TuneOptions) -> Prepared:
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
         ladder=ladder.to_dict() if ladder else None,
         notes=tuple(notes),
+        quantization=o.quantization,
+        ep=o.ep,
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -216,6 +220,14 @@ def _check_hardware(o: TuneOptions) -> Any | None:
         model = get_model(o.model)
     except ValueError as e:
         raise TuneInputError(f"--model: {e}") from None
+    try:
+        model = get_model(o.model, o.quantization)
+    except ValueError as e:
+        raise TuneInputError(str(e)) from None
+    try:
+        model.check_ep(o.tp, o.ep)
+    except ValueError as e:
+        raise TuneInputError(f"--ep: {e}") from None
     if o.backend == "engine" and not Path(o.model).is_dir():
         raise TuneInputError(
             f"--model: --backend engine needs a local checkpoint folder "

@@ -73,6 +73,8 @@ class TuneSetup:
     sampler: str = "tpe"
     ladder: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    quantization: str | None = None  # the model's weight format, given (sim)
+    ep: int = 1  # expert-parallel GPUs of a MoE model (sim)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -66,3 +66,21 @@ def test_quantized_kv_speeds_up_long_context_decode_on_h100() -> None:
         for kv in ("auto", "fp8", "int4")
     }
     assert step["int4"] < step["fp8"] < 0.8 * step["auto"]
+
+
+def test_the_simulated_engine_sizes_its_pool_by_the_kv_dtype() -> None:
+    from slotune.engine.engine import Engine
+
+    blocks = {
+        kv: Engine.simulated(EngineConfig(kv_cache_dtype=kv)).capacity.num_gpu_blocks
+        for kv in ("auto", "fp8")
+    }
+    profile, model = load_profile("h100"), get_model("llama-3-8b")
+    assert (
+        blocks["fp8"]
+        == determine_capacity(profile, model, 1, EngineConfig(kv_cache_dtype="fp8")).num_gpu_blocks
+    )
+    assert blocks["fp8"] > 1.9 * blocks["auto"]
+    engine = Engine.simulated(EngineConfig(kv_cache_dtype="int4"), quantization="fp8")
+    assert engine.executor.cost_model.kv_cache_dtype == "int4"
+    assert engine.executor.model.weight_dtype == "fp8"

@@ -44,6 +44,8 @@ def _with(args: list[str], **replace: str) -> list[str]:
         (_with(OK, attainment="1.5"), "--attainment"),
         (_with(OK, trials="0"), "--trials"),
         (_with(OK, tp="3"), "--tp"),
+        (_with(OK, quantization="fp4"), "--quantization: unknown weight quantization"),
+        (_with(OK, tp="2", ep="2"), "--ep: expert parallel size 2 needs a MoE model"),
         (_with(OK, objective="goodput", concurrency="8"), "closed loop"),
         (["tune", "--slo", "ttft=300ms"], "--gpu is required"),
     ],

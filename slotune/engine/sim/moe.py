@@ -166,6 +166,10 @@ class MoECost:
         layers = self.model.num_layers
         dense_share = self.model.num_dense_layers / layers
         moe_share = self.moe.num_moe_layers / layers
-        out = {k: v * dense_share if k in MLP_OPS else v for k, v in dense_ops.items()}
+        out = {
+            k: v * dense_share if k in MLP_OPS else v
+            for k, v in dense_ops.items()
+            if dense_share or k not in MLP_OPS
+        }
         out.update({k: v * moe_share for k, v in self.layer_ops(num_tokens).items()})
         return out

@@ -117,15 +117,18 @@ def run_simulated(
     seed: int = 0,
     progress: Progress | None = None,
     fast_forward: bool = True,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> RunResult:
-    """Replay ``trace`` through the simulated engine on a virtual clock.
+    """Replay ``trace`` through the simulated engine on a virtual clock (``quantization``
+    overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
 
     ``fast_forward`` runs stretches of plain decode steps at once (``Engine.fast_forward``);
     the result is identical either way, only faster. Turn it off to debug or compare.
     """
     from slotune.engine.engine import Engine
 
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, quantization=quantization, ep=ep)
     with _cyclic_gc_paused():
         return drive_engine(
             engine,
