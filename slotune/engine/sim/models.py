@@ -81,7 +81,7 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        linear, other = self._params_per_gpu(1, 1)
+        linear, other = self._params_per_gpu(1)
         return linear + other
 
     @property
@@ -123,12 +123,12 @@ class ModelSpec:
     def weight_bytes_per_gpu(self, tp: int) -> int:
         """Linear layers in the weight format; embeddings, LM head, norms, biases and MoE
         routers in the model's 16-bit dtype. Every expert is resident, used or not."""
-        linear, other = self._params_per_gpu(tp, 1)
+        linear, other = self._params_per_gpu(tp)
         if self.weight_dtype in ("bf16", "fp16"):
             return (linear + other) * self.dtype_bytes
         return round(linear * self.weight_format.bytes_per_weight) + other * self.dtype_bytes
 
-    def _params_per_gpu(self, tp: int, ep: int) -> tuple[int, int]:
+    def _params_per_gpu(self, tp: int) -> tuple[int, int]:
         """(linear-layer weights, everything else) on one of ``tp`` GPUs. The experts come
         to ``num_experts · 3·h·F / tp`` per GPU whatever ``ep`` is."""
         h, hd = self.hidden_size, self.head_dim

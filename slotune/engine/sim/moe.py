@@ -24,11 +24,13 @@ from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
 from slotune.engine.sim.profile import GpuProfile
 
 DEFAULT_IMBALANCE = 1.25
-"""Tokens of the busiest expert-parallel rank over the mean. From public numbers, not
-measured here: the Switch Transformer's capacity factor 1.25 (Fedus et al. 2021), the
-headroom over a uniform load that drops few tokens with a balancing loss, and about the
-spread of per-expert token shares in the Mixtral paper's routing analysis (Jiang et al.
-2024, Fig. 7: shares up to ~1.2-1.3x the uniform 1/8 in some layers)."""
+"""Tokens of the busiest expert-parallel rank over the mean. Taken from public numbers,
+not measured here: the capacity factor 1.25 of the Switch Transformer (Fedus et al. 2021),
+the headroom over a uniform load with which a model trained with a balancing loss drops
+few tokens, i.e. the busiest expert rarely gets more than 1.25x its share. The Mixtral
+paper's routing analysis (Jiang et al. 2024, section 5) finds expert assignment close to
+uniform across domains, so the factor is not too tight for it. Refit from per-expert token
+counts of a real run when one is available (``imbalance`` is a parameter)."""
 
 MOE_TILE = 16
 """Rows each expert's share is padded to: the smallest ``BLOCK_SIZE_M`` of vLLM's fused-MoE
