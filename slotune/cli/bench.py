@@ -31,6 +31,8 @@ def bench(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
+    quantization: eo.Quantization = None,
+    ep: eo.ExpertParallel = 1,
     backend: Annotated[str, opt("--backend", "sim | engine | http.")] = "sim",
     url: Annotated[str | None, opt("--url", "Server URL for --backend http.")] = None,
     endpoint: Annotated[str, opt("--endpoint", "completions | chat (http).")] = "completions",
@@ -167,6 +169,8 @@ def bench(
         tokenizer=tokenizer,
         timeout_s=timeout,
         console=console,
+        quantization=quantization,
+        ep=ep,
     )
     try:
         summary = summarize(
@@ -182,6 +186,8 @@ def bench(
             "stack": result.engine_stats.get("stack"),
             "model": model,
             "tp": tp,
+            "quantization": quantization,
+            "ep": ep,
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
             "arrivals": arrivals.describe(),
@@ -258,6 +264,8 @@ def _run(
     tokenizer: str | None,
     timeout_s: float | None,
     console: Console,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -283,6 +291,8 @@ def _run(
                     seed=seed,
                     progress=on_progress,
                     timeout_s=timeout_s,
+                    quantization=quantization,
+                    ep=ep,
                 )
             if backend == "engine":
                 from slotune.engine import Engine

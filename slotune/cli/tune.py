@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from slotune.cli import engine_options as eo
 from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
@@ -28,6 +29,8 @@ def tune(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs.")] = 1,
+    quantization: eo.Quantization = None,
+    ep: eo.ExpertParallel = 1,
     trace: to.TraceName = "sharegpt-like",
     format: to.TraceFormat = None,
     num_requests: Annotated[
@@ -144,6 +147,8 @@ def tune(
         out=out,
         slo=slo,
         heartbeat=heartbeat,
+        quantization=quantization,
+        ep=ep,
     )
     try:
         prepared = prepare(options)

@@ -93,12 +93,18 @@ class Engine:
         model: str = "llama-3-8b",
         tp: int = 1,
         stack: str | StackProfile | None = None,
+        quantization: str | None = None,
+        ep: int = 1,
     ) -> Engine:
         """An engine on a simulated GPU: virtual step durations from the cost model of
-        ``gpu`` and the serving ``stack`` (default: current vLLM V1)."""
+        ``gpu`` and the serving ``stack`` (default: current vLLM V1); ``quantization``
+        overrides the model's weight format, ``ep`` is expert parallelism."""
         from slotune.engine.sim import SimExecutor
 
-        return cls(config, SimExecutor(gpu=gpu, model=model, tp=tp, stack=stack))
+        executor = SimExecutor(
+            gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+        )
+        return cls(config, executor)
 
     @classmethod
     def local(

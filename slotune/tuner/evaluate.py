@@ -114,6 +114,8 @@ class Evaluator:
             arrivals=arrivals,
             seed=self.setup.seed,
             timeout_s=self.setup.request_timeout_s,
+            quantization=self.setup.quantization,
+            ep=self.setup.ep,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class TuneOptions:
     out: str | None = None
     slo: str = ""
     heartbeat: int = DEFAULT_HEARTBEAT_S
+    quantization: str | None = None
+    ep: int = 1
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,10 @@ def prepare(o: TuneOptions) -> Prepared:
     try:
         overrides = load_search_file(o.search) if o.search else None
         space = build_space(
-            max_model_len=default_max_model_len(trace), overrides=overrides, where=where
+            max_model_len=default_max_model_len(trace),
+            overrides=overrides,
+            where=where,
+            kv_cache_dtypes=gpu.kv_cache_dtypes if gpu is not None else ("auto",),
         )
     except SearchSpaceError as e:
         raise TuneInputError(str(e)) from None
@@ -241,6 +246,8 @@ def prepare(o: TuneOptions) -> Prepared:
         ladder=ladder.to_dict() if ladder else None,
         notes=tuple(notes),
         trace_digest=trace_digest(trace),
+        quantization=o.quantization,
+        ep=o.ep,
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -258,6 +265,14 @@ def _check_hardware(o: TuneOptions) -> Any | None:
         model = get_model(o.model)
     except ValueError as e:
         raise TuneInputError(f"--model: {e}") from None
+    try:
+        model = get_model(o.model, o.quantization)
+    except ValueError as e:
+        raise TuneInputError(str(e)) from None
+    try:
+        model.check_ep(o.tp, o.ep)
+    except ValueError as e:
+        raise TuneInputError(f"--ep: {e}") from None
     if o.backend == "engine" and not Path(o.model).is_dir():
         raise TuneInputError(
             f"--model: --backend engine needs a local checkpoint folder "

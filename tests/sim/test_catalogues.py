@@ -16,6 +16,7 @@ REQUIRED_GPUS = (
     "l4",
     "b200",
     "mi300x",
+    "rtx4090",
 )
 REQUIRED_MODELS = (
     "llama-2-7b",
@@ -27,6 +28,15 @@ REQUIRED_MODELS = (
     "qwen2.5-7b",
     "qwen2.5-32b",
     "qwen2.5-72b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen1.5-moe-a2.7b",
+    "qwen2-moe-57b-a14b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    "llama-4-scout",
 )
 
 

@@ -10,10 +10,14 @@ batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
+from slotune.engine.kv_dtype import kv_block_bytes
 from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.moe import DEFAULT_IMBALANCE, MoECost
+from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
 from slotune.engine.sim.profile import (
     AttentionProfile,
     ElementwiseProfile,
@@ -24,6 +28,11 @@ from slotune.engine.sim.stack import StackProfile, default_graph_max_tokens, gra
 
 _US = 1e-6
 DTYPE_BYTES = 2
+KV_DEQUANT_BYTES = 0.25
+"""What dequantizing one cached value costs attention, in bytes of extra read: a quantized
+KV cache reads its codes and scales plus this per value (so fp8 decode attention reads
+1.25 bytes' worth where bf16 reads 2). An estimate for the conversion the kernel does
+between load and MMA, not fitted."""
 
 
 def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: int) -> float:
@@ -101,6 +110,19 @@ def decode_attention_seconds(
     return (p.decode_overhead_us + p.decode_per_seq_us * num_seqs) * _US + per_token * context_sum
 
 
+def kv_bytes_per_token_layer(
+    kv_cache_dtype: str, block_size: int, kv_heads: int, head_dim: int
+) -> tuple[float, float]:
+    """(stored, read) KV bytes per token in one layer of one GPU: the stored bytes (codes
+    and scales, ``kv_dtype.kv_block_bytes``) over the block, and what attention pays to
+    read them (plus ``KV_DEQUANT_BYTES`` per value for a quantized cache)."""
+    block = kv_block_bytes(kv_cache_dtype, block_size, kv_heads, head_dim, DTYPE_BYTES)
+    stored = block // block_size if block % block_size == 0 else block / block_size
+    if kv_cache_dtype == "auto":
+        return stored, stored
+    return stored, stored + KV_DEQUANT_BYTES * 2 * kv_heads * head_dim
+
+
 def allreduce_seconds(
     profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
 ) -> float:
@@ -127,18 +149,20 @@ class _Kernels:
     overhead scaled)."""
 
     linear: LinearProfile
+    linear_seconds: Callable[[int, int, int], float]
     elementwise: dict[str, ElementwiseProfile]
     decode_fixed: float
     prefill_fixed: float
 
     @classmethod
-    def of(cls, profile: GpuProfile, layers: int, scale: float) -> _Kernels:
-        att = profile.attention
+    def of(cls, profile: GpuProfile, model: ModelSpec, scale: float) -> _Kernels:
+        """``profile``'s kernels (as ``_as_run_by``) with every fixed overhead times
+        ``scale``."""
+        att, layers = profile.attention, model.num_layers
+        linear = replace(profile.linear, overhead_us=profile.linear.overhead_us * scale)
         return cls(
-            replace(
-                profile.linear.for_gpu(profile.gpu),
-                overhead_us=profile.linear.overhead_us * scale,
-            ),
+            linear,
+            _linear_pricer(replace(profile, linear=linear), model),
             {
                 op: replace(e, overhead_us=e.overhead_us * scale)
                 for op, e in profile.elementwise.items()
@@ -146,6 +170,22 @@ class _Kernels:
             layers * att.decode_overhead_us * scale * _US,
             layers * att.prefill_overhead_us * scale * _US,
         )
+
+
+def _as_run_by(profile: GpuProfile, stack: StackProfile) -> GpuProfile:
+    """``profile`` as ``stack``'s kernels run: bandwidth and compute rates divided by the
+    stack's ``gpu_time_scale``, the GEMM ramp moved to the card's balance."""
+    gpu, s = profile.gpu, stack.gpu_time_scale
+    linear = profile.linear.for_gpu(gpu)
+    if s != 1.0:
+        gpu = replace(
+            gpu,
+            hbm_gbps=gpu.hbm_gbps / s,
+            bf16_tflops=gpu.bf16_tflops / s,
+            fp8_tflops=None if gpu.fp8_tflops is None else gpu.fp8_tflops / s,
+            int8_tops=None if gpu.int8_tops is None else gpu.int8_tops / s,
+        )
+    return replace(profile, gpu=gpu, linear=linear)
 
 
 @dataclass(frozen=True)
@@ -163,7 +203,10 @@ class CostModel:
     measured it). ``max_num_seqs`` sets the largest CUDA-graph batch where the stack uses
     graphs and leaves it to the engine.
 
-    Shapes are those of one GPU's shard. The public costing calls are ``step_seconds``
+    Shapes are those of one GPU's shard. Linear layers run in the model's weight format
+    (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
+    expert-parallel GPUs and ``moe_imbalance``; ``kv_cache_dtype`` sets the KV bytes that
+    attention reads and swaps move. The public costing calls are ``step_seconds``
     (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
     decode steps, bit-identical to costing each step with ``step_seconds``) and
     ``breakdown`` (per-op detail for ``slotune estimate``).
@@ -177,16 +220,20 @@ class CostModel:
         block_size: int = 16,
         stack: StackProfile | None = None,
         max_num_seqs: int = 256,
+        *,
+        ep: int = 1,
+        kv_cache_dtype: str = "auto",
+        moe_imbalance: float = DEFAULT_IMBALANCE,
     ) -> None:
         model.check_tp(tp)
+        model.check_ep(tp, ep)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
         self.stack = stack = stack or StackProfile()
-        gpu = profile.gpu
-        # the stack's kernels run at 1 / gpu_time_scale of the profile's rates
-        self.bw = gpu.hbm_bytes_per_s / stack.gpu_time_scale
-        self.peak = gpu.flops_per_s / stack.gpu_time_scale
+        run = _as_run_by(profile, stack)
+        self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
+        gpu = run.gpu
+        self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
         m = model
         self.hidden = m.hidden_size
         self.q_heads = m.num_heads // tp
@@ -195,13 +242,18 @@ class CostModel:
         self.attn_dim = self.q_heads * m.head_dim
         self.ffn = m.intermediate_size // tp
         self.vocab = -(-m.vocab_size // tp)
-        self.kv_bytes_per_token_layer = 2 * self.kv_heads * m.head_dim * DTYPE_BYTES
-        self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
+        self.kv_cache_dtype = kv_cache_dtype
+        stored, read = kv_bytes_per_token_layer(
+            kv_cache_dtype, block_size, self.kv_heads, m.head_dim
+        )
+        self.kv_bytes_per_token_layer = read
+        self.block_bytes = block_size * stored * m.num_layers
+        self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
         layers = m.num_layers
-        att = profile.attention
+        att = run.attention
         time_scale = stack.gpu_time_scale
-        self._eager = _Kernels.of(profile, layers, time_scale)
-        self._graph = _Kernels.of(profile, layers, stack.graph_overhead_scale * time_scale)
+        self._eager = _Kernels.of(run, model, time_scale)
+        self._graph = _Kernels.of(run, model, stack.graph_overhead_scale * time_scale)
         graph_max = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
         sizes = graph_capture_sizes(graph_max) if stack.cuda_graphs else ()
         self.graph_max_tokens = sizes[-1] if sizes else 0
@@ -217,7 +269,7 @@ class CostModel:
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
         self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
-        sysp = profile.system
+        sysp = run.system
         exposed = 1.0 - stack.host_overlap
         self._cpu_step = exposed * _given(stack.host_step_us, sysp.cpu_step_us) * _US
         self._cpu_req = exposed * _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
@@ -244,21 +296,21 @@ class CostModel:
         """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens
         (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer),
         with the kernel overheads of a step of that many tokens (no padding)."""
-        p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
+        p, bw, h, m = self.profile, self.bw, self.hidden, num_tokens
         kern = self.kernels(num_tokens)
-        ew, lin = kern.elementwise, kern.linear
+        ew, linear = kern.elementwise, kern.linear_seconds
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
 
         def elem(op: str) -> float:
             return elementwise_seconds(ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn))
 
         return {
-            "qkv_proj": gemm_seconds(lin, bw, peak, m, h, self.qkv_out),
+            "qkv_proj": linear(m, h, self.qkv_out),
             "rope": elem("rope"),
-            "o_proj": gemm_seconds(lin, bw, peak, m, self.attn_dim, h),
-            "mlp_up": gemm_seconds(lin, bw, peak, m, h, 2 * self.ffn),
+            "o_proj": linear(m, self.attn_dim, h),
+            "mlp_up": linear(m, h, 2 * self.ffn),
             "mlp_act": elem("act"),
-            "mlp_down": gemm_seconds(lin, bw, peak, m, self.ffn, h),
+            "mlp_down": linear(m, self.ffn, h),
             "norms": 2 * elem("norm") + 2 * elem("add"),
             "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES, self.stack),
         }
@@ -273,7 +325,11 @@ class CostModel:
             else:
                 ew, h = self.kernels(num_tokens).elementwise, self.hidden
                 m = self.padded_tokens(num_tokens)
-                t = self.model.num_layers * sum(self.layer_ops(m).values())
+                ops = self.layer_ops(m)
+                if self._moe is None:
+                    t = self.model.num_layers * sum(ops.values())
+                else:
+                    t = self._moe.layers_seconds(ops, m)
                 t += elementwise_seconds(ew["embed"], self.bw, 2 * m * h * DTYPE_BYTES)
                 t += elementwise_seconds(ew["norm"], self.bw, 2 * m * h * DTYPE_BYTES)
             self._dense_cache[num_tokens] = t
@@ -389,6 +445,8 @@ class CostModel:
         num_tokens = num_prefill_tokens + num_decodes
         layers = self.model.num_layers
         per_layer = self.layer_ops(self.padded_tokens(num_tokens))
+        if self._moe is not None:
+            per_layer = self._moe.mean_layer_ops(per_layer, self.padded_tokens(num_tokens))
         chunks = [(num_prefill_tokens, prior_context)] if num_prefill_tokens else []
         attention = 0.0
         kern = self.kernels(num_tokens)
@@ -421,3 +479,20 @@ class CostModel:
             chunks,
         )
         return StepBreakdown(per_layer, per_step, total)
+
+
+def _linear_pricer(profile: GpuProfile, model: ModelSpec) -> Callable[[int, int, int], float]:
+    """``(m, k, n) -> seconds`` of one linear layer in the model's weight format: exactly
+    ``gemm_seconds`` for 16-bit weights."""
+    gpu, fmt = profile.gpu, model.weight_format
+    if fmt.bits_per_weight == 16:
+        return partial(gemm_seconds, profile.linear, gpu.hbm_bytes_per_s, gpu.flops_per_s)
+    rate, weight_only = gemm_rate(fmt, gpu)
+    return partial(
+        format_gemm_seconds,
+        profile.linear,
+        gpu.hbm_bytes_per_s,
+        rate,
+        fmt.bytes_per_weight,
+        weight_only,
+    )

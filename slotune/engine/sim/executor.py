@@ -34,7 +34,8 @@ class SimExecutor:
     ``gpu`` is a catalogue name, the path of a profile JSON or a ``GpuProfile``; ``model`` a
     catalogue name or the path of an HF ``config.json``; ``stack`` the serving engine
     around the kernels (a shipped stack name, a stack JSON path or a ``StackProfile``;
-    default: current vLLM V1).
+    default: current vLLM V1); ``quantization`` overrides the model's weight format;
+    ``ep`` of the ``tp`` GPUs split a MoE model's experts.
     """
 
     def __init__(
@@ -43,13 +44,17 @@ class SimExecutor:
         model: str = "llama-3-8b",
         tp: int = 1,
         stack: str | StackProfile | None = None,
+        *,
+        quantization: str | None = None,
+        ep: int = 1,
     ) -> None:
         self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
-        self.model: ModelSpec = get_model(model)
+        self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
-        self.tp = tp
+        self.model.check_ep(tp, ep)
+        self.tp, self.ep = tp, ep
         self.stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
-        self.cost_model = CostModel(self.profile, self.model, tp, stack=self.stack)
+        self.cost_model = CostModel(self.profile, self.model, tp, stack=self.stack, ep=ep)
         self.capacity: KVCacheCapacity | None = None
         hi = min(self.model.vocab_size, _TOKEN_HIGH)
         self._token_low = min(_TOKEN_LOW, hi // 2)
@@ -64,7 +69,14 @@ class SimExecutor:
 
     def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
         self.cost_model = CostModel(
-            self.profile, self.model, self.tp, config.block_size, self.stack, config.max_num_seqs
+            self.profile,
+            self.model,
+            self.tp,
+            config.block_size,
+            self.stack,
+            config.max_num_seqs,
+            ep=self.ep,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         self.capacity = capacity
 

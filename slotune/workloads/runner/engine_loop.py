@@ -122,8 +122,11 @@ def run_simulated(
     progress: Progress | None = None,
     fast_forward: bool = True,
     timeout_s: float | None = None,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> RunResult:
-    """Replay ``trace`` through the simulated engine on a virtual clock.
+    """Replay ``trace`` through the simulated engine on a virtual clock (``quantization``
+    overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
 
     ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
     per-request costs outside the engine delay every client-side time of a request
@@ -137,7 +140,9 @@ def run_simulated(
     from slotune.engine.sim.stack import StackProfile, load_stack
 
     stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
+    engine = Engine.simulated(
+        config, gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+    )
     with _cyclic_gc_paused():
         result = drive_engine(
             engine,
