@@ -166,7 +166,9 @@ def _calibrate_from_runs(
             profile=load_profile(gpu) if gpu else None,
             window_s=window,
             max_evaluations=evaluations,
-            progress=lambda n, rms, _: console.print(f"[dim]replay {n}: rms log error {rms:.3f}[/]"),
+            progress=lambda n, rms, _: console.print(
+                f"[dim]replay {n}: rms log error {rms:.3f}[/]"
+            ),
         )
     except (RunFormatError, UnknownNameError, ValueError) as e:
         fail(str(e))

@@ -18,7 +18,6 @@ holds more requests in flight at the same latency, so a step up is no growth).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise

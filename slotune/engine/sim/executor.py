@@ -53,6 +53,8 @@ class SimExecutor:
         self.model.check_tp(tp)
         self.model.check_ep(tp, ep)
         self.tp, self.ep = tp, ep
+        if stack is None and self.profile.stack:
+            stack = self.profile.stack  # a profile measured through an engine prices its steps
         self.stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
         self.cost_model = CostModel(self.profile, self.model, tp, stack=self.stack, ep=ep)
         self.capacity: KVCacheCapacity | None = None

@@ -93,6 +93,7 @@ class GpuProfile:
     system: SystemProfile
     note: str = ""
     source: str = ""
+    stack: str = ""  # the serving stack the profile was measured under, if it says so
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": self.gpu.name, "note": self.note}
@@ -102,6 +103,8 @@ class GpuProfile:
         out["elementwise"] = {k: _as_dict(v) for k, v in self.elementwise.items()}
         out["attention"] = _as_dict(self.attention)
         out["system"] = _as_dict(self.system)
+        if self.stack:
+            out["stack"] = self.stack
         return out
 
 
@@ -176,7 +179,14 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
     _check_eff(f"{where}: system.allreduce_eff", system.allreduce_eff)
     _check_eff(f"{where}: system.host_link_eff", system.host_link_eff)
     return GpuProfile(
-        gpu, linear, elementwise, attention, system, note=str(data.get("note", "")), source=where
+        gpu,
+        linear,
+        elementwise,
+        attention,
+        system,
+        note=str(data.get("note", "")),
+        source=where,
+        stack=str(data.get("stack", "")),
     )
 
 

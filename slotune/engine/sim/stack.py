@@ -126,7 +126,10 @@ def shipped_stacks() -> list[str]:
 
 
 def load_stack(name_or_path: str | None = None) -> StackProfile:
-    """A shipped stack by name (``None``: the default), ``eager``, or a stack JSON file."""
+    """A shipped stack by name (``None``: the default), ``eager``, or a stack JSON file.
+
+    (A GPU profile that ``slotune calibrate`` measured through slotune's own engine names
+    ``eager`` itself; the simulated executor takes that when no stack is given.)"""
     name = DEFAULT_STACK if name_or_path is None else name_or_path
     if name == EAGER:
         return StackProfile()

@@ -17,7 +17,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slotune.engine.sampling_params import SamplingParams
 from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
@@ -137,12 +137,12 @@ def run_simulated(
     ``runner.timeouts``); None waits for ever.
     """
     from slotune.engine.engine import Engine
-    from slotune.engine.sim.stack import StackProfile, load_stack
+    from slotune.engine.sim import SimExecutor
 
-    stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
     engine = Engine.simulated(
         config, gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
     )
+    stack = cast(SimExecutor, engine.executor).stack
     with _cyclic_gc_paused():
         result = drive_engine(
             engine,
