@@ -43,11 +43,13 @@ class Param:
 
 
 PARAMS = (
-    Param("stack.host_step_us", 0.0, 3000.0),
+    Param("stack.host_step_us", 0.0, 20000.0),
+    Param("stack.host_per_request_us", 0.0, 200.0),
     Param("stack.graph_overhead_scale", 0.0, 1.0),
     Param("stack.request_in_us", 0.0, 50000.0),
-    Param("stack.allreduce_latency_us", 0.0, 50.0),
-    Param("stack.gpu_time_scale", 0.7, 1.3),
+    Param("stack.allreduce_latency_us", 0.0, 60.0),
+    Param("stack.gpu_time_scale", 0.8, 1.2),
+    Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
 )
 ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),

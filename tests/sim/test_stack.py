@@ -25,13 +25,18 @@ def _cm(**stack: object) -> CostModel:
     return CostModel(PROFILE, MODEL, stack=StackProfile(name="t", **stack))  # type: ignore[arg-type]
 
 
-def test_host_overlap_hides_that_share_of_the_host_cost() -> None:
-    host = {"host_step_us": 800.0, "host_per_request_us": 20.0}
+def test_host_overlap_hides_the_shorter_of_host_and_gpu_work() -> None:
     gpu_only = _cm(host_step_us=0.0, host_per_request_us=0.0).decode_step_seconds(10, 10_000)
-    for overlap in (0.0, 0.25, 1.0):
-        t = _cm(**host, host_overlap=overlap).decode_step_seconds(10, 10_000)
-        exposed = (1 - overlap) * (800 + 20 * 10) * 1e-6
-        assert t == pytest.approx(gpu_only + exposed, rel=1e-12)
+    for host_us in (800.0, 50_000.0):  # shorter than the GPU's step, then longer
+        host = (host_us + 20 * 10) * 1e-6
+        for overlap in (0.0, 0.25, 1.0):
+            cm = _cm(host_step_us=host_us, host_per_request_us=20.0, host_overlap=overlap)
+            t = cm.decode_step_seconds(10, 10_000)
+            expected = gpu_only + host - overlap * min(gpu_only, host)
+            assert t == pytest.approx(expected, rel=1e-12)
+        # async scheduling: the step lasts as long as the busier side
+        full = _cm(host_step_us=host_us, host_per_request_us=20.0, host_overlap=1.0)
+        assert full.decode_step_seconds(10, 10_000) == pytest.approx(max(gpu_only, host))
 
 
 def test_graph_steps_pad_to_captured_sizes_and_shrink_kernel_overheads() -> None:
@@ -61,8 +66,10 @@ def test_graph_limit_follows_max_num_seqs_like_vllm() -> None:
     assert CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=1024).graph_max_tokens == 512
 
 
-def test_stretch_durations_equal_single_steps_with_graphs() -> None:
-    cm = CostModel(PROFILE, MODEL, stack=load_stack("vllm-v1"), max_num_seqs=128)
+@pytest.mark.parametrize("host_us", [0.0, 3000.0, 30_000.0])
+def test_stretch_durations_equal_single_steps_with_graphs(host_us: float) -> None:
+    stack = load_stack("vllm-v1").with_values(host_step_us=host_us)
+    cm = CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=128)
     for n in (1, 3, 9, 100, 300):
         ctx = [500 + 7 * i for i in range(n)]
         durations = cm.decode_stretch_durations(ctx, 4)

@@ -270,9 +270,9 @@ class CostModel:
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
         self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
         sysp = run.system
-        exposed = 1.0 - stack.host_overlap
-        self._cpu_step = exposed * _given(stack.host_step_us, sysp.cpu_step_us) * _US
-        self._cpu_req = exposed * _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
+        self._overlap = stack.host_overlap
+        self._cpu_step = _given(stack.host_step_us, sysp.cpu_step_us) * _US
+        self._cpu_req = _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
         host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
         copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
         self._swap_per_block = self.block_bytes / host_bw + copy_calls
@@ -377,13 +377,8 @@ class CostModel:
         """One step: ``num_tokens`` scheduled in all; ``num_decodes`` one-token requests
         reading ``decode_context_sum`` KV tokens together (each counts its new token);
         ``prefill_chunks`` as ``(chunk_tokens, prior_context)``; ``num_samples`` rows
-        reach the LM head; ``num_requests`` requests pay the per-request CPU cost."""
-        t = (
-            self.dense_seconds(num_tokens)
-            + self.lm_head_seconds(num_samples)
-            + self._cpu_step
-            + self._cpu_req * num_requests
-        )
+        reach the LM head; ``num_requests`` requests pay the per-request host cost."""
+        t = self.dense_seconds(num_tokens) + self.lm_head_seconds(num_samples)
         if num_decodes:
             t += (
                 self.kernels(num_tokens).decode_fixed
@@ -398,7 +393,15 @@ class CostModel:
             t += self._swap_per_block * num_swapped_blocks
         if num_cow_blocks:
             t += self._cow_per_block * num_cow_blocks
-        return t
+        return self.with_host(t, self._cpu_step + self._cpu_req * num_requests)
+
+    def with_host(self, gpu: float, host: float) -> float:
+        """A step of ``gpu`` seconds on the GPU and ``host`` on the host, ``host_overlap`` of
+        the shorter one hidden behind the longer (1: ``max(gpu, host)``, async scheduling;
+        0: their sum, a synchronous engine)."""
+        if self._overlap == 0.0:
+            return gpu + host
+        return gpu + host - self._overlap * (gpu if gpu < host else host)
 
     def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
         """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
@@ -422,15 +425,14 @@ class CostModel:
             num, ctx = len(context_lens), sum(context_lens)
         if num == 0 or k <= 0:
             return [self.decode_step_seconds(num, ctx)] * max(k, 0)
-        base = (
-            self.dense_seconds(num)
-            + self.lm_head_seconds(num)
-            + self._cpu_step
-            + self._cpu_req * num
-        )
+        base = self.dense_seconds(num) + self.lm_head_seconds(num)
+        host = self._cpu_step + self._cpu_req * num
         fixed = self.kernels(num).decode_fixed + self._dec_per_seq * num
         per_ctx = self._dec_per_ctx
-        return [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
+        gpu = [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
+        if self._overlap == 0.0:
+            return [t + host for t in gpu]
+        return [self.with_host(t, host) for t in gpu]
 
     def breakdown(
         self,

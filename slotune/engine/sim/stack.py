@@ -29,8 +29,9 @@ EAGER = "eager"
 @dataclass(frozen=True)
 class StackProfile:
     """``host_step_us`` + ``host_per_request_us`` × scheduled requests is the host's work per
-    step, of which the fraction ``host_overlap`` runs while the GPU computes (a step costs
-    ``gpu + (1 − host_overlap) × host``). With ``cuda_graphs`` a step of at most
+    step; ``host_overlap`` of the shorter of it and the GPU's work hides behind the longer
+    (a step costs ``gpu + host − host_overlap × min(gpu, host)``: 1 is async scheduling,
+    ``max(gpu, host)``; 0 a synchronous engine, their sum). With ``cuda_graphs`` a step of at most
     ``graph_max_tokens`` tokens (``0``: twice ``max_num_seqs``, capped at 512, as vLLM) runs
     as a graph: its token count is padded to the next captured size and every kernel's fixed
     overhead is scaled by ``graph_overhead_scale``. ``request_in_us`` is a request's cost
