@@ -193,7 +193,7 @@ def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
         params=params,
         window_s=40.0,
         warmup_s=2.0,
-        max_evaluations=40,
+        max_evaluations=120,
     )
-    assert fit.values["stack.host_step_us"] == pytest.approx(700.0, rel=0.05)
+    assert fit.values["stack.host_step_us"] == pytest.approx(700.0, rel=0.1)
     assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.05)
