@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "tune",
     "worker",
     "bench",
+    "validate",
     "regress",
     "serve",
     "report",

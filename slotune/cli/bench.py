@@ -31,6 +31,8 @@ def bench(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (sim).")] = 1,
+    quantization: eo.Quantization = None,
+    ep: eo.ExpertParallel = 1,
     backend: Annotated[str, opt("--backend", "sim | engine | http.")] = "sim",
     url: Annotated[str | None, opt("--url", "Server URL for --backend http.")] = None,
     endpoint: Annotated[str, opt("--endpoint", "completions | chat (http).")] = "completions",
@@ -66,6 +68,10 @@ def bench(
         opt("--cooldown", "Leave requests arriving in the last N seconds out of the scores."),
     ] = 0.0,
     slo: Annotated[str | None, opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
+    stack: Annotated[
+        str | None,
+        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
+    ] = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -156,12 +162,15 @@ def bench(
         gpu=gpu,
         model=model,
         tp=tp,
+        stack=stack,
         url=url,
         endpoint=endpoint,
         seed=seed,
         tokenizer=tokenizer,
         timeout_s=timeout,
         console=console,
+        quantization=quantization,
+        ep=ep,
     )
     try:
         summary = summarize(
@@ -174,8 +183,11 @@ def bench(
             "config": None if engine_config is None else engine_config.to_dict(),
             "backend": backend,
             "gpu": gpu if backend == "sim" else None,
+            "stack": result.engine_stats.get("stack"),
             "model": model,
             "tp": tp,
+            "quantization": quantization,
+            "ep": ep,
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
             "arrivals": arrivals.describe(),
@@ -245,12 +257,15 @@ def _run(
     gpu: str,
     model: str,
     tp: int,
+    stack: str | None,
     url: str | None,
     endpoint: str,
     seed: int,
     tokenizer: str | None,
     timeout_s: float | None,
     console: Console,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -271,10 +286,13 @@ def _run(
                     gpu=gpu,
                     model=model,
                     tp=tp,
+                    stack=stack,
                     arrivals=arrivals,
                     seed=seed,
                     progress=on_progress,
                     timeout_s=timeout_s,
+                    quantization=quantization,
+                    ep=ep,
                 )
             if backend == "engine":
                 from slotune.engine import Engine

@@ -72,7 +72,10 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             "head_dim": m.head_dim,
             "intermediate_size": m.intermediate_size,
             "vocab_size": m.vocab_size,
+            "experts": None if m.moe is None else f"{m.moe.top_k}/{m.moe.num_experts}",
             "params_b": round(m.num_params / 1e9, 2),
+            "active_params_b": round(m.active_params / 1e9, 2),
+            "weight_dtype": m.weight_dtype,
             "weights_gb": round(m.weight_bytes / 1e9, 2),
             "kv_kib_per_token": m.kv_bytes_per_token / 1024,
         }
@@ -81,9 +84,10 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="Models (bf16; params in billions, KV in KiB per token)")
+    table = Table(title="Models (params in billions, experts top-k/all, KV in KiB per token)")
     table.add_column("name", no_wrap=True)
-    for col in ("layers", "hidden", "heads q/kv", "FFN", "vocab", "params", "weights GB", "KV"):
+    cols = ("layers", "hidden", "heads q/kv", "FFN", "vocab", "experts", "params", "active")
+    for col in (*cols, "weights", "GB", "KV"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
@@ -93,7 +97,10 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             f"{r['num_heads']}/{r['num_kv_heads']}",
             str(r["intermediate_size"]),
             str(r["vocab_size"]),
+            r["experts"] or "-",
             f"{r['params_b']:.2f}",
+            f"{r['active_params_b']:.2f}",
+            r["weight_dtype"],
             f"{r['weights_gb']:.1f}",
             f"{r['kv_kib_per_token']:g}",
         )
@@ -114,12 +121,26 @@ def estimate(
         0, "--decode-context", help="Context tokens each decode reads."
     ),
     block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
+    stack: str = typer.Option(
+        None, "--stack", help="Serving stack: a name or JSON (default vllm-v1; eager: kernels)."
+    ),
+    kv_cache_dtype: str = typer.Option(
+        "auto", "--kv-cache-dtype", help="KV-cache format: auto | fp8 | int8 | int4."
+    ),
+    quantization: str | None = typer.Option(
+        None,
+        "--quantization",
+        help="Weight format: bf16 | fp8 | int8 | int4 | mxfp4 (default: the model's).",
+    ),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel GPUs among --tp (MoE models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Estimate one step's time, per op and layer, on a simulated GPU."""
+    from slotune.engine.kv_dtype import KV_CACHE_DTYPES
     from slotune.engine.sim.cost_model import CostModel
     from slotune.engine.sim.models import get_model
     from slotune.engine.sim.profile import load_profile
+    from slotune.engine.sim.stack import load_stack
 
     for name, value in (
         ("--tokens", tokens),
@@ -135,15 +156,26 @@ def estimate(
         fail("--decode-context must be >= 1 when --decode-batch is given")
     if block_size < 1:
         fail(f"--block-size must be >= 1 (got {block_size})")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        fail(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     try:
         profile = load_profile(gpu)
-        spec = get_model(model)
-        cm = CostModel(profile, spec, tp, block_size)
+        spec = get_model(model, quantization)
+        cm = CostModel(
+            profile,
+            spec,
+            tp,
+            block_size,
+            load_stack(stack),
+            ep=ep,
+            kv_cache_dtype=kv_cache_dtype,
+        )
     except ValueError as e:
         fail(str(e))
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
     result = {
         "gpu": profile.gpu.name,
+        "stack": cm.stack.name,
         "model": spec.name,
         "tp": tp,
         "tokens": tokens,
@@ -151,6 +183,9 @@ def estimate(
         "decode_batch": decode_batch,
         "decode_context": decode_context,
         "block_size": block_size,
+        "kv_cache_dtype": kv_cache_dtype,
+        "weight_dtype": spec.weight_dtype,
+        "ep": ep,
         "num_layers": spec.num_layers,
         "per_layer_ms": {k: round(v * 1e3, 6) for k, v in b.per_layer.items()},
         "per_step_ms": {k: round(v * 1e3, 6) for k, v in b.per_step.items()},

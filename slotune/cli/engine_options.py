@@ -25,6 +25,17 @@ NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV po
 KVCacheDtype = Annotated[
     str | None, opt("--kv-cache-dtype", "auto | fp8 | int8 | int4 (quantized: torch attention).")
 ]
+Quantization = Annotated[
+    str | None,
+    opt(
+        "--quantization",
+        "Weight format of the simulated model: bf16 | fp8 | int8 | int4 (awq/gptq) | mxfp4 "
+        "(default: the config.json's quantization_config, else bf16).",
+    ),
+]
+ExpertParallel = Annotated[
+    int, opt("--ep", "Expert-parallel GPUs among --tp for a MoE model (sim; 1 = experts TP).")
+]
 ConfigJson = Annotated[
     str | None,
     opt(

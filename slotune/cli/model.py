@@ -40,10 +40,38 @@ def init_model_command(
 
 @app.command("calibrate")
 def calibrate_command(
-    model: Annotated[str, typer.Option("--model", help="Local HF checkpoint folder.")],
-    out: Annotated[Path, typer.Option("--out", help="Profile JSON to write.")] = Path(
-        "profile.json"
+    runs: Annotated[
+        list[Path] | None, typer.Argument(help="With --from-runs: measured run folders.")
+    ] = None,
+    from_runs: Annotated[
+        bool,
+        typer.Option(
+            "--from-runs", help="Fit a serving stack from measured runs instead of profiling."
+        ),
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Local HF checkpoint folder.")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="JSON to write (profile.json, or stack.json with --from-runs)."),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="With --from-runs: the runs' GPU profile.")
+    ] = None,
+    stack: Annotated[
+        str | None, typer.Option("--stack", help="With --from-runs: the stack to start from.")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="With --from-runs: the stack's name.")] = (
+        "fitted"
     ),
+    evaluations: Annotated[
+        int, typer.Option("--evaluations", help="With --from-runs: replays the fit may use.")
+    ] = 60,
+    window: Annotated[
+        float,
+        typer.Option("--window", help="With --from-runs: seconds of each load stage replayed."),
+    ] = 150.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     attention: Annotated[
         str, typer.Option("--attention", help="auto, torch, triton or flash.")
@@ -53,11 +81,25 @@ def calibrate_command(
         int, typer.Option("--threads", help="CPU threads for torch (0: the executor's default).")
     ] = 0,
 ) -> None:
-    """Profile the real model on this machine and fit a GPU profile for the simulator.
+    """Profile the real model on this machine and fit a GPU profile for the simulator, or
+    (`--from-runs RUN...`) fit a serving stack to measured serving runs.
 
-    The profile file works wherever a GPU name does: `--gpu profile.json`.
+    The profile file works wherever a GPU name does (`--gpu profile.json`), the stack file
+    wherever a stack does (`--stack stack.json`).
     """
     console = Console()
+    if from_runs:
+        _calibrate_from_runs(
+            console, runs or [], out or Path("stack.json"), gpu, stack, name, evaluations, window
+        )
+        return
+    if runs:
+        console.print("[red]error:[/] run folders need --from-runs")
+        raise typer.Exit(2)
+    if model is None:
+        console.print("[red]error:[/] give --model DIR (or --from-runs RUN...)")
+        raise typer.Exit(2)
+    out = out or Path("profile.json")
     if device not in ("auto", "cpu", "cuda"):
         console.print(f"[red]error:[/] --device {device!r} must be auto, cpu or cuda")
         raise typer.Exit(2)
@@ -92,3 +134,46 @@ def calibrate_command(
         f"median {steps.get('median_abs_error_pct', float('nan')):.1f}%; "
         f"use it as [bold]--gpu {out}[/]"
     )
+
+
+def _calibrate_from_runs(
+    console: Console,
+    runs: list[Path],
+    out: Path,
+    gpu: str | None,
+    stack: str | None,
+    name: str,
+    evaluations: int,
+    window: float,
+) -> None:
+    from slotune.calibration.from_runs import fit_from_runs, write_fit
+    from slotune.cli.common import fail
+    from slotune.engine.sim.hardware import UnknownNameError
+    from slotune.engine.sim.profile import load_profile
+    from slotune.engine.sim.stack import load_stack
+    from slotune.validate import load_run
+    from slotune.validate.runs import RunFormatError
+
+    if not runs:
+        fail("--from-runs needs at least one measured run folder")
+    if evaluations < 1 or window <= 0:
+        fail("--evaluations must be >= 1 and --window > 0")
+    try:
+        measured = [load_run(r, gpu=gpu) for r in runs]
+        result = fit_from_runs(
+            measured,
+            stack=load_stack(stack),
+            profile=load_profile(gpu) if gpu else None,
+            window_s=window,
+            max_evaluations=evaluations,
+            progress=lambda n, rms, _: console.print(
+                f"[dim]replay {n}: rms log error {rms:.3f}[/]"
+            ),
+        )
+    except (RunFormatError, UnknownNameError, ValueError) as e:
+        fail(str(e))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_fit(result, out, name)
+    values = ", ".join(f"{k} {v:.4g}" for k, v in result.values.items())
+    console.print(f"wrote [bold]{out}[/] from {len(measured)} runs: {values}")
+    console.print(f"use it as [bold]--stack {out}[/]")

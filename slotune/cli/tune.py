@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from slotune.cli import engine_options as eo
 from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
@@ -27,6 +28,8 @@ def tune(
         ),
     ] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs.")] = 1,
+    quantization: eo.Quantization = None,
+    ep: eo.ExpertParallel = 1,
     trace: to.TraceName = "sharegpt-like",
     format: to.TraceFormat = None,
     num_requests: Annotated[
@@ -100,6 +103,10 @@ def tune(
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
+    stack: Annotated[
+        str | None,
+        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
+    ] = None,
     out: Annotated[
         str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
@@ -117,6 +124,7 @@ def tune(
         gpu=gpu,
         model=model,
         tp=tp,
+        stack=stack,
         trace=trace,
         format=format,
         num_requests=num_requests,
@@ -144,6 +152,8 @@ def tune(
         out=out,
         slo=slo,
         heartbeat=heartbeat,
+        quantization=quantization,
+        ep=ep,
     )
     display = _Display(options)
     try:

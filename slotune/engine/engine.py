@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import Executor, ExecutorOutput, KVCacheCapacity
@@ -12,6 +12,10 @@ from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput, StepStats
 from slotune.engine.request import Request
 from slotune.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from slotune.engine.sim.profile import GpuProfile
+    from slotune.engine.sim.stack import StackProfile
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.stretch import StretchPlan, StretchPlanner
 
@@ -85,14 +89,22 @@ class Engine:
         cls,
         config: EngineConfig,
         *,
-        gpu: str = "h100",
+        gpu: str | GpuProfile = "h100",
         model: str = "llama-3-8b",
         tp: int = 1,
+        stack: str | StackProfile | None = None,
+        quantization: str | None = None,
+        ep: int = 1,
     ) -> Engine:
-        """An engine on a simulated GPU: virtual step durations from the cost model."""
+        """An engine on a simulated GPU: virtual step durations from the cost model of
+        ``gpu`` and the serving ``stack`` (default: current vLLM V1); ``quantization``
+        overrides the model's weight format, ``ep`` is expert parallelism."""
         from slotune.engine.sim import SimExecutor
 
-        return cls(config, SimExecutor(gpu=gpu, model=model, tp=tp))
+        executor = SimExecutor(
+            gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+        )
+        return cls(config, executor)
 
     @classmethod
     def local(

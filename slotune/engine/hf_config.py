@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe")
 # the model_type of a file that names only its architecture
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
 }
@@ -76,6 +77,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     moe: MoEConfig | None = None
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k before RoPE
     quantization: str | None = None  # quantization_config.quant_method, e.g. "fp8", "awq"
 
     @property
@@ -119,6 +121,7 @@ class ModelConfig:
                 bos_token_id=data.get("bos_token_id"),
                 eos_token_ids=_token_ids(data.get("eos_token_id")),
                 moe=_moe(model_type, data, where),
+                qk_norm=model_type == "qwen3",
                 quantization=quantization_method(data),
             )
         except KeyError as e:
@@ -239,7 +242,9 @@ def _rope_scaling(data: dict[str, Any], where: str) -> RopeScaling:
 
 
 def _sliding_window(data: dict[str, Any]) -> int | None:
-    if data.get("model_type") in ("qwen2", "qwen2_moe") and not data.get("use_sliding_window"):
+    if data.get("model_type") in ("qwen2", "qwen3", "qwen2_moe") and not data.get(
+        "use_sliding_window"
+    ):
         return None
     window = data.get("sliding_window")
     return int(window) if window else None

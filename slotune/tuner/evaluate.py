@@ -110,9 +110,12 @@ class Evaluator:
             gpu=self.setup.gpu,
             model=self.setup.model,
             tp=self.setup.tp,
+            stack=self.setup.stack,
             arrivals=arrivals,
             seed=self.setup.seed,
             timeout_s=self.setup.request_timeout_s,
+            quantization=self.setup.quantization,
+            ep=self.setup.ep,
         )
 
     def summarize(self, result: Any) -> dict[str, Any]:

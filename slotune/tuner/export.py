@@ -197,7 +197,15 @@ _LAUNCH = {
 }
 
 
-_PREQUANTIZED = ("awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "bitsandbytes")
+_PREQUANTIZED = (
+    "awq",
+    "gptq",
+    "awq_marlin",
+    "gptq_marlin",
+    "compressed-tensors",
+    "bitsandbytes",
+    "mxfp4",
+)
 _FULL_PRECISION = ("auto", "none", "bf16", "bfloat16", "fp16", "float16")
 _INT4_COMMENT = (
     "4-bit weight-only quantization needs an AWQ or GPTQ checkpoint: --quantization awq "
@@ -252,13 +260,35 @@ def engine_args(
 
 
 def command_line(
-    config: EngineConfig, engine: str, *, model: str, tp: int = 1, quantization: str | None = None
+    config: EngineConfig,
+    engine: str,
+    *,
+    model: str,
+    tp: int = 1,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> str:
     """A ready shell command, comments first (``# ...``), then the launch line."""
     args, comments = engine_args(config, engine, quantization)
-    words = _LAUNCH[engine](model, tp) + args
+    ep_args, ep_comment = expert_parallel_args(engine, tp, ep)
+    if ep_comment:
+        comments.append(ep_comment)
+    words = _LAUNCH[engine](model, tp) + ep_args + args
     line = " ".join(shlex.quote(w) for w in words)
     return "\n".join([*(f"# {c}" for c in comments), line])
+
+
+def expert_parallel_args(engine: str, tp: int, ep: int) -> tuple[list[str], str | None]:
+    """vLLM's expert parallelism spans the whole tensor-parallel group (EP size = TP);
+    SGLang takes the size."""
+    if ep <= 1:
+        return [], None
+    if engine == "sglang":
+        return ["--ep-size", str(ep)], None
+    comment = None
+    if ep != tp:
+        comment = f"vLLM's expert parallelism spans all {tp} GPUs, not the {ep} simulated"
+    return ["--enable-expert-parallel"], comment
 
 
 def export(best: dict[str, Any], fmt: str) -> str:
@@ -270,7 +300,8 @@ def export(best: dict[str, Any], fmt: str) -> str:
     tp = int(best.get("tp", 1))
     if fmt in ("vllm", "sglang"):
         quantization = model_quantization(best)
-        return command_line(config, fmt, model=model, tp=tp, quantization=quantization)
+        ep = int(best.get("ep") or 1)
+        return command_line(config, fmt, model=model, tp=tp, quantization=quantization, ep=ep)
     if fmt == "json":
         return json.dumps(config.to_dict(), indent=2)
     import yaml
@@ -289,6 +320,15 @@ HF_NAMES = {
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
     "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-Instruct-v0.1",
+    "qwen1.5-moe-a2.7b": "Qwen/Qwen1.5-MoE-A2.7B-Chat",
+    "qwen2-moe-57b-a14b": "Qwen/Qwen2-57B-A14B-Instruct",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite-Chat",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "llama-4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
 }
 """Catalogue names -> the Hugging Face repository a production engine would load."""
 

@@ -57,6 +57,7 @@ class TuneOptions:
     gpu: str | None = None
     model: str = "llama-3-8b"
     tp: int = 1
+    stack: str | None = None
     trace: str = "sharegpt-like"
     format: str | None = None
     num_requests: int | None = None
@@ -84,6 +85,8 @@ class TuneOptions:
     out: str | None = None
     slo: str = ""
     heartbeat: int = DEFAULT_HEARTBEAT_S
+    quantization: str | None = None
+    ep: int = 1
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
@@ -208,7 +211,10 @@ def prepare(o: TuneOptions) -> Prepared:
     try:
         overrides = load_search_file(o.search) if o.search else None
         space = build_space(
-            max_model_len=default_max_model_len(trace), overrides=overrides, where=where
+            max_model_len=default_max_model_len(trace),
+            overrides=overrides,
+            where=where,
+            kv_cache_dtypes=gpu.kv_cache_dtypes if gpu is not None else ("auto",),
         )
     except SearchSpaceError as e:
         raise TuneInputError("search", str(e)) from None
@@ -254,6 +260,7 @@ def prepare(o: TuneOptions) -> Prepared:
         load=load,
         tp=o.tp,
         backend=o.backend,
+        stack=_stack_name(o.stack),
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
@@ -265,6 +272,8 @@ def prepare(o: TuneOptions) -> Prepared:
         ladder=ladder.to_dict() if ladder else None,
         notes=tuple(notes),
         trace_digest=trace_digest(trace),
+        quantization=o.quantization,
+        ep=o.ep,
     )
     return Prepared(setup, space, trace, gpu, reference_from_baseline)
 
@@ -282,6 +291,14 @@ def _check_hardware(o: TuneOptions) -> Any | None:
         model = get_model(o.model)
     except ValueError as e:
         raise TuneInputError("model", f"{{model}}: {e}") from None
+    try:
+        model = get_model(o.model, o.quantization)
+    except ValueError as e:
+        raise TuneInputError("quantization", f"{{quantization}}: {e}") from None
+    try:
+        model.check_ep(o.tp, o.ep)
+    except ValueError as e:
+        raise TuneInputError("ep", f"{{ep}}: {e}") from None
     if o.backend == "engine" and not Path(o.model).is_dir():
         raise TuneInputError(
             "model",
@@ -298,6 +315,17 @@ def _check_hardware(o: TuneOptions) -> Any | None:
     except ValueError as e:
         raise TuneInputError("tp", f"{{tp}}: {e}") from None
     return gpu
+
+
+def _stack_name(stack: str | None) -> str:
+    """The serving stack the study simulates: checked now, stored by the name given."""
+    from slotune.engine.sim.stack import DEFAULT_STACK, load_stack
+
+    try:
+        load_stack(stack)
+    except ValueError as e:  # UnknownNameError is a ValueError
+        raise TuneInputError("stack", f"{{stack}}: {e}") from None
+    return stack or DEFAULT_STACK
 
 
 def _default_objective(o: TuneOptions, trace: Any) -> str:

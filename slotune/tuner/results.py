@@ -229,7 +229,10 @@ def write_outputs(
         "gpu": setup.gpu,
         "model": setup.model,
         "tp": setup.tp,
+        "quantization": setup.quantization,
+        "ep": setup.ep,
         "backend": setup.backend,
+        "stack": setup.stack,
         "trace": {"name": setup.trace, "stats": evaluator.trace.stats()},
         "baseline": {
             "name": "vLLM serving defaults",
@@ -244,8 +247,22 @@ def write_outputs(
         "num_trials": len(trials),
         "search_space": describe(SearchSpace.from_dict(setup.space)),
         "commands": {
-            "vllm": command_line(config, "vllm", model=model, tp=setup.tp),
-            "sglang": command_line(config, "sglang", model=model, tp=setup.tp),
+            "vllm": command_line(
+                config,
+                "vllm",
+                model=model,
+                tp=setup.tp,
+                quantization=setup.quantization,
+                ep=setup.ep,
+            ),
+            "sglang": command_line(
+                config,
+                "sglang",
+                model=model,
+                tp=setup.tp,
+                quantization=setup.quantization,
+                ep=setup.ep,
+            ),
         },
         "notes": [*setup.notes, *_saturation_note(setup, best)],
     }

@@ -73,6 +73,7 @@ class TuneSetup:
     load: LoadSpec
     tp: int = 1
     backend: str = "sim"
+    stack: str = "vllm-v1"
     trace: str = "sharegpt-like"
     trace_format: str | None = None
     num_requests: int | None = None
@@ -84,6 +85,8 @@ class TuneSetup:
     ladder: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     trace_digest: str | None = None
+    quantization: str | None = None  # the model's weight format, given (sim)
+    ep: int = 1  # expert-parallel GPUs of a MoE model (sim)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -1,7 +1,9 @@
 """The search space: which engine knobs the tuner varies, over which values.
 
-Seven knobs are searched by default (issue 5); every other ``EngineConfig`` field is fixed,
-``max_model_len`` at the longest request of the trace. A ``--search`` file (YAML or JSON)
+Seven knobs are searched by default (issue 5), and ``kv_cache_dtype`` among the KV formats
+the GPU serves (``GpuSpec.kv_cache_dtypes``: auto and fp8 where it has FP8 tensor cores);
+every other ``EngineConfig`` field is fixed, ``max_model_len`` at the longest request of
+the trace. The model's weight precision is given, not searched. A ``--search`` file (YAML or JSON)
 fixes or narrows any of them, or fixes any other field::
 
     max_num_batched_tokens: {low: 1024, high: 8192}   # narrow (log scale, step 128 kept)
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.engine.kv_dtype import KV_CACHE_DTYPES
 
 THRESHOLD_GATE = "long_prefill_token_threshold_on"
 """Optuna parameter that switches the long-prefill threshold on (chunked policy only)."""
@@ -35,6 +38,7 @@ _CATEGORICAL = {
     "preemption_mode": ("recompute", "swap"),
     "prefix_caching": ("none", "hash", "radix"),
     "policy": ("chunked", "prefill_first"),
+    "kv_cache_dtype": KV_CACHE_DTYPES,
 }
 _SEARCH_ORDER = (
     "policy",
@@ -44,6 +48,7 @@ _SEARCH_ORDER = (
     "max_num_seqs",
     "preemption_mode",
     "prefix_caching",
+    "kv_cache_dtype",
 )
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
@@ -108,8 +113,8 @@ class Param:
         return sorted({_round_to_step(p, self.step, self.low, self.high) for p in points})
 
 
-def default_params() -> dict[str, Param]:
-    """Issue 5's default space."""
+def default_params(kv_cache_dtypes: tuple[str, ...] = ("auto",)) -> dict[str, Param]:
+    """Issue 5's default space, with the KV-cache formats the GPU serves."""
     return {
         "max_num_batched_tokens": Param(
             "max_num_batched_tokens", low=256, high=32768, log=True, step=128
@@ -122,6 +127,7 @@ def default_params() -> dict[str, Param]:
         "max_num_seqs": Param("max_num_seqs", low=8, high=1024, log=True),
         "prefix_caching": Param("prefix_caching", values=("none", "hash", "radix")),
         "policy": Param("policy", values=("chunked", "prefill_first")),
+        "kv_cache_dtype": Param("kv_cache_dtype", values=tuple(kv_cache_dtypes)),
     }
 
 
@@ -285,18 +291,27 @@ class SearchSpace:
                 params[name] = Param(name, values=tuple(spec["values"]))
             else:
                 params[name] = Param(name, **spec)
-        return cls(params, dict(data.get("fixed", {})))
+        fixed = dict(data.get("fixed", {}))
+        if "kv_cache_dtype" not in params:  # a space stored before the knob was searched
+            kv = fixed.pop("kv_cache_dtype", "auto")
+            params["kv_cache_dtype"] = Param("kv_cache_dtype", values=(kv,))
+        return cls(params, fixed)
 
 
 def build_space(
-    *, max_model_len: int, overrides: dict[str, Any] | None = None, where: str = "search space"
+    *,
+    max_model_len: int,
+    overrides: dict[str, Any] | None = None,
+    where: str = "search space",
+    kv_cache_dtypes: tuple[str, ...] = ("auto",),
 ) -> SearchSpace:
-    """The default space with ``max_model_len`` fixed and ``overrides`` applied.
+    """The default space with ``max_model_len`` fixed and ``overrides`` applied;
+    ``kv_cache_dtypes`` are the KV formats searched unless an override says otherwise.
 
     Raises ``SearchSpaceError`` naming ``where`` when an override is invalid or when
     nothing is left to search.
     """
-    params = default_params()
+    params = default_params(kv_cache_dtypes)
     fixed: dict[str, Any] = {"max_model_len": max_model_len}
     known = {f.name for f in fields(EngineConfig)}
     for name, spec in (overrides or {}).items():

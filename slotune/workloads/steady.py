@@ -17,6 +17,7 @@ holds more requests in flight at the same latency, so a step up is no growth).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -116,7 +117,9 @@ def _check(result: RunResult, window: ScoringWindow) -> dict[str, Any]:
     third = _SAMPLES // 3
     start, end = float(counts[:third].mean()), float(counts[-third:].mean())
     arrivals = int(window.mask(result).sum())
-    allowed = max(MIN_GROWTH, GROWTH_SHARE * arrivals)
+    # a stable queue's in-flight count fluctuates like a Poisson count: growth within two
+    # of its standard deviations (2·sqrt(n)) is noise, not a queue building up
+    allowed = max(MIN_GROWTH, GROWTH_SHARE * arrivals, 2.0 * math.sqrt(max(end, 0.0)))
     steady = end - start <= allowed
     out: dict[str, Any] = {
         "steady": bool(steady),

@@ -49,6 +49,8 @@ def save_hf(folder: Path, family: str, seed: int = 0, **overrides: object) -> Pa
     if family == "qwen2":
         config = tf.Qwen2Config(**(TINY | {"tie_word_embeddings": True} | overrides))
         model = tf.Qwen2ForCausalLM(config)
+    elif family == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**(TINY | {"head_dim": 24} | overrides)))
     elif family == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(**(TINY | MIXTRAL | overrides)))
     elif family == "qwen2_moe":
@@ -85,6 +87,11 @@ def llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_hf(tmp_path_factory.mktemp("qwen2"), "qwen2", seed=2)
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=6)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,9 @@ def prompt(n: int, seed: int, vocab: int = 512) -> list[int]:
     return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(params=["tiny_dir", "llama3_dir", "qwen2_dir", "mixtral_dir", "qwen2_moe_dir"])
+@pytest.fixture(
+    params=["tiny_dir", "llama3_dir", "qwen2_dir", "qwen3_dir", "mixtral_dir", "qwen2_moe_dir"]
+)
 def checkpoint(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(request.param)
 

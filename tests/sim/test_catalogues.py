@@ -16,6 +16,7 @@ REQUIRED_GPUS = (
     "l4",
     "b200",
     "mi300x",
+    "rtx4090",
 )
 REQUIRED_MODELS = (
     "llama-2-7b",
@@ -27,6 +28,15 @@ REQUIRED_MODELS = (
     "qwen2.5-7b",
     "qwen2.5-32b",
     "qwen2.5-72b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen1.5-moe-a2.7b",
+    "qwen2-moe-57b-a14b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
+    "llama-4-scout",
 )
 
 
@@ -116,3 +126,32 @@ def test_hf_config_of_another_family_is_refused(tmp_path: Path) -> None:
 def test_tp_must_divide_heads() -> None:
     with pytest.raises(ValueError, match="divide"):
         get_model("qwen2.5-7b").check_tp(8)
+
+
+def test_qwen3_config_is_read_with_its_own_head_dim(tmp_path) -> None:
+    """Qwen3 names head_dim apart from hidden / heads (Qwen3-0.6B: 1024 / 16 heads, 128)."""
+    import json
+
+    from slotune.engine.sim.models import get_model
+
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = get_model(str(path))
+    assert (spec.head_dim, spec.num_heads, spec.num_kv_heads) == (128, 16, 8)
+    assert spec.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+    path.write_text(json.dumps(cfg | {"model_type": "gemma3", "architectures": ["X"]}))
+    with pytest.raises(ValueError, match="model_type 'gemma3' is not supported"):
+        get_model(str(path))

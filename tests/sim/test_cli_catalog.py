@@ -100,3 +100,45 @@ def test_gpus_and_models_list_the_catalogues() -> None:
     assert by_name["llama-2-7b"]["kv_kib_per_token"] == 512
     code, out = _run("models")
     assert code == 0 and "qwen2.5-72b" in out
+
+
+def _estimate(*extra: str) -> dict:  # type: ignore[type-arg]
+    code, out = _run(
+        "estimate", "--gpu", "h100", "--tokens", "0", "--decode-batch", "32", "--json", *extra
+    )
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_estimate_prices_moe_quantized_weights_and_kv_dtype() -> None:
+    base = ("--model", "mixtral-8x7b", "--tp", "2", "--decode-context", "8000")
+    bf16 = _estimate(*base)
+    assert bf16["weight_dtype"] == "bf16" and bf16["per_layer_ms"]["moe_up"] > 0
+    assert "mlp_up" not in bf16["per_layer_ms"]  # no dense MLP layer in Mixtral
+    fp8 = _estimate(*base, "--quantization", "fp8")
+    assert fp8["weight_dtype"] == "fp8"
+    assert fp8["per_layer_ms"]["moe_up"] < 0.7 * bf16["per_layer_ms"]["moe_up"]
+    kv = _estimate(*base, "--kv-cache-dtype", "fp8")
+    assert kv["per_layer_ms"]["attention"] < 0.8 * bf16["per_layer_ms"]["attention"]
+    ep = _estimate(*base, "--ep", "2")
+    assert ep["per_layer_ms"]["alltoall"] > 0
+
+
+def test_bad_precision_and_ep_flags_exit_2() -> None:
+    for extra, message in (
+        (("--quantization", "fp4"), "unknown weight quantization 'fp4'"),
+        (("--kv-cache-dtype", "fp4"), "--kv-cache-dtype"),
+        (("--tp", "2", "--ep", "2"), "needs a MoE model"),
+    ):
+        code, out = _run(
+            "estimate", "--gpu", "h100", "--model", "llama-3-8b", "--tokens", "8", *extra
+        )
+        assert code == 2 and message in out, out
+
+
+def test_models_lists_the_moe_catalogue() -> None:
+    code, out = _run("models", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["mixtral-8x7b"]["experts"] == "2/8" and rows["llama-3-8b"]["experts"] is None
+    assert rows["gpt-oss-20b"]["weight_dtype"] == "mxfp4"

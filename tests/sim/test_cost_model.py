@@ -67,7 +67,7 @@ def test_attention_floors_and_growth(cm: CostModel) -> None:
 
 
 def test_small_blocks_make_decode_attention_slower() -> None:
-    profile, model = load_profile("h100"), get_model("llama-2-7b")
+    profile, model = load_profile("a100-80g"), get_model("llama-2-7b")
     times = [
         CostModel(profile, model, block_size=b).decode_step_seconds(64, 64 * 2000)
         for b in (1, 8, 16, 32, 128)

@@ -47,6 +47,8 @@ def _with(args: list[str], **replace: str) -> list[str]:
         (_with(OK, duration="10", warmup="8", cooldown="2"), "shorter than --duration"),
         (_with(OK, duration="10", num_requests="50"), "the rate and the duration set"),
         (_with(OK, tp="3"), "--tp"),
+        (_with(OK, quantization="fp4"), "--quantization: unknown weight quantization"),
+        (_with(OK, tp="2", ep="2"), "--ep: expert parallel size 2 needs a MoE model"),
         (_with(OK, objective="goodput", concurrency="8"), "closed loop"),
         (["tune", "--slo", "ttft=300ms"], "--gpu is required"),
     ],
@@ -65,6 +67,7 @@ def test_empty_search_space_file(tmp_path: Path) -> None:
     search.write_text(
         "max_num_batched_tokens: 2048\nlong_prefill_token_threshold: off\nblock_size: 16\n"
         "preemption_mode: recompute\nmax_num_seqs: 256\nprefix_caching: hash\npolicy: chunked\n"
+        "kv_cache_dtype: auto\n"
     )
     result = runner.invoke(app, [*OK, "--search", str(search), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2

@@ -206,3 +206,28 @@ def test_space_round_trips_through_a_dict_and_finds_the_baseline() -> None:
     assert again.config_from_params(params) == base
     narrow = build_space(max_model_len=2048, overrides={"block_size": [32, 64]})
     assert narrow.params_for(base) is None
+
+
+def test_kv_cache_dtype_is_searched_where_the_gpu_serves_fp8() -> None:
+    from slotune.engine.sim import get_gpu
+
+    h100 = build_space(max_model_len=2048, kv_cache_dtypes=get_gpu("h100").kv_cache_dtypes)
+    assert "kv_cache_dtype" in h100.free_names
+    assert h100.params["kv_cache_dtype"].values == ("auto", "fp8")
+    configs = {h100.config_from_params(p).kv_cache_dtype for p in h100.grid()}
+    assert configs == {"auto", "fp8"}
+    a100 = build_space(max_model_len=2048, kv_cache_dtypes=get_gpu("a100-80g").kv_cache_dtypes)
+    assert "kv_cache_dtype" not in a100.free_names
+    assert {a100.config_from_params(p).kv_cache_dtype for p in a100.grid()} == {"auto"}
+    widened = build_space(max_model_len=2048, overrides={"kv_cache_dtype": ["fp8", "int4"]})
+    assert widened.params["kv_cache_dtype"].values == ("fp8", "int4")
+    with pytest.raises(SearchSpaceError, match="'fp4' is not one of"):
+        build_space(max_model_len=2048, overrides={"kv_cache_dtype": "fp4"})
+
+
+def test_a_space_stored_before_the_kv_knob_keeps_its_fixed_dtype() -> None:
+    stored = build_space(max_model_len=2048).to_dict()
+    del stored["params"]["kv_cache_dtype"]
+    stored["fixed"]["kv_cache_dtype"] = "int8"
+    space = SearchSpace.from_dict(stored)
+    assert {space.config_from_params(p).kv_cache_dtype for p in space.grid()} == {"int8"}

@@ -176,7 +176,7 @@ def test_grid_sampler_runs_every_point_once(tmp_path: Path) -> None:
     search.write_text(
         "max_num_batched_tokens: [1024, 4096]\nmax_num_seqs: [64, 256]\n"
         "long_prefill_token_threshold: off\nblock_size: 16\npolicy: chunked\n"
-        "preemption_mode: recompute\nprefix_caching: hash\n"
+        "preemption_mode: recompute\nprefix_caching: hash\nkv_cache_dtype: auto\n"
     )
     out = tmp_path / "out"
     output = tune(

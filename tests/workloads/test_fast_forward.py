@@ -94,3 +94,16 @@ def test_fast_forward_equals_single_steps(name: str) -> None:
     assert on.engine_stats == off.engine_stats
     assert covered > len(on.steps) // 4  # the stretches really ran
     assert len(on.steps) == on.engine_stats["steps"]
+
+
+def test_fast_forward_equals_single_steps_for_a_quantized_moe_model() -> None:
+    config = EngineConfig(prefix_caching="hash", kv_cache_dtype="fp8", num_gpu_blocks=500)
+    trace, arrivals = sharegpt_like(100, seed=9), ArrivalSpec(rate=8.0)
+    kw = {"model": "mixtral-8x7b", "gpu": "h100", "tp": 2, "quantization": "fp8", "ep": 2}
+    on = run_simulated(config, trace, arrivals=arrivals, **kw)  # type: ignore[arg-type]
+    off = run_simulated(config, trace, arrivals=arrivals, fast_forward=False, **kw)  # type: ignore[arg-type]
+    pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
+    assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
+    assert on.engine_stats["fast_forward_steps"] > len(on.steps) // 4
+    plain = run_simulated(config, trace, arrivals=arrivals, model="mixtral-8x7b", tp=2)
+    assert plain.duration_s != on.duration_s  # the precision and EP reached the cost model

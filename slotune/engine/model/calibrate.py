@@ -475,6 +475,7 @@ def profile_json(result: CalibrationResult) -> dict[str, Any]:
     """The profile, with the grid's measured and predicted times and the error summary of
     the recorded workload steps (informational: the loader reads only the profile)."""
     data = result.profile.to_dict()
+    data["stack"] = "eager"  # measured through slotune's own engine, steps timed in full
     pairs = list(zip(result.measurements, result.predicted, strict=True))
     data["calibration"] = [
         {"shape": m.shape.label(), "measured_ms": m.seconds * 1e3, "predicted_ms": p * 1e3}

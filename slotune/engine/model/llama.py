@@ -53,6 +53,8 @@ class Attention(nn.Module):
         bias = config.attention_bias
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -65,8 +67,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *cos_sin)
-        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), *cos_sin)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, *cos_sin)
+        k = apply_rotary(k, *cos_sin)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.forward(q.contiguous(), k_cache, v_cache, meta, self.scale)

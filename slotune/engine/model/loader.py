@@ -122,6 +122,9 @@ def _read_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
         if config.attention_bias:
             out[attn + "qkv_proj.bias"] = _cat(raw, [attn + f"{x}_proj.bias" for x in "qkv"])
         out[attn + "o_proj.weight"] = _take(raw, attn + "o_proj.weight")
+        if config.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                out[attn + norm + ".weight"] = _take(raw, attn + norm + ".weight")
         if config.moe is not None and config.moe.is_moe_layer(i):
             out |= _moe_weights(raw, config.model_type, config.moe, i)
         else:

@@ -66,6 +66,7 @@ DERIVED_FROM = {
     "a10g": "a100-80g",
     "l4": "a100-80g",
     "mi300x": "a100-80g",
+    "rtx4090": "a100-80g",
 }
 
 LINEAR_OPS = {

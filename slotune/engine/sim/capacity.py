@@ -3,13 +3,16 @@
 As in vLLM's memory profiling, the pool is what is left of ``gpu_memory_utilization`` of
 the card after the weights, a fixed runtime reserve (CUDA context, cuBLAS and NCCL
 workspaces) and the activations of the largest forward pass, which grow with
-``max_num_batched_tokens``. A bigger token budget therefore costs KV space.
+``max_num_batched_tokens``. A bigger token budget therefore costs KV space. The weights
+are those of the model's weight format, every expert of a MoE model included; a block's
+bytes are those of ``config.kv_cache_dtype`` (``kv_dtype.kv_block_bytes``).
 """
 
 from __future__ import annotations
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import KVCacheCapacity
+from slotune.engine.kv_dtype import kv_block_bytes as kv_layer_block_bytes
 from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.profile import GpuProfile
 
@@ -20,10 +23,17 @@ LOGIT_BYTES = 4  # logits are kept in fp32 for sampling
 def activation_bytes_per_token(model: ModelSpec, tp: int) -> int:
     """Live activations per batched token at the peak of a layer (per GPU, bf16):
     residual, normed input and attention output (3 × hidden), the QKV output, and the
-    gate/up output with the activated half (3 × FFN shard)."""
+    gate/up output with the activated half (3 × FFN shard). A MoE layer holds, per token,
+    ``top_k`` routed rows of those and their outputs (as vLLM's fused-MoE caches do), plus
+    the shared expert's; the larger of its and the dense MLP's peak counts."""
     q_heads = model.num_heads // tp
     qkv = (q_heads + 2 * model.kv_heads_per_gpu(tp)) * model.head_dim
-    return model.dtype_bytes * (3 * model.hidden_size + qkv + 3 * model.intermediate_size // tp)
+    ffn = 3 * model.intermediate_size // tp
+    if model.moe is not None:
+        moe = model.moe
+        routed = moe.top_k * (3 * moe.expert_ffn // tp + model.hidden_size)
+        ffn = max(ffn, routed + 3 * moe.shared_ffn // tp)
+    return model.dtype_bytes * (3 * model.hidden_size + qkv + ffn)
 
 
 def activation_workspace_bytes(
@@ -38,15 +48,12 @@ def activation_workspace_bytes(
     )
 
 
-def kv_block_bytes(model: ModelSpec, tp: int, block_size: int) -> int:
-    """Bytes of one KV block on one GPU (its shard of the KV heads)."""
-    return (
-        2
-        * model.num_layers
-        * model.kv_heads_per_gpu(tp)
-        * model.head_dim
-        * (model.dtype_bytes * block_size)
+def kv_block_bytes(model: ModelSpec, tp: int, block_size: int, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one KV block on one GPU (its shard of the KV heads, every layer)."""
+    per_layer = kv_layer_block_bytes(
+        kv_cache_dtype, block_size, model.kv_heads_per_gpu(tp), model.head_dim, model.dtype_bytes
     )
+    return model.num_layers * per_layer
 
 
 def determine_capacity(
@@ -60,7 +67,7 @@ def determine_capacity(
     workspace = activation_workspace_bytes(
         model, tp, config.max_num_batched_tokens, config.max_num_seqs
     )
-    block = kv_block_bytes(model, tp, config.block_size)
+    block = kv_block_bytes(model, tp, config.block_size, config.kv_cache_dtype)
     free = usable - weights - reserved - workspace
     num_gpu_blocks = int(free // block)
     if num_gpu_blocks < 1 and config.num_gpu_blocks is None:

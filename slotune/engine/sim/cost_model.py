@@ -10,23 +10,34 @@ batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 
+from slotune.engine.kv_dtype import kv_block_bytes
 from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.moe import DEFAULT_IMBALANCE, MoECost
+from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
 from slotune.engine.sim.profile import (
     AttentionProfile,
     ElementwiseProfile,
     GpuProfile,
     LinearProfile,
 )
+from slotune.engine.sim.stack import StackProfile, default_graph_max_tokens, graph_capture_sizes
 
 _US = 1e-6
 DTYPE_BYTES = 2
+KV_DEQUANT_BYTES = 0.25
+"""What dequantizing one cached value costs attention, in bytes of extra read: a quantized
+KV cache reads its codes and scales plus this per value (so fp8 decode attention reads
+1.25 bytes' worth where bf16 reads 2). An estimate for the conversion the kernel does
+between load and MMA, not fitted."""
 
 
 def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: int) -> float:
-    """``[m, k] @ [k, n]`` in bf16: weight + activation bytes against tile-padded FLOPs."""
+    """``[m, k] @ [k, n]`` in bf16: weight + activation bytes against tile-padded FLOPs
+    (``p`` as ``LinearProfile.for_gpu`` gives it for the card of ``bw`` and ``peak``)."""
     if m <= 0:
         return 0.0
     tile = p.tile_tokens
@@ -99,15 +110,82 @@ def decode_attention_seconds(
     return (p.decode_overhead_us + p.decode_per_seq_us * num_seqs) * _US + per_token * context_sum
 
 
-def allreduce_seconds(profile: GpuProfile, tp: int, nbytes: float) -> float:
-    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link."""
+def kv_bytes_per_token_layer(
+    kv_cache_dtype: str, block_size: int, kv_heads: int, head_dim: int
+) -> tuple[float, float]:
+    """(stored, read) KV bytes per token in one layer of one GPU: the stored bytes (codes
+    and scales, ``kv_dtype.kv_block_bytes``) over the block, and what attention pays to
+    read them (plus ``KV_DEQUANT_BYTES`` per value for a quantized cache)."""
+    block = kv_block_bytes(kv_cache_dtype, block_size, kv_heads, head_dim, DTYPE_BYTES)
+    stored = block // block_size if block % block_size == 0 else block / block_size
+    if kv_cache_dtype == "auto":
+        return stored, stored
+    return stored, stored + KV_DEQUANT_BYTES * 2 * kv_heads * head_dim
+
+
+def allreduce_seconds(
+    profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
+) -> float:
+    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link, with
+    the latency and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     sysp = profile.system
+    latency, eff = sysp.allreduce_latency_us, sysp.allreduce_eff
+    if stack is not None:
+        latency = _given(stack.allreduce_latency_us, latency)
+        eff = _given(stack.allreduce_eff, eff)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return sysp.allreduce_latency_us * _US + 2 * (tp - 1) / tp * nbytes / (
-        per_dir * sysp.allreduce_eff
-    )
+    return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class _Kernels:
+    """The kernel constants one step uses: eager, or replayed as a CUDA graph (every fixed
+    overhead scaled)."""
+
+    linear: LinearProfile
+    linear_seconds: Callable[[int, int, int], float]
+    elementwise: dict[str, ElementwiseProfile]
+    decode_fixed: float
+    prefill_fixed: float
+
+    @classmethod
+    def of(cls, profile: GpuProfile, model: ModelSpec, scale: float) -> _Kernels:
+        """``profile``'s kernels (as ``_as_run_by``) with every fixed overhead times
+        ``scale``."""
+        att, layers = profile.attention, model.num_layers
+        linear = replace(profile.linear, overhead_us=profile.linear.overhead_us * scale)
+        return cls(
+            linear,
+            _linear_pricer(replace(profile, linear=linear), model),
+            {
+                op: replace(e, overhead_us=e.overhead_us * scale)
+                for op, e in profile.elementwise.items()
+            },
+            layers * att.decode_overhead_us * scale * _US,
+            layers * att.prefill_overhead_us * scale * _US,
+        )
+
+
+def _as_run_by(profile: GpuProfile, stack: StackProfile) -> GpuProfile:
+    """``profile`` as ``stack``'s kernels run: bandwidth and compute rates divided by the
+    stack's ``gpu_time_scale``, the GEMM ramp moved to the card's balance."""
+    gpu, s = profile.gpu, stack.gpu_time_scale
+    linear = profile.linear.for_gpu(gpu)
+    if s != 1.0:
+        gpu = replace(
+            gpu,
+            hbm_gbps=gpu.hbm_gbps / s,
+            bf16_tflops=gpu.bf16_tflops / s,
+            fp8_tflops=None if gpu.fp8_tflops is None else gpu.fp8_tflops / s,
+            int8_tops=None if gpu.int8_tops is None else gpu.int8_tops / s,
+        )
+    return replace(profile, gpu=gpu, linear=linear)
 
 
 @dataclass(frozen=True)
@@ -120,22 +198,41 @@ class StepBreakdown:
 
 
 class CostModel:
-    """Step durations of ``model`` on ``tp`` GPUs described by ``profile``.
+    """Step durations of ``model`` on ``tp`` GPUs described by ``profile``, served by the
+    engine that ``stack`` describes (default: slotune's eager engine as the profile
+    measured it). ``max_num_seqs`` sets the largest CUDA-graph batch where the stack uses
+    graphs and leaves it to the engine.
 
-    Shapes are those of one GPU's shard. The public costing calls are ``step_seconds``
+    Shapes are those of one GPU's shard. Linear layers run in the model's weight format
+    (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
+    expert-parallel GPUs and ``moe_imbalance``; ``kv_cache_dtype`` sets the KV bytes that
+    attention reads and swaps move. The public costing calls are ``step_seconds``
     (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
     decode steps, bit-identical to costing each step with ``step_seconds``) and
     ``breakdown`` (per-op detail for ``slotune estimate``).
     """
 
     def __init__(
-        self, profile: GpuProfile, model: ModelSpec, tp: int = 1, block_size: int = 16
+        self,
+        profile: GpuProfile,
+        model: ModelSpec,
+        tp: int = 1,
+        block_size: int = 16,
+        stack: StackProfile | None = None,
+        max_num_seqs: int = 256,
+        *,
+        ep: int = 1,
+        kv_cache_dtype: str = "auto",
+        moe_imbalance: float = DEFAULT_IMBALANCE,
     ) -> None:
         model.check_tp(tp)
+        model.check_ep(tp, ep)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.stack = stack = stack or StackProfile()
+        run = _as_run_by(profile, stack)
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
-        gpu = profile.gpu
+        gpu = run.gpu
         self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
         m = model
         self.hidden = m.hidden_size
@@ -145,24 +242,37 @@ class CostModel:
         self.attn_dim = self.q_heads * m.head_dim
         self.ffn = m.intermediate_size // tp
         self.vocab = -(-m.vocab_size // tp)
-        self.kv_bytes_per_token_layer = 2 * self.kv_heads * m.head_dim * DTYPE_BYTES
-        self.block_bytes = block_size * self.kv_bytes_per_token_layer * m.num_layers
+        self.kv_cache_dtype = kv_cache_dtype
+        stored, read = kv_bytes_per_token_layer(
+            kv_cache_dtype, block_size, self.kv_heads, m.head_dim
+        )
+        self.kv_bytes_per_token_layer = read
+        self.block_bytes = block_size * stored * m.num_layers
+        self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
         layers = m.num_layers
-        att = profile.attention
-        self._dec_fixed = layers * att.decode_overhead_us * _US
-        self._dec_per_seq = layers * att.decode_per_seq_us * _US
+        att = run.attention
+        time_scale = stack.gpu_time_scale
+        self._eager = _Kernels.of(run, model, time_scale)
+        self._graph = _Kernels.of(run, model, stack.graph_overhead_scale * time_scale)
+        graph_max = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
+        sizes = graph_capture_sizes(graph_max) if stack.cuda_graphs else ()
+        self.graph_max_tokens = sizes[-1] if sizes else 0
+        self._padded = [0] * (self.graph_max_tokens + 1)
+        for lo, hi in zip((0, *sizes), sizes, strict=False):
+            self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
+        self._dec_per_seq = layers * att.decode_per_seq_us * time_scale * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
-        self._pre_fixed = layers * att.prefill_overhead_us * _US
         per_pair = 4.0 * self.q_heads * m.head_dim * layers
         self._q_tile = att.q_tile
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
         self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
-        sysp = profile.system
-        self._cpu_step = sysp.cpu_step_us * _US
-        self._cpu_req = sysp.cpu_per_request_us * _US
+        sysp = run.system
+        self._overlap = stack.host_overlap
+        self._cpu_step = _given(stack.host_step_us, sysp.cpu_step_us) * _US
+        self._cpu_req = _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
         host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
         copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
         self._swap_per_block = self.block_bytes / host_bw + copy_calls
@@ -171,38 +281,57 @@ class CostModel:
         self._lm_cache: dict[int, float] = {}
 
     # -- per-op pieces ------------------------------------------------------------------
+    def is_graph(self, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` runs as a CUDA graph."""
+        return num_tokens <= self.graph_max_tokens
+
+    def kernels(self, num_tokens: int) -> _Kernels:
+        return self._graph if num_tokens <= self.graph_max_tokens else self._eager
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The token count the GPU computes: padded to a captured size in a graph."""
+        return self._padded[num_tokens] if num_tokens <= self.graph_max_tokens else num_tokens
+
     def layer_ops(self, num_tokens: int) -> dict[str, float]:
         """Seconds of each token-parallel op of one layer for ``num_tokens`` tokens
-        (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer)."""
-        p, bw, peak, h, m = self.profile, self.bw, self.peak, self.hidden, num_tokens
-        ew = p.elementwise
+        (``norms``: both RMSNorms and both residual adds; ``allreduce``: both of a layer),
+        with the kernel overheads of a step of that many tokens (no padding)."""
+        p, bw, h, m = self.profile, self.bw, self.hidden, num_tokens
+        kern = self.kernels(num_tokens)
+        ew, linear = kern.elementwise, kern.linear_seconds
         qk_dim = (self.q_heads + self.kv_heads) * self.model.head_dim
 
         def elem(op: str) -> float:
             return elementwise_seconds(ew[op], bw, elementwise_bytes(op, m, h, qk_dim, self.ffn))
 
         return {
-            "qkv_proj": gemm_seconds(p.linear, bw, peak, m, h, self.qkv_out),
+            "qkv_proj": linear(m, h, self.qkv_out),
             "rope": elem("rope"),
-            "o_proj": gemm_seconds(p.linear, bw, peak, m, self.attn_dim, h),
-            "mlp_up": gemm_seconds(p.linear, bw, peak, m, h, 2 * self.ffn),
+            "o_proj": linear(m, self.attn_dim, h),
+            "mlp_up": linear(m, h, 2 * self.ffn),
             "mlp_act": elem("act"),
-            "mlp_down": gemm_seconds(p.linear, bw, peak, m, self.ffn, h),
+            "mlp_down": linear(m, self.ffn, h),
             "norms": 2 * elem("norm") + 2 * elem("add"),
-            "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES),
+            "allreduce": 2 * allreduce_seconds(p, self.tp, m * h * DTYPE_BYTES, self.stack),
         }
 
     def dense_seconds(self, num_tokens: int) -> float:
-        """Every token-parallel op of the whole model (all layers, embedding, final norm)."""
+        """Every token-parallel op of the whole model (all layers, embedding, final norm),
+        on the padded batch of a graph step."""
         t = self._dense_cache.get(num_tokens)
         if t is None:
             if num_tokens <= 0:
                 t = 0.0
             else:
-                ew, h = self.profile.elementwise, self.hidden
-                t = self.model.num_layers * sum(self.layer_ops(num_tokens).values())
-                t += elementwise_seconds(ew["embed"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
-                t += elementwise_seconds(ew["norm"], self.bw, 2 * num_tokens * h * DTYPE_BYTES)
+                ew, h = self.kernels(num_tokens).elementwise, self.hidden
+                m = self.padded_tokens(num_tokens)
+                ops = self.layer_ops(m)
+                if self._moe is None:
+                    t = self.model.num_layers * sum(ops.values())
+                else:
+                    t = self._moe.layers_seconds(ops, m)
+                t += elementwise_seconds(ew["embed"], self.bw, 2 * m * h * DTYPE_BYTES)
+                t += elementwise_seconds(ew["norm"], self.bw, 2 * m * h * DTYPE_BYTES)
             self._dense_cache[num_tokens] = t
         return t
 
@@ -210,7 +339,12 @@ class CostModel:
         t = self._lm_cache.get(num_samples)
         if t is None:
             t = gemm_seconds(
-                self.profile.linear, self.bw, self.peak, num_samples, self.hidden, self.vocab
+                self.kernels(num_samples).linear,
+                self.bw,
+                self.peak,
+                num_samples,
+                self.hidden,
+                self.vocab,
             )
             self._lm_cache[num_samples] = t
         return t
@@ -243,28 +377,31 @@ class CostModel:
         """One step: ``num_tokens`` scheduled in all; ``num_decodes`` one-token requests
         reading ``decode_context_sum`` KV tokens together (each counts its new token);
         ``prefill_chunks`` as ``(chunk_tokens, prior_context)``; ``num_samples`` rows
-        reach the LM head; ``num_requests`` requests pay the per-request CPU cost."""
-        t = (
-            self.dense_seconds(num_tokens)
-            + self.lm_head_seconds(num_samples)
-            + self._cpu_step
-            + self._cpu_req * num_requests
-        )
+        reach the LM head; ``num_requests`` requests pay the per-request host cost."""
+        t = self.dense_seconds(num_tokens) + self.lm_head_seconds(num_samples)
         if num_decodes:
             t += (
-                self._dec_fixed
+                self.kernels(num_tokens).decode_fixed
                 + self._dec_per_seq * num_decodes
                 + (self._dec_per_ctx * decode_context_sum)
             )
         if prefill_chunks:
-            t += self._pre_fixed
+            t += self.kernels(num_tokens).prefill_fixed
             for chunk, prior in prefill_chunks:
                 t += self.prefill_chunk_seconds(chunk, prior)
         if num_swapped_blocks:
             t += self._swap_per_block * num_swapped_blocks
         if num_cow_blocks:
             t += self._cow_per_block * num_cow_blocks
-        return t
+        return self.with_host(t, self._cpu_step + self._cpu_req * num_requests)
+
+    def with_host(self, gpu: float, host: float) -> float:
+        """A step of ``gpu`` seconds on the GPU and ``host`` on the host, ``host_overlap`` of
+        the shorter one hidden behind the longer (1: ``max(gpu, host)``, async scheduling;
+        0: their sum, a synchronous engine)."""
+        if self._overlap == 0.0:
+            return gpu + host
+        return gpu + host - self._overlap * (gpu if gpu < host else host)
 
     def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
         """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
@@ -288,15 +425,14 @@ class CostModel:
             num, ctx = len(context_lens), sum(context_lens)
         if num == 0 or k <= 0:
             return [self.decode_step_seconds(num, ctx)] * max(k, 0)
-        base = (
-            self.dense_seconds(num)
-            + self.lm_head_seconds(num)
-            + self._cpu_step
-            + self._cpu_req * num
-        )
-        fixed = self._dec_fixed + self._dec_per_seq * num
+        base = self.dense_seconds(num) + self.lm_head_seconds(num)
+        host = self._cpu_step + self._cpu_req * num
+        fixed = self.kernels(num).decode_fixed + self._dec_per_seq * num
         per_ctx = self._dec_per_ctx
-        return [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
+        gpu = [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
+        if self._overlap == 0.0:
+            return [t + host for t in gpu]
+        return [self.with_host(t, host) for t in gpu]
 
     def breakdown(
         self,
@@ -310,22 +446,25 @@ class CostModel:
         ``decode_context`` tokens."""
         num_tokens = num_prefill_tokens + num_decodes
         layers = self.model.num_layers
-        per_layer = self.layer_ops(num_tokens)
+        per_layer = self.layer_ops(self.padded_tokens(num_tokens))
+        if self._moe is not None:
+            per_layer = self._moe.mean_layer_ops(per_layer, self.padded_tokens(num_tokens))
         chunks = [(num_prefill_tokens, prior_context)] if num_prefill_tokens else []
         attention = 0.0
+        kern = self.kernels(num_tokens)
         if chunks:
-            attention += self._pre_fixed + self.prefill_chunk_seconds(*chunks[0])
+            attention += kern.prefill_fixed + self.prefill_chunk_seconds(*chunks[0])
         if num_decodes:
             attention += (
-                self._dec_fixed
+                kern.decode_fixed
                 + self._dec_per_seq * num_decodes
                 + (self._dec_per_ctx * num_decodes * decode_context)
             )
         per_layer["attention"] = attention / layers
         num_samples = (1 if chunks else 0) + num_decodes
         num_requests = len(chunks) + num_decodes
-        ew = self.profile.elementwise
-        nbytes = 2 * num_tokens * self.hidden * DTYPE_BYTES
+        ew = kern.elementwise
+        nbytes = 2 * self.padded_tokens(num_tokens) * self.hidden * DTYPE_BYTES
         per_step = {
             "layers": layers * sum(per_layer.values()),
             "embedding": elementwise_seconds(ew["embed"], self.bw, nbytes),
@@ -342,3 +481,20 @@ class CostModel:
             chunks,
         )
         return StepBreakdown(per_layer, per_step, total)
+
+
+def _linear_pricer(profile: GpuProfile, model: ModelSpec) -> Callable[[int, int, int], float]:
+    """``(m, k, n) -> seconds`` of one linear layer in the model's weight format: exactly
+    ``gemm_seconds`` for 16-bit weights."""
+    gpu, fmt = profile.gpu, model.weight_format
+    if fmt.bits_per_weight == 16:
+        return partial(gemm_seconds, profile.linear, gpu.hbm_bytes_per_s, gpu.flops_per_s)
+    rate, weight_only = gemm_rate(fmt, gpu)
+    return partial(
+        format_gemm_seconds,
+        profile.linear,
+        gpu.hbm_bytes_per_s,
+        rate,
+        fmt.bytes_per_weight,
+        weight_only,
+    )

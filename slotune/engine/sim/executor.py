@@ -13,6 +13,7 @@ from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
 from slotune.engine.sim.profile import GpuProfile, load_profile
+from slotune.engine.sim.stack import StackProfile, load_stack
 
 _MASK = 0xFFFFFFFF
 _TOKEN_LOW = 100  # below this lie the special tokens of every catalogue tokenizer
@@ -30,16 +31,32 @@ class SimExecutor:
     never an end-of-sequence or stop token, so simulated requests end by ``max_tokens``
     (unless a request's stop tokens cover every token it could draw: then its first token
     stops it, rather than the draw looping forever).
-    ``gpu`` is a catalogue name or the path of a profile JSON; ``model`` a
-    catalogue name or the path of an HF ``config.json``.
+    ``gpu`` is a catalogue name, the path of a profile JSON or a ``GpuProfile``; ``model`` a
+    catalogue name or the path of an HF ``config.json``; ``stack`` the serving engine
+    around the kernels (a shipped stack name, a stack JSON path or a ``StackProfile``;
+    default: current vLLM V1); ``quantization`` overrides the model's weight format;
+    ``ep`` of the ``tp`` GPUs split a MoE model's experts.
     """
 
-    def __init__(self, gpu: str = "h100", model: str = "llama-3-8b", tp: int = 1) -> None:
-        self.profile: GpuProfile = load_profile(gpu)
-        self.model: ModelSpec = get_model(model)
+    def __init__(
+        self,
+        gpu: str | GpuProfile = "h100",
+        model: str = "llama-3-8b",
+        tp: int = 1,
+        stack: str | StackProfile | None = None,
+        *,
+        quantization: str | None = None,
+        ep: int = 1,
+    ) -> None:
+        self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
+        self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
-        self.tp = tp
-        self.cost_model = CostModel(self.profile, self.model, tp)
+        self.model.check_ep(tp, ep)
+        self.tp, self.ep = tp, ep
+        if stack is None and self.profile.stack:
+            stack = self.profile.stack  # a profile measured through an engine prices its steps
+        self.stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
+        self.cost_model = CostModel(self.profile, self.model, tp, stack=self.stack, ep=ep)
         self.capacity: KVCacheCapacity | None = None
         hi = min(self.model.vocab_size, _TOKEN_HIGH)
         self._token_low = min(_TOKEN_LOW, hi // 2)
@@ -53,7 +70,16 @@ class SimExecutor:
         return determine_capacity(self.profile, self.model, self.tp, config)
 
     def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
-        self.cost_model = CostModel(self.profile, self.model, self.tp, config.block_size)
+        self.cost_model = CostModel(
+            self.profile,
+            self.model,
+            self.tp,
+            config.block_size,
+            self.stack,
+            config.max_num_seqs,
+            ep=self.ep,
+            kv_cache_dtype=config.kv_cache_dtype,
+        )
         self.capacity = capacity
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:

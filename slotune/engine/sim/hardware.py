@@ -29,6 +29,7 @@ class GpuSpec:
     interconnect_gbps: float
     interconnect: str
     source: str
+    int8_tops: float | None = None  # dense INT8 tensor TOP/s; None: twice bf16, as on most
 
     @property
     def memory_bytes(self) -> int:
@@ -41,6 +42,16 @@ class GpuSpec:
     @property
     def flops_per_s(self) -> float:
         return self.bf16_tflops * 1e12
+
+    @property
+    def kv_cache_dtypes(self) -> tuple[str, ...]:
+        """The KV-cache formats a production engine serves here: fp8 where the GPU has FP8
+        tensor cores (vLLM's and SGLang's fp8 KV; int8 and int4 only slotune's engine has)."""
+        return ("auto", "fp8") if self.fp8_tflops is not None else ("auto",)
+
+    @property
+    def int8_ops_per_s(self) -> float:
+        return (self.int8_tops if self.int8_tops is not None else 2 * self.bf16_tflops) * 1e12
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -168,6 +179,23 @@ GPUS: dict[str, GpuSpec] = {
             896,
             "Infinity Fabric",
             "AMD Instinct MI300X datasheet",
+        ),
+        # NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 column: 24 GB GDDR6X
+        # at 1008 GB/s; GeForce halves the tensor rates that accumulate in FP32, so bf16 is
+        # 165.2 and FP8 (FP32 accumulate, as GEMMs use) 330.3 dense TFLOP/s, while INT8 keeps
+        # 660.6 TOP/s. No NVLink: PCIe 4.0 x16 between cards.
+        GpuSpec(
+            "rtx4090",
+            "NVIDIA GeForce RTX 4090 24GB",
+            24,
+            1008,
+            165.2,
+            330.3,
+            32,
+            64,
+            "PCIe 4.0",
+            "NVIDIA Ada Lovelace architecture whitepaper, RTX 4090",
+            int8_tops=660.6,
         ),
     )
 }

@@ -1,17 +1,44 @@
 """The model catalogue: the shapes that decide weights, KV bytes and FLOPs per token.
 
 Figures are those of each model's Hugging Face ``config.json``. Any such file of the Llama,
-Mistral or Qwen2 families can be given by path instead of a catalogue name.
+Mistral, Qwen2, Mixtral or Qwen2-MoE families can be given by path instead of a catalogue
+name. Mixture-of-experts models carry a ``MoESpec``; every model a weight format
+(``precision.WEIGHT_FORMATS``) for its linear layers, bf16 unless quantized.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slotune.engine.hf_config import ModelConfig
 from slotune.engine.sim.hardware import UnknownNameError
+from slotune.engine.sim.precision import WEIGHT_FORMATS, WeightFormat, weight_format_name
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts: each token runs ``top_k`` of ``num_experts`` SwiGLU experts of width
+    ``expert_ffn``, plus a shared expert of width ``shared_ffn`` (0: none) on every token.
+    Layers outside ``moe_layers`` keep the model's dense MLP (``intermediate_size``)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn: int
+    moe_layers: tuple[int, ...]
+    shared_ffn: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"MoE top_k ({self.top_k}) must be between 1 and the number of experts "
+                f"({self.num_experts})"
+            )
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
 
 
 @dataclass(frozen=True)
@@ -29,6 +56,23 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
     dtype_bytes: int = 2
+    moe: MoESpec | None = None
+    weight_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.weight_dtype not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"{self.name}: weight_dtype {self.weight_dtype!r} is unknown; "
+                f"known: {', '.join(WEIGHT_FORMATS)}"
+            )
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        return WEIGHT_FORMATS[self.weight_dtype]
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - (self.moe.num_moe_layers if self.moe else 0)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -36,21 +80,21 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
-    def layer_params(self) -> int:
-        h, hd = self.hidden_size, self.head_dim
-        qkv_out = (self.num_heads + 2 * self.num_kv_heads) * hd
-        bias = qkv_out if self.qkv_bias else 0
-        return h * qkv_out + bias + self.num_heads * hd * h + 3 * h * self.intermediate_size + 2 * h
+    def num_params(self) -> int:
+        linear, other = self._params_per_gpu(1)
+        return linear + other
 
     @property
-    def num_params(self) -> int:
-        embeddings = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else embeddings
-        return self.num_layers * self.layer_params + embeddings + lm_head + self.hidden_size
+    def active_params(self) -> int:
+        """Parameters one token runs through: ``top_k`` experts of each MoE layer."""
+        if self.moe is None:
+            return self.num_params
+        unused = self.moe.num_moe_layers * (self.moe.num_experts - self.moe.top_k)
+        return self.num_params - unused * 3 * self.hidden_size * self.moe.expert_ffn
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        return self.weight_bytes_per_gpu(1)
 
     def check_tp(self, tp: int) -> None:
         if tp < 1 or self.num_heads % tp:
@@ -59,22 +103,49 @@ class ModelSpec:
                 "attention heads"
             )
 
+    def check_ep(self, tp: int, ep: int) -> None:
+        """Expert parallelism splits the experts over ``ep`` of the ``tp`` GPUs (each holds
+        ``num_experts / ep`` whole experts, sharded ``tp / ep`` ways)."""
+        if ep == 1:
+            return
+        if self.moe is None:
+            raise ValueError(f"expert parallel size {ep} needs a MoE model; {self.name} is dense")
+        if ep < 1 or tp % ep or self.moe.num_experts % ep:
+            raise ValueError(
+                f"expert parallel size {ep} must divide the tensor parallel size ({tp}) and "
+                f"{self.name}'s {self.moe.num_experts} experts"
+            )
+
     def kv_heads_per_gpu(self, tp: int) -> int:
         """KV heads are split across GPUs, and replicated when there are fewer than GPUs."""
         return max(1, self.num_kv_heads // tp)
 
     def weight_bytes_per_gpu(self, tp: int) -> int:
+        """Linear layers in the weight format; embeddings, LM head, norms, biases and MoE
+        routers in the model's 16-bit dtype. Every expert is resident, used or not."""
+        linear, other = self._params_per_gpu(tp)
+        if self.weight_dtype in ("bf16", "fp16"):
+            return (linear + other) * self.dtype_bytes
+        return round(linear * self.weight_format.bytes_per_weight) + other * self.dtype_bytes
+
+    def _params_per_gpu(self, tp: int) -> tuple[int, int]:
+        """(linear-layer weights, everything else) on one of ``tp`` GPUs. The experts come
+        to ``num_experts · 3·h·F / tp`` per GPU whatever ``ep`` is."""
         h, hd = self.hidden_size, self.head_dim
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_gpu(tp)) * hd
-        per_layer = (
-            h * qkv_out
-            + (qkv_out if self.qkv_bias else 0)
-            + self.num_heads // tp * hd * h
-            + 3 * h * self.intermediate_size // tp
-            + 2 * h
+        attention = h * qkv_out + self.num_heads // tp * hd * h
+        per_layer_other = (qkv_out if self.qkv_bias else 0) + 2 * h
+        linear = self.num_layers * attention + self.num_dense_layers * (
+            3 * h * self.intermediate_size // tp
         )
         vocab = -(-self.vocab_size // tp) * h * (1 if self.tie_word_embeddings else 2)
-        return (self.num_layers * per_layer + vocab + h) * self.dtype_bytes
+        other = self.num_layers * per_layer_other + vocab + h
+        if self.moe is not None:
+            moe = self.moe
+            experts = moe.num_experts * 3 * h * moe.expert_ffn // tp
+            linear += moe.num_moe_layers * (experts + 3 * h * moe.shared_ffn // tp)
+            other += moe.num_moe_layers * h * moe.num_experts  # the router
+        return linear, other
 
 
 def _llama(
@@ -89,13 +160,14 @@ def _llama(
     eos: tuple[int, ...],
     **kw: object,
 ) -> ModelSpec:
+    head_dim = kw.pop("head_dim", h // heads)
     return ModelSpec(
         name,
         h,
         layers,
         heads,
         kv,
-        h // heads,
+        head_dim,  # type: ignore[arg-type]
         ffn,
         vocab,
         max_position_embeddings=max_pos,
@@ -103,6 +175,123 @@ def _llama(
         **kw,
     )  # type: ignore[arg-type]
 
+
+def _experts(
+    layers: int, experts: int, top_k: int, ffn: int, shared: int = 0, first_dense: int = 0
+) -> MoESpec:
+    return MoESpec(experts, top_k, ffn, tuple(range(first_dense, layers)), shared)
+
+
+_QWEN_EOS = (151643, 151645)
+_MOE_MODELS = (
+    _llama(
+        "mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 32768, (2,), moe=_experts(32, 8, 2, 14336)
+    ),
+    _llama(
+        "mixtral-8x22b", 6144, 56, 48, 8, 16384, 32000, 65536, (2,), moe=_experts(56, 8, 2, 16384)
+    ),
+    _llama(
+        "qwen1.5-moe-a2.7b",
+        2048,
+        24,
+        16,
+        16,
+        5632,
+        151936,
+        8192,
+        _QWEN_EOS,
+        qkv_bias=True,
+        moe=_experts(24, 60, 4, 1408, shared=5632),
+    ),
+    _llama(
+        "qwen2-moe-57b-a14b",
+        3584,
+        28,
+        28,
+        4,
+        18944,
+        151936,
+        32768,
+        _QWEN_EOS,
+        qkv_bias=True,
+        moe=_experts(28, 64, 8, 2560, shared=20480),
+    ),
+    # Qwen3's per-head q/k RMSNorms are too small to price.
+    _llama(
+        "qwen3-30b-a3b",
+        2048,
+        48,
+        32,
+        4,
+        6144,
+        151936,
+        40960,
+        _QWEN_EOS,
+        head_dim=128,
+        moe=_experts(48, 128, 8, 768),
+    ),
+    # MoE exact (64 routed experts, top 6, two shared ones, first layer dense). Its MLA
+    # attention is stood in for by 16 heads of 128 with 2 KV heads: 512 cached values per
+    # token and layer against MLA's 576-wide latent, plain projections for the low-rank ones.
+    _llama(
+        "deepseek-v2-lite",
+        2048,
+        27,
+        16,
+        2,
+        10944,
+        102400,
+        163840,
+        (100001,),
+        head_dim=128,
+        moe=_experts(27, 64, 6, 1408, shared=2 * 1408, first_dense=1),
+    ),
+    # gpt-oss ships its experts in MXFP4 (attention in bf16; priced here in MXFP4 too, a
+    # few percent of the weights). Alternating sliding-window layers are priced as full ones.
+    _llama(
+        "gpt-oss-20b",
+        2880,
+        24,
+        64,
+        8,
+        2880,
+        201088,
+        131072,
+        (200002, 199999),
+        head_dim=64,
+        qkv_bias=True,
+        weight_dtype="mxfp4",
+        moe=_experts(24, 32, 4, 2880),
+    ),
+    _llama(
+        "gpt-oss-120b",
+        2880,
+        36,
+        64,
+        8,
+        2880,
+        201088,
+        131072,
+        (200002, 199999),
+        head_dim=64,
+        qkv_bias=True,
+        weight_dtype="mxfp4",
+        moe=_experts(36, 128, 4, 2880),
+    ),
+    # Llama 4 Scout (17B active, 16 experts): every layer routed to 1 expert plus a shared one.
+    _llama(
+        "llama-4-scout",
+        5120,
+        48,
+        40,
+        8,
+        16384,
+        202048,
+        10485760,
+        (200001, 200007, 200008),
+        moe=_experts(48, 16, 1, 8192, shared=8192),
+    ),
+)
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -122,12 +311,21 @@ MODELS: dict[str, ModelSpec] = {
         _llama(
             "qwen2.5-72b", 8192, 80, 64, 8, 29568, 152064, 32768, (151643, 151645), qkv_bias=True
         ),
+        *_MOE_MODELS,
     )
 }
 
 
-def get_model(name_or_path: str) -> ModelSpec:
-    """A catalogue model by name, or the model described by an HF ``config.json`` path."""
+def get_model(name_or_path: str, quantization: str | None = None) -> ModelSpec:
+    """A catalogue model by name, or the model described by an HF ``config.json`` path;
+    ``quantization`` (a ``--quantization`` value) overrides its weight format."""
+    model = _find_model(name_or_path)
+    if quantization is None:
+        return model
+    return replace(model, weight_dtype=weight_format_name(quantization, "--quantization"))
+
+
+def _find_model(name_or_path: str) -> ModelSpec:
     key = name_or_path.lower()
     if key in MODELS:
         return MODELS[key]
@@ -161,4 +359,19 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         qkv_bias=config.attention_bias,
         max_position_embeddings=config.max_position_embeddings,
         eos_token_ids=config.eos_token_ids,
+        moe=_moe_spec(config),
+        weight_dtype=weight_format_name(config.quantization, f"{path}: quantization_config"),
+    )
+
+
+def _moe_spec(config: ModelConfig) -> MoESpec | None:
+    moe = config.moe
+    if moe is None:
+        return None
+    return MoESpec(
+        num_experts=moe.num_experts,
+        top_k=moe.num_experts_per_tok,
+        expert_ffn=moe.moe_intermediate_size,
+        moe_layers=tuple(moe.moe_layers),
+        shared_ffn=moe.shared_expert_intermediate_size,
     )

@@ -9,7 +9,7 @@ must lie in (0, 1]: that is what keeps every op at or above its bandwidth and co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,26 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 class LinearProfile:
     """GEMM time: ``overhead + max(bytes / (bw·mem_eff), flops / (peak·eff(M)))``, the
     FLOPs counted on M padded up to ``tile_tokens`` and the efficiency
-    ``eff(M) = compute_eff · M_pad / (M_pad + half_tokens)`` rising with the token count."""
+    ``eff(M) = compute_eff · M_pad / (M_pad + half_tokens)`` rising with the token count.
+
+    The ramp (``half_tokens``) is where a GEMM turns from weight-bandwidth bound to compute
+    bound, so it scales with the card's FLOPs per byte: fitted on ``fitted_on`` (a catalogue
+    GPU), it is rescaled by ``for_gpu`` for a card with another balance of the two."""
 
     overhead_us: float
     mem_eff: float
     compute_eff: float
     half_tokens: float
     tile_tokens: int
+    fitted_on: str = ""
+
+    def for_gpu(self, gpu: GpuSpec) -> LinearProfile:
+        """This profile on ``gpu``: the ramp moved by the ratio of FLOPs per byte."""
+        ref = GPUS.get(self.fitted_on)
+        if ref is None or ref == gpu:
+            return self
+        ratio = (gpu.flops_per_s / gpu.hbm_bytes_per_s) / (ref.flops_per_s / ref.hbm_bytes_per_s)
+        return replace(self, half_tokens=self.half_tokens * ratio)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ class GpuProfile:
     system: SystemProfile
     note: str = ""
     source: str = ""
+    stack: str = ""  # the serving stack the profile was measured under, if it says so
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": self.gpu.name, "note": self.note}
@@ -89,6 +103,8 @@ class GpuProfile:
         out["elementwise"] = {k: _as_dict(v) for k, v in self.elementwise.items()}
         out["attention"] = _as_dict(self.attention)
         out["system"] = _as_dict(self.system)
+        if self.stack:
+            out["stack"] = self.stack
         return out
 
 
@@ -144,6 +160,8 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
     _check_eff(f"{where}: linear.compute_eff", linear.compute_eff)
     _check_nonneg(f"{where}: linear.overhead_us", linear.overhead_us)
     _check_nonneg(f"{where}: linear.half_tokens", linear.half_tokens)
+    if linear.fitted_on and linear.fitted_on not in GPUS:
+        raise ValueError(f"{where}: linear.fitted_on {linear.fitted_on!r} is not a catalogue GPU")
     if linear.tile_tokens < 1:
         raise ValueError(f"{where}: linear.tile_tokens must be >= 1")
     for op, e in elementwise.items():
@@ -161,7 +179,14 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
     _check_eff(f"{where}: system.allreduce_eff", system.allreduce_eff)
     _check_eff(f"{where}: system.host_link_eff", system.host_link_eff)
     return GpuProfile(
-        gpu, linear, elementwise, attention, system, note=str(data.get("note", "")), source=where
+        gpu,
+        linear,
+        elementwise,
+        attention,
+        system,
+        note=str(data.get("note", "")),
+        source=where,
+        stack=str(data.get("stack", "")),
     )
 
 

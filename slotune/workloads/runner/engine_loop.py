@@ -17,7 +17,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slotune.engine.sampling_params import SamplingParams
 from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from slotune.engine.engine import Engine
     from slotune.engine.outputs import StepStats
     from slotune.engine.request import Request
+    from slotune.engine.sim.profile import GpuProfile
+    from slotune.engine.sim.stack import StackProfile
 
 Progress = Callable[[int, int], None]
 
@@ -111,27 +113,38 @@ def run_simulated(
     config: EngineConfig,
     trace: Trace,
     *,
-    gpu: str = "h100",
+    gpu: str | GpuProfile = "h100",
     model: str = "llama-3-8b",
     tp: int = 1,
+    stack: str | StackProfile | None = None,
     arrivals: ArrivalSpec = ALL_AT_ONCE,
     seed: int = 0,
     progress: Progress | None = None,
     fast_forward: bool = True,
     timeout_s: float | None = None,
+    quantization: str | None = None,
+    ep: int = 1,
 ) -> RunResult:
-    """Replay ``trace`` through the simulated engine on a virtual clock.
+    """Replay ``trace`` through the simulated engine on a virtual clock (``quantization``
+    overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
 
-    ``fast_forward`` runs stretches of plain decode steps at once (``Engine.fast_forward``);
-    the result is identical either way, only faster. Turn it off to debug or compare.
+    ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
+    per-request costs outside the engine delay every client-side time of a request
+    (``RunResult.with_request_latency``). ``fast_forward`` runs stretches of plain decode
+    steps at once (``Engine.fast_forward``); the result is identical either way, only
+    faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
     ``runner.timeouts``); None waits for ever.
     """
     from slotune.engine.engine import Engine
+    from slotune.engine.sim import SimExecutor
 
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    engine = Engine.simulated(
+        config, gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+    )
+    stack = cast(SimExecutor, engine.executor).stack
     with _cyclic_gc_paused():
-        return drive_engine(
+        result = drive_engine(
             engine,
             trace,
             arrivals,
@@ -139,8 +152,11 @@ def run_simulated(
             seed=seed,
             progress=progress,
             fast_forward=fast_forward,
-            timeout_s=timeout_s,
+            client_latency_s=stack.request_latency_s,
+            # the client's clock runs request_latency_s ahead of the engine's
+            timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
         )
+    return result.with_request_latency(stack.request_latency_s, stack.name)
 
 
 @contextmanager
@@ -185,11 +201,15 @@ def drive_engine(
     seed: int = 0,
     progress: Progress | None = None,
     fast_forward: bool = False,
+    client_latency_s: float = 0.0,
     timeout_s: float | None = None,
 ) -> RunResult:
     """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
-    is computed before its time has passed. With ``timeout_s`` a stretch also ends at the
-    next deadline, where the timed-out requests are aborted."""
+    is computed before its time has passed. ``client_latency_s`` is how much later than
+    the engine a client learns of a finish (so a session's next turn starts that much
+    later); ``RunResult.with_request_latency`` moves the recorded times to match. With
+    ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
+    are aborted."""
     if fast_forward and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: fast_forward needs a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -206,7 +226,7 @@ def drive_engine(
     def end(i: int, now: float, **kw: Any) -> None:
         deadlines.resolve(i)
         rec.done(i, now, **kw)
-        disp.finish(i, now, outputs.pop(i, []))
+        disp.finish(i, now + client_latency_s, outputs.pop(i, []))
         if progress is not None:
             progress(rec.num_done, total)
 

@@ -1,0 +1,1 @@
+"""Fitting the simulator's constants from measurements."""

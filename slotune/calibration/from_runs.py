@@ -1,0 +1,230 @@
+"""Fit a serving stack (and GPU-profile corrections) from measured serving runs.
+
+Each evaluation replays every run through the simulator with candidate constants and
+compares the mean TTFT, ITL and E2E per load stage with the measured ones; scipy's bounded
+least squares (soft-L1 loss on log ratios) moves the constants. The runs are cut to the
+first ``window_s`` seconds of each stage (the first ``warmup_s`` of each not scored), so a
+fit over ten runs takes minutes, not hours.
+
+The fitted parameters (``PARAMS``): the host's exposed work per step, the kernel overhead
+left under CUDA graphs, the per-request latency outside the engine, the all-reduce latency
+(only TP runs move it) and the time of the engine's kernels against the profile's isolated
+kernel measurements (``gpu_time_scale``). All live in the stack, so that a stack fitted on
+one card carries to others; the GPU profile stays as its kernel measurements fitted it.
+``ATTENTION_PARAMS`` are corrections of a profile's attention constants (for a profile
+whose attention was carried over from another card) for fits that want them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slotune.engine.sim.profile import GpuProfile, load_profile
+from slotune.engine.sim.stack import StackProfile, load_stack
+from slotune.validate.replay import Replay, replay
+from slotune.validate.runs import MeasuredRun
+from slotune.workloads.trace import Trace
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fitted constant: where it lives, its bounds and its starting value."""
+
+    name: str
+    low: float
+    high: float
+
+
+PARAMS = (
+    Param("stack.host_step_us", 0.0, 20000.0),
+    Param("stack.host_per_request_us", 0.0, 200.0),
+    Param("stack.graph_overhead_scale", 0.0, 1.0),
+    Param("stack.request_in_us", 0.0, 50000.0),
+    Param("stack.allreduce_latency_us", 0.0, 60.0),
+    Param("stack.gpu_time_scale", 0.8, 1.2),
+    Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
+)
+ATTENTION_PARAMS = (
+    Param("gpu.attention.decode_eff", 0.3, 1.0),
+    Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
+    Param("gpu.attention.prefill_prefix_eff", 0.1, 1.0),
+)
+SCORED = ("ttft", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    stack: StackProfile
+    profile: GpuProfile
+    values: dict[str, float]
+    cost: float
+    evaluations: int
+    runs: tuple[str, ...]
+
+
+def apply(
+    values: dict[str, float], stack: StackProfile, profile: GpuProfile
+) -> tuple[StackProfile, GpuProfile]:
+    """``stack`` and ``profile`` with the named constants set."""
+    stack_values: dict[str, float] = {}
+    for name, v in values.items():
+        part, _, field = name.partition(".")
+        if part == "stack":
+            stack_values[field] = v
+        elif part == "gpu":
+            section, _, attr = field.partition(".")
+            profile = replace(profile, **{section: replace(getattr(profile, section), **{attr: v})})
+        else:
+            raise ValueError(f"unknown parameter {name!r}")
+    return stack.with_values(**stack_values), profile
+
+
+def current_value(name: str, stack: StackProfile, profile: GpuProfile) -> float:
+    part, _, field = name.partition(".")
+    if part == "stack":
+        v = getattr(stack, field)
+        if v is None:  # host and all-reduce fields default to the GPU profile's
+            v = {
+                "host_step_us": profile.system.cpu_step_us,
+                "host_per_request_us": profile.system.cpu_per_request_us,
+                "allreduce_latency_us": profile.system.allreduce_latency_us,
+                "allreduce_eff": profile.system.allreduce_eff,
+            }[field]
+        return float(v)
+    section, _, attr = field.partition(".")
+    return float(getattr(getattr(profile, section), attr))
+
+
+def cut_to_windows(run: MeasuredRun, window_s: float) -> MeasuredRun:
+    """The run's first ``window_s`` seconds of each stage, stages placed back to back."""
+    stages = run.stages or ((0.0, float(run.arrivals.max()) + 1e-9),)
+    keep: list[int] = []
+    shifted: list[float] = []
+    new_stages = []
+    offset = 0.0
+    arrivals = run.arrivals
+    for lo, hi in stages:
+        end = min(hi, lo + window_s)
+        idx = np.flatnonzero((arrivals >= lo) & (arrivals < end))
+        keep.extend(idx.tolist())
+        shifted.extend((arrivals[idx] - lo + offset).tolist())
+        new_stages.append((offset, offset + (end - lo)))
+        offset += end - lo
+    reqs = tuple(
+        replace(run.trace.requests[i], arrival_time=t) for i, t in zip(keep, shifted, strict=True)
+    )
+    trace = Trace(name=run.trace.name, requests=reqs, seed=run.trace.seed, source=run.source)
+    sel = np.array(keep, dtype=int)
+    return replace(
+        run,
+        trace=trace,
+        ttft_s=run.ttft_s[sel],
+        e2e_s=run.e2e_s[sel],
+        ok=run.ok[sel],
+        stages=tuple(new_stages),
+    )
+
+
+def residuals(rp: Replay, warmup_s: float) -> list[float]:
+    """Log ratios of predicted to measured mean TTFT, ITL and E2E per stage."""
+    out = []
+    for lo, hi in rp.run.stages or ((0.0, math.inf),):
+        st = rp.stats((lo + warmup_s, hi))
+        for m in SCORED:
+            p, q = st[m]["pred_mean"], st[m]["meas_mean"]
+            out.append(math.log(p / q) if p > 0 and q > 0 else 5.0)
+    return out
+
+
+def fit_from_runs(
+    runs: Sequence[MeasuredRun],
+    *,
+    stack: StackProfile | None = None,
+    profile: GpuProfile | None = None,
+    params: Sequence[Param] = PARAMS,
+    start: dict[str, float] | None = None,
+    window_s: float = 150.0,
+    warmup_s: float = 20.0,
+    max_evaluations: int = 60,
+    progress: Callable[[int, float, dict[str, float]], None] | None = None,
+) -> FitResult:
+    """Fit ``params`` so that the replayed runs match the measured ones (see the module
+    docstring). All runs must share one GPU (the profile corrections are that GPU's).
+    ``max_evaluations`` bounds the replays of every run, the finite-difference ones
+    included."""
+    from scipy.optimize import least_squares
+
+    if not runs:
+        raise ValueError("fit_from_runs: no runs given")
+    gpus = {r.settings.gpu for r in runs}
+    if len(gpus) > 1 and profile is None:
+        raise ValueError(f"fit_from_runs: the runs are on several GPUs {sorted(gpus)}; fit each")
+    base_stack = stack or load_stack(None)
+    base_profile = profile or load_profile(runs[0].settings.gpu)
+    if not any(r.settings.tp > 1 for r in runs):
+        params = [p for p in params if "allreduce" not in p.name]
+    cut = [cut_to_windows(r, window_s) for r in runs]
+    if start:
+        base_stack, base_profile = apply(start, base_stack, base_profile)
+    x0 = np.array([current_value(p.name, base_stack, base_profile) for p in params])
+    lo = np.array([p.low for p in params])
+    hi = np.array([p.high for p in params])
+    x0 = np.clip(x0, lo, hi)
+    scale = np.maximum(hi - lo, 1e-9)
+    count = 0
+
+    def evaluate(z: np.ndarray) -> np.ndarray:
+        nonlocal count
+        values = dict(zip((p.name for p in params), lo + z * scale, strict=True))
+        s, prof = apply(values, base_stack, base_profile)
+        res: list[float] = []
+        for run in cut:
+            res.extend(residuals(replay(run, stack=s, profile=prof), warmup_s))
+        count += 1
+        r = np.array(res)
+        if progress is not None:
+            progress(count, float(np.sqrt(np.mean(r**2))), values)
+        return r
+
+    sol = least_squares(
+        evaluate,
+        (x0 - lo) / scale,
+        bounds=(0.0, 1.0),
+        loss="soft_l1",
+        f_scale=0.1,
+        diff_step=0.02,
+        max_nfev=max(1, max_evaluations // (len(params) + 1)),
+    )
+    values = {p.name: float(v) for p, v in zip(params, lo + sol.x * scale, strict=True)}
+    s, prof = apply(values, base_stack, base_profile)
+    return FitResult(
+        stack=s,
+        profile=prof,
+        values=values,
+        cost=float(sol.cost),
+        evaluations=count,
+        runs=tuple(r.name for r in runs),
+    )
+
+
+def write_fit(result: FitResult, stack_path: Path, name: str, note: str = "") -> dict[str, Any]:
+    """Write the fitted stack JSON (with the GPU-profile corrections and the runs it saw
+    recorded under ``fit``)."""
+    data = result.stack.with_values(name=name, note=note or result.stack.note).to_dict()
+    data["fit"] = {
+        "runs": list(result.runs),
+        "values": {k: round(v, 4) for k, v in result.values.items()},
+        "cost": round(result.cost, 6),
+    }
+    for key in ("host_step_us", "graph_overhead_scale", "request_in_us", "allreduce_latency_us"):
+        if isinstance(data.get(key), float):
+            data[key] = round(data[key], 4)
+    stack_path.write_text(json.dumps(data, indent=2) + "\n")
+    return data

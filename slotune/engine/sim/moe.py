@@ -1,0 +1,177 @@
+"""The price of a mixture-of-experts layer: router, grouped expert GEMMs, shared expert,
+routing passes and the expert-parallel all-to-all.
+
+With ``T`` tokens each picking ``k`` of ``E`` experts, an expert is untouched with
+probability ``(1 − k/E)^T`` (routing taken as uniform and independent), so
+``E·(1 − (1 − k/E)^T)`` experts are touched on average and only their weights are read:
+at one decoding token Mixtral reads 2 of its 8 experts, at 64 tokens all of them. The
+FLOPs are those of the ``T·k`` routed rows, spread over the touched experts (each
+expert's rows padded to ``MOE_TILE``).
+
+Expert parallelism (``ep`` of the ``tp`` GPUs) gives each GPU ``E/ep`` whole experts
+(each sharded ``tp/ep`` ways). The token batch is then dispatched to the experts' owners
+and combined back (DeepEP-style all-to-alls, the batch split over the ``ep`` ranks), on
+top of the tensor-parallel all-reduces priced with the dense layer, and the step waits
+for the busiest rank: its rows are the mean times ``imbalance``. With ``ep = 1`` every
+GPU holds a ``1/tp`` slice of every expert and imbalance does not change the grouped
+GEMM (one kernel runs all experts' tiles), so it is not applied.
+"""
+
+from __future__ import annotations
+
+from slotune.engine.sim.models import ModelSpec
+from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
+from slotune.engine.sim.profile import GpuProfile
+
+DEFAULT_IMBALANCE = 1.25
+"""Tokens of the busiest expert-parallel rank over the mean. Taken from public numbers,
+not measured here: the capacity factor 1.25 of the Switch Transformer (Fedus et al. 2021),
+the headroom over a uniform load with which a model trained with a balancing loss drops
+few tokens, i.e. the busiest expert rarely gets more than 1.25x its share. The Mixtral
+paper's routing analysis (Jiang et al. 2024, section 5) finds expert assignment close to
+uniform across domains, so the factor is not too tight for it. Refit from per-expert token
+counts of a real run when one is available (``imbalance`` is a parameter)."""
+
+MOE_TILE = 16
+"""Rows each expert's share is padded to: the smallest ``BLOCK_SIZE_M`` of vLLM's fused-MoE
+kernel configurations (it picks 16 for small batches)."""
+
+MLP_OPS = ("mlp_up", "mlp_act", "mlp_down")
+"""The dense-layer ops (``CostModel.layer_ops``) a MoE layer replaces by its own."""
+
+_US = 1e-6
+_ACT_BYTES = 2  # activations in bf16
+_ROUTER_BYTES = 4  # router logits and scores in fp32
+
+
+def experts_touched(num_experts: float, top_k: int, num_tokens: float) -> float:
+    """Expected distinct experts that ``num_tokens`` tokens routed top-``top_k`` reach."""
+    if num_tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
+
+
+class MoECost:
+    """One MoE layer's ops on one GPU of ``tp`` (``ep`` of them expert-parallel)."""
+
+    def __init__(
+        self,
+        profile: GpuProfile,
+        model: ModelSpec,
+        tp: int = 1,
+        ep: int = 1,
+        imbalance: float = DEFAULT_IMBALANCE,
+    ) -> None:
+        if model.moe is None:
+            raise ValueError(f"{model.name} has no experts to price")
+        model.check_ep(tp, ep)
+        if imbalance < 1:
+            raise ValueError(f"MoE load imbalance must be >= 1 (busiest / mean), got {imbalance}")
+        self.profile, self.model, self.moe = profile, model, model.moe
+        self.tp, self.ep, self.imbalance = tp, ep, imbalance
+        self.bw = profile.gpu.hbm_bytes_per_s
+        fmt = model.weight_format
+        self.rate, self.weight_only = gemm_rate(fmt, profile.gpu)
+        self.weight_bytes = fmt.bytes_per_weight
+        self.local_experts = self.moe.num_experts // ep
+        self.expert_ffn = self.moe.expert_ffn * ep // tp
+        self.shared_ffn = self.moe.shared_ffn // tp
+        self._cache: dict[int, float] = {}
+
+    def _gemm(self, rows: float, k: int, n: int, groups: float = 1.0, tile: int = 0) -> float:
+        return format_gemm_seconds(
+            self.profile.linear,
+            self.bw,
+            self.rate,
+            self.weight_bytes,
+            self.weight_only,
+            rows,
+            k,
+            n,
+            groups,
+            tile,
+        )
+
+    def _pass(self, op: str, nbytes: float) -> float:
+        e = self.profile.elementwise[op]
+        return 0.0 if nbytes <= 0 else e.overhead_us * _US + nbytes / (self.bw * e.eff)
+
+    def rows_per_gpu(self, num_tokens: int) -> float:
+        """Routed rows the busiest GPU runs: all ``T·k`` without expert parallelism."""
+        rows = num_tokens * self.moe.top_k / self.ep
+        return rows * self.imbalance if self.ep > 1 else rows
+
+    def layer_ops(self, num_tokens: int) -> dict[str, float]:
+        """Seconds of each op of one MoE layer for ``num_tokens`` tokens (its attention
+        side is the dense layer's)."""
+        t, h, moe = num_tokens, self.model.hidden_size, self.moe
+        if t <= 0:
+            return dict.fromkeys(
+                ("router", "moe_route", "moe_up", "moe_act", "moe_down", "shared_expert"), 0.0
+            )
+        rows = self.rows_per_gpu(t)
+        groups = experts_touched(moe.num_experts, moe.top_k, t) / self.ep
+        ffn = self.expert_ffn
+        bf16 = self.profile.gpu.flops_per_s
+        ops = {
+            "router": format_gemm_seconds(
+                self.profile.linear, self.bw, bf16, _ACT_BYTES, False, t, h, moe.num_experts
+            ),
+            # softmax/top-k over the logits, then gathering rows to experts and summing back
+            "moe_route": self._pass("act", _ROUTER_BYTES * t * moe.num_experts)
+            + self._pass("add", _ACT_BYTES * (2 * rows + t) * h),
+            "moe_up": self._gemm(rows, h, 2 * ffn, groups, MOE_TILE),
+            "moe_act": self._pass("act", 3 * rows * ffn * _ACT_BYTES),
+            "moe_down": self._gemm(rows, ffn, h, groups, MOE_TILE),
+            "shared_expert": 0.0,
+        }
+        if self.shared_ffn:
+            s = self.shared_ffn
+            ops["shared_expert"] = (
+                self._gemm(t, h, 2 * s)
+                + self._pass("act", 3 * t * s * _ACT_BYTES)
+                + self._gemm(t, s, h)
+            )
+        if self.ep > 1:
+            ops["alltoall"] = 2 * self.alltoall_seconds(t)
+        return ops
+
+    def alltoall_seconds(self, num_tokens: int) -> float:
+        """One dispatch (or combine): each rank's ``T/ep`` tokens send their ``k`` rows,
+        the ``(ep−1)/ep`` of them owned elsewhere, over one direction of the link."""
+        sysp, ep = self.profile.system, self.ep
+        nbytes = num_tokens / ep * self.moe.top_k * self.model.hidden_size * _ACT_BYTES
+        per_dir = self.profile.gpu.interconnect_gbps * 1e9 / 2
+        return sysp.allreduce_latency_us * _US + (ep - 1) / ep * nbytes / (
+            per_dir * sysp.allreduce_eff
+        )
+
+    def layers_seconds(self, dense_ops: dict[str, float], num_tokens: int) -> float:
+        """All layers of the model for ``num_tokens`` tokens, given the dense layer's ops:
+        every layer's attention side, the dense MLP of the non-MoE layers, the MoE ops of
+        the others."""
+        t = self._cache.get(num_tokens)
+        if t is None:
+            mlp = sum(dense_ops[op] for op in MLP_OPS)
+            attention = sum(dense_ops.values()) - mlp
+            t = (
+                self.model.num_layers * attention
+                + self.model.num_dense_layers * mlp
+                + self.moe.num_moe_layers * sum(self.layer_ops(num_tokens).values())
+            )
+            self._cache[num_tokens] = t
+        return t
+
+    def mean_layer_ops(self, dense_ops: dict[str, float], num_tokens: int) -> dict[str, float]:
+        """Per-layer ops averaged over the model's layers (dense and MoE), so that
+        ``num_layers × sum`` is ``layers_seconds``: for a per-op breakdown."""
+        layers = self.model.num_layers
+        dense_share = self.model.num_dense_layers / layers
+        moe_share = self.moe.num_moe_layers / layers
+        out = {
+            k: v * dense_share if k in MLP_OPS else v
+            for k, v in dense_ops.items()
+            if dense_share or k not in MLP_OPS
+        }
+        out.update({k: v * moe_share for k, v in self.layer_ops(num_tokens).items()})
+        return out

@@ -1,0 +1,153 @@
+"""Stack profiles: what a serving engine adds around the GPU kernels.
+
+The GPU profile prices kernels on a card; a stack profile prices the engine around them:
+the host's work per step and how much of it the GPU hides (async scheduling), CUDA-graph
+replay (decode batches padded to the captured sizes, kernel launch gaps shrunk), the
+tensor-parallel all-reduce, and the per-request costs outside the engine loop (HTTP,
+tokenization, detokenization, streaming) that a client sees in TTFT and E2E.
+
+``eager`` is slotune's own engine as the GPU profile measured it: host costs from the
+profile's ``system`` section, no overlap, no graphs, no per-request costs. Every other
+stack is a small JSON file (shipped under ``stacks/`` or given by path) whose fields are
+fitted from measured serving runs by ``slotune calibrate --from-runs``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from slotune.engine.sim.hardware import UnknownNameError
+
+STACK_DIR = Path(__file__).parent / "stacks"
+DEFAULT_STACK = "vllm-v1"
+EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class StackProfile:
+    """``host_step_us`` + ``host_per_request_us`` × scheduled requests is the host's work per
+    step; ``host_overlap`` of the shorter of it and the GPU's work hides behind the longer
+    (a step costs ``gpu + host − host_overlap × min(gpu, host)``: 1 is async scheduling,
+    ``max(gpu, host)``; 0 a synchronous engine, their sum). With ``cuda_graphs`` a step of at most
+    ``graph_max_tokens`` tokens (``0``: twice ``max_num_seqs``, capped at 512, as vLLM) runs
+    as a graph: its token count is padded to the next captured size and every kernel's fixed
+    overhead is scaled by ``graph_overhead_scale``. ``request_in_us`` is a request's cost
+    before the engine sees it, ``request_out_us`` after a token leaves the engine until the
+    client has it. ``gpu_time_scale`` multiplies every kernel's time: how the engine's own
+    kernels (paged-attention and fused elementwise kernels, GEMMs replayed in graphs) run
+    against the isolated kernels the GPU profile measured. ``None`` host or all-reduce
+    fields take the GPU profile's values."""
+
+    name: str = EAGER
+    host_step_us: float | None = None
+    host_per_request_us: float | None = None
+    host_overlap: float = 0.0
+    cuda_graphs: bool = False
+    graph_max_tokens: int = 0
+    graph_overhead_scale: float = 1.0
+    gpu_time_scale: float = 1.0
+    request_in_us: float = 0.0
+    request_out_us: float = 0.0
+    allreduce_latency_us: float | None = None
+    allreduce_eff: float | None = None
+    note: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("host_step_us", "host_per_request_us", "allreduce_latency_us"):
+            v = getattr(self, name)
+            if v is not None and not v >= 0:
+                raise ValueError(f"stack {self.name!r}: {name} must be >= 0 (got {v})")
+        if not 0 < self.gpu_time_scale <= 2:
+            raise ValueError(
+                f"stack {self.name!r}: gpu_time_scale must be in (0, 2] (got {self.gpu_time_scale})"
+            )
+        for name in ("request_in_us", "request_out_us", "graph_overhead_scale"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(
+                    f"stack {self.name!r}: {name} must be >= 0 (got {getattr(self, name)})"
+                )
+        if not 0 <= self.host_overlap <= 1:
+            raise ValueError(
+                f"stack {self.name!r}: host_overlap must be in [0, 1] (got {self.host_overlap})"
+            )
+        if self.allreduce_eff is not None and not 0 < self.allreduce_eff <= 1:
+            raise ValueError(
+                f"stack {self.name!r}: allreduce_eff must be in (0, 1] (got {self.allreduce_eff})"
+            )
+        if self.graph_max_tokens < 0:
+            raise ValueError(f"stack {self.name!r}: graph_max_tokens must be >= 0")
+
+    @property
+    def request_latency_s(self) -> float:
+        """Seconds a request's every client-side time lags the engine's: in plus out."""
+        return (self.request_in_us + self.request_out_us) * 1e-6
+
+    def with_values(self, **values: Any) -> StackProfile:
+        return replace(self, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+
+def graph_capture_sizes(max_tokens: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph batch sizes up to ``max_tokens``: 1, 2, 4, then every 8
+    up to 256 and every 16 above."""
+    sizes = [s for s in (1, 2, 4) if s <= max_tokens]
+    sizes += range(8, min(max_tokens, 255) + 1, 8)
+    sizes += range(256, max_tokens + 1, 16)
+    if max_tokens > 0 and (not sizes or sizes[-1] != max_tokens):
+        sizes.append(max_tokens)
+    return tuple(sizes)
+
+
+def default_graph_max_tokens(max_num_seqs: int) -> int:
+    return min(2 * max_num_seqs, 512)
+
+
+def stack_from_dict(data: dict[str, Any], where: str) -> StackProfile:
+    known = {f.name for f in fields(StackProfile)}
+    unknown = sorted(set(data) - known - {"fitted_on", "fit"})
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    values = {k: v for k, v in data.items() if k in known}
+    values.setdefault("name", Path(where).stem)
+    values["source"] = where
+    try:
+        return StackProfile(**values)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def shipped_stacks() -> list[str]:
+    return [EAGER, *sorted(p.stem for p in STACK_DIR.glob("*.json"))]
+
+
+def load_stack(name_or_path: str | None = None) -> StackProfile:
+    """A shipped stack by name (``None``: the default), ``eager``, or a stack JSON file.
+
+    (A GPU profile that ``slotune calibrate`` measured through slotune's own engine names
+    ``eager`` itself; the simulated executor takes that when no stack is given.)"""
+    name = DEFAULT_STACK if name_or_path is None else name_or_path
+    if name == EAGER:
+        return StackProfile()
+    path = Path(name)
+    if not (name.endswith(".json") or path.is_file()):
+        path = STACK_DIR / f"{name}.json"
+        if not path.is_file():
+            raise UnknownNameError(
+                f"unknown stack {name!r}; known stacks: {', '.join(shipped_stacks())} "
+                "(or give the path of a stack JSON file)"
+            )
+    if not path.is_file():
+        raise UnknownNameError(f"stack file {name!r} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a stack profile ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a stack profile is a JSON object")
+    return stack_from_dict(data, str(path))

@@ -1,0 +1,204 @@
+"""MoE in the simulator: catalogue shapes, HF configs, and expert pricing against
+hand-computed rooflines on a GPU whose kernels run at their datasheet floor."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.sim import CostModel, determine_capacity, get_model, load_profile
+from slotune.engine.sim.capacity import activation_workspace_bytes, kv_block_bytes
+from slotune.engine.sim.moe import MoECost, experts_touched
+from tests.sim.unit_profile import BF16, BW, FP8, LINK, unit_profile
+
+GIB = 1 << 30
+H, F = 4096, 14336  # Mixtral-8x7B
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [
+        ("mixtral-8x7b", 46.7, 12.9),
+        ("mixtral-8x22b", 140.6, 39.2),
+        ("qwen1.5-moe-a2.7b", 14.3, 2.7),
+        ("qwen2-moe-57b-a14b", 57.4, 14.2),
+        ("qwen3-30b-a3b", 30.5, 3.3),
+        ("deepseek-v2-lite", 15.7, 2.6),
+        ("gpt-oss-120b", 116.8, 5.7),  # model card: 5.1 B active without the unembedding
+        ("llama-4-scout", 108.0, 17.2),  # 109 B with the vision encoder
+    ],
+)
+def test_moe_parameter_counts_match_the_published_sizes(
+    name: str, total: float, active: float
+) -> None:
+    m = get_model(name)
+    assert m.num_params / 1e9 == pytest.approx(total, rel=0.015)
+    assert m.active_params / 1e9 == pytest.approx(active, rel=0.03)
+
+
+def test_expected_experts_touched_is_the_hand_formula_and_a_simulation() -> None:
+    assert experts_touched(8, 2, 1) == pytest.approx(2.0)
+    assert experts_touched(8, 2, 4) == pytest.approx(8 * (1 - 0.75**4))  # 5.47 of 8
+    assert experts_touched(8, 2, 512) == pytest.approx(8.0)
+    rng = np.random.default_rng(0)
+    for experts, k, tokens in ((8, 2, 3), (64, 6, 10), (128, 8, 20)):
+        picks = [
+            len({int(e) for _ in range(tokens) for e in rng.choice(experts, k, replace=False)})
+            for _ in range(3000)
+        ]
+        assert np.mean(picks) == pytest.approx(experts_touched(experts, k, tokens), rel=0.02)
+
+
+def test_mixtral_expert_gemms_are_their_rooflines() -> None:
+    cost = MoECost(unit_profile(), get_model("mixtral-8x7b"))
+    # One token: 2 of the 8 experts are read, each with 1 row padded to the 16-row tile.
+    one = cost.layer_ops(1)
+    weights = 2 * H * 2 * F * 2  # two experts' gate/up weights in bf16
+    acts = 2 * (2 * H + 2 * 2 * F)
+    assert one["moe_up"] == pytest.approx(max((weights + acts) / BW, 2 * 32 * H * 2 * F / BF16))
+    assert one["moe_up"] == pytest.approx((weights + acts) / BW)  # memory-bound
+    # 4096 tokens: all 8 experts, 1024 rows each, compute-bound.
+    big = cost.layer_ops(4096)
+    assert big["moe_down"] == pytest.approx(2 * 8192 * F * H / BF16)
+    assert big["router"] == pytest.approx(max(2 * (H * 8 + 4096 * H + 4096 * 8) / BW, 0))
+
+
+def test_moe_layers_replace_the_dense_mlp() -> None:
+    profile, model = unit_profile(), get_model("mixtral-8x7b")
+    cm = CostModel(profile, model)
+    moe = MoECost(profile, model)
+    for t in (1, 37, 2048):
+        ops = cm.layer_ops(t)
+        attention = sum(v for k, v in ops.items() if not k.startswith("mlp_"))
+        embed_and_norm = 2 * (2 * t * H * 2) / BW
+        expected = 32 * (attention + sum(moe.layer_ops(t).values())) + embed_and_norm
+        assert cm.dense_seconds(t) == pytest.approx(expected)
+        b = cm.breakdown(t)
+        layers = b.per_step["layers"] - 32 * b.per_layer["attention"]
+        assert layers == pytest.approx(cm.dense_seconds(t) - embed_and_norm)
+
+
+def test_first_dense_layer_of_deepseek_v2_lite_keeps_its_mlp() -> None:
+    model = get_model("deepseek-v2-lite")
+    assert model.moe is not None and model.moe.moe_layers == tuple(range(1, 27))
+    cm = CostModel(unit_profile(), model)
+    ops = cm.layer_ops(64)
+    mlp = ops["mlp_up"] + ops["mlp_act"] + ops["mlp_down"]
+    attention = sum(ops.values()) - mlp
+    moe = sum(MoECost(unit_profile(), model).layer_ops(64).values())
+    embed_and_norm = 2 * (2 * 64 * 2048 * 2) / BW
+    assert cm.dense_seconds(64) == pytest.approx(27 * attention + mlp + 26 * moe + embed_and_norm)
+
+
+def test_small_batches_read_few_experts_so_decode_grows_with_the_batch() -> None:
+    cm = CostModel(load_profile("h100"), get_model("mixtral-8x7b"), 2)
+    steps = [cm.decode_step_seconds(b, b * 500) for b in (1, 2, 4, 8, 64)]
+    assert steps == sorted(steps)
+    assert steps[3] > 1.8 * steps[0]  # 7.2 of 8 experts read against 2
+    dense = CostModel(load_profile("h100"), get_model("mistral-7b"))  # Mixtral's attention
+    assert dense.decode_step_seconds(8, 4000) < 1.2 * dense.decode_step_seconds(1, 500)
+
+
+def test_expert_parallel_all_to_all_and_imbalance_by_hand() -> None:
+    profile, model = unit_profile(), get_model("mixtral-8x7b")
+    ep = MoECost(profile, model, tp=2, ep=2, imbalance=1.25)
+    t = 4096
+    rows = t * 2 / 2 * 1.25  # the busiest rank's rows
+    assert ep.rows_per_gpu(t) == rows
+    # 4 local experts of full width, 1280 rows each: compute-bound
+    assert ep.layer_ops(t)["moe_up"] == pytest.approx(2 * rows * H * 2 * F / BF16)
+    one_way = (2 - 1) / 2 * (t / 2 * 2 * H * 2) / (LINK * 1e9 / 2)
+    assert ep.layer_ops(t)["alltoall"] == pytest.approx(2 * one_way)
+    tp_only = MoECost(profile, model, tp=2, ep=1)
+    assert "alltoall" not in tp_only.layer_ops(t)
+    assert tp_only.layer_ops(t)["moe_up"] == pytest.approx(2 * t * 2 * H * F / BF16)
+
+
+def test_expert_parallel_size_is_checked() -> None:
+    with pytest.raises(ValueError, match="expert parallel size 3"):
+        CostModel(unit_profile(), get_model("mixtral-8x7b"), 4, ep=3)
+    with pytest.raises(ValueError, match="needs a MoE model"):
+        CostModel(unit_profile(), get_model("llama-3-8b"), 2, ep=2)
+
+
+def test_mixtral_capacity_holds_every_expert_by_hand() -> None:
+    profile, model = load_profile("h100"), get_model("mixtral-8x7b")
+    config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128)
+    # Per GPU of 2: attention (q, k, v, o shards) and all 8 experts' halves in bf16, the
+    # routers, norms and half the vocabulary of embeddings and LM head.
+    attention = H * (16 + 2 * 4) * 128 + 16 * 128 * H
+    experts = 8 * 3 * H * F // 2
+    other = 32 * (2 * H + H * 8) + 16000 * H * 2 + H
+    weights = 2 * (32 * (attention + experts) + other)
+    assert model.weight_bytes_per_gpu(2) == weights
+    assert weights / GIB == pytest.approx(87.0 / 2, rel=0.01)
+    activations = 2048 * 2 * (3 * H + 24 * 128 + 2 * (3 * F // 2 + H)) + 128 * 16000 * 4
+    assert activation_workspace_bytes(model, 2, 2048, 128) == activations
+    block = 32 * 2 * 16 * 4 * 128 * 2
+    assert kv_block_bytes(model, 2, 16) == block
+    usable = 0.9 * 80 * GIB
+    expected = int((usable - weights - GIB - activations) // block)
+    assert determine_capacity(profile, model, 2, config).num_gpu_blocks == expected
+
+
+def test_hf_mixtral_and_qwen2_moe_configs_give_the_expert_shapes(tmp_path: Path) -> None:
+    mixtral = {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "quantization_config": {"quant_method": "fp8"},
+    }
+    path = tmp_path / "mixtral" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(mixtral))
+    m = get_model(str(path))
+    catalogue = get_model("mixtral-8x7b")
+    assert m.moe == catalogue.moe
+    assert m.weight_dtype == "fp8"
+    assert m.num_params == catalogue.num_params
+    qwen = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "decoder_sparse_step": 2,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(qwen))
+    q = get_model(str(path))
+    assert q.moe is not None
+    assert q.moe.moe_layers == tuple(range(1, 24, 2)) and q.num_dense_layers == 12
+    assert (q.moe.num_experts, q.moe.top_k, q.moe.expert_ffn, q.moe.shared_ffn) == (
+        60,
+        4,
+        1408,
+        5632,
+    )
+
+
+def test_fp8_experts_halve_the_weight_reads_and_use_the_fp8_rate() -> None:
+    cost = MoECost(unit_profile(), get_model("mixtral-8x7b", "fp8"))
+    one = cost.layer_ops(1)
+    weights = 2 * H * 2 * F * 1
+    acts = 2 * (2 * H + 2 * 2 * F)
+    quantize = 3 * 2 * H
+    assert one["moe_up"] == pytest.approx((weights + acts + quantize) / BW)
+    big = cost.layer_ops(4096)
+    assert big["moe_down"] == pytest.approx(2 * 8192 * F * H / FP8 + 3 * 8192 * F / BW)

@@ -1,0 +1,141 @@
+"""The serving-stack model: host overlap, CUDA-graph padding, per-request costs, TP,
+and the bandwidth/compute balance of GEMMs on other cards."""
+
+import math
+
+import pytest
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.sim import CostModel, get_model, load_profile
+from slotune.engine.sim.hardware import UnknownNameError
+from slotune.engine.sim.stack import (
+    StackProfile,
+    graph_capture_sizes,
+    load_stack,
+    stack_from_dict,
+)
+from slotune.workloads.runner.engine_loop import run_simulated
+from slotune.workloads.trace import Trace, TraceRequest
+
+PROFILE = load_profile("h100")
+MODEL = get_model("llama-2-7b")
+
+
+def _cm(**stack: object) -> CostModel:
+    return CostModel(PROFILE, MODEL, stack=StackProfile(name="t", **stack))  # type: ignore[arg-type]
+
+
+def test_host_overlap_hides_the_shorter_of_host_and_gpu_work() -> None:
+    gpu_only = _cm(host_step_us=0.0, host_per_request_us=0.0).decode_step_seconds(10, 10_000)
+    for host_us in (800.0, 50_000.0):  # shorter than the GPU's step, then longer
+        host = (host_us + 20 * 10) * 1e-6
+        for overlap in (0.0, 0.25, 1.0):
+            cm = _cm(host_step_us=host_us, host_per_request_us=20.0, host_overlap=overlap)
+            t = cm.decode_step_seconds(10, 10_000)
+            expected = gpu_only + host - overlap * min(gpu_only, host)
+            assert t == pytest.approx(expected, rel=1e-12)
+        # async scheduling: the step lasts as long as the busier side
+        full = _cm(host_step_us=host_us, host_per_request_us=20.0, host_overlap=1.0)
+        assert full.decode_step_seconds(10, 10_000) == pytest.approx(max(gpu_only, host))
+
+
+def test_graph_steps_pad_to_captured_sizes_and_shrink_kernel_overheads() -> None:
+    assert graph_capture_sizes(40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert graph_capture_sizes(512)[-3:] == (480, 496, 512)
+    eager = _cm()
+    graphs = _cm(cuda_graphs=True, graph_max_tokens=64, graph_overhead_scale=1.0)
+    # 5 tokens run as the captured batch of 8: the dense ops of 8 tokens, eagerly priced
+    assert graphs.padded_tokens(5) == 8
+    assert graphs.dense_seconds(5) == eager.dense_seconds(8)
+    assert graphs.padded_tokens(65) == 65 and not graphs.is_graph(65)
+    # with overheads scaled to zero only bandwidth and compute remain in a graph step
+    bare = _cm(cuda_graphs=True, graph_max_tokens=64, graph_overhead_scale=0.0)
+    launch = eager.dense_seconds(8) - bare.dense_seconds(8)
+    lin, ew = PROFILE.linear, PROFILE.elementwise
+    per_layer = 4 * lin.overhead_us + ew["rope"].overhead_us + ew["act"].overhead_us
+    per_layer += 2 * ew["norm"].overhead_us + 2 * ew["add"].overhead_us
+    expected = MODEL.num_layers * per_layer + ew["embed"].overhead_us + ew["norm"].overhead_us
+    assert launch == pytest.approx(expected * 1e-6, rel=1e-9)
+    # a step above the largest graph is eager: same as without graphs
+    assert bare.dense_seconds(100) == eager.dense_seconds(100)
+
+
+def test_graph_limit_follows_max_num_seqs_like_vllm() -> None:
+    stack = StackProfile(name="g", cuda_graphs=True)
+    assert CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=128).graph_max_tokens == 256
+    assert CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=1024).graph_max_tokens == 512
+
+
+@pytest.mark.parametrize("host_us", [0.0, 3000.0, 30_000.0])
+def test_stretch_durations_equal_single_steps_with_graphs(host_us: float) -> None:
+    stack = load_stack("vllm-v1").with_values(host_step_us=host_us)
+    cm = CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=128)
+    for n in (1, 3, 9, 100, 300):
+        ctx = [500 + 7 * i for i in range(n)]
+        durations = cm.decode_stretch_durations(ctx, 4)
+        for j, d in enumerate(durations):
+            assert d == cm.decode_step_seconds(n, sum(ctx) + j * n)
+
+
+def _trace() -> Trace:
+    reqs = [
+        TraceRequest(f"r{i}", prompt_len=300, output_len=20, arrival_time=2.0 * i) for i in range(5)
+    ]
+    return Trace(name="spaced", requests=tuple(reqs))
+
+
+def test_request_costs_delay_every_client_time_by_in_plus_out() -> None:
+    config = EngineConfig(max_model_len=1024)
+    base = StackProfile(name="a")
+    slow = StackProfile(name="b", request_in_us=4000.0, request_out_us=1000.0)
+    a = run_simulated(config, _trace(), gpu="h100", model="llama-2-7b", stack=base).requests
+    b = run_simulated(config, _trace(), gpu="h100", model="llama-2-7b", stack=slow).requests
+    assert list(b["arrival_time"]) == list(a["arrival_time"])
+    assert (b["first_token_time"] - a["first_token_time"]).to_numpy() == pytest.approx(0.005)
+    assert (b["finish_time"] - a["finish_time"]).to_numpy() == pytest.approx(0.005)
+    result = run_simulated(config, _trace(), gpu="h100", model="llama-2-7b", stack=slow)
+    assert result.engine_stats["stack"] == "b"
+
+
+def test_tensor_parallel_allreduce_uses_the_stack_latency() -> None:
+    model = get_model("llama-2-70b")
+    fast = CostModel(PROFILE, model, tp=4, stack=StackProfile(name="f", allreduce_latency_us=0))
+    slow = CostModel(PROFILE, model, tp=4, stack=StackProfile(name="s", allreduce_latency_us=20))
+    diff = slow.layer_ops(16)["allreduce"] - fast.layer_ops(16)["allreduce"]
+    assert diff == pytest.approx(2 * 20e-6)
+
+
+def test_small_batch_gemms_scale_with_bandwidth_on_another_card() -> None:
+    """H200 has H100's FLOP/s and 43 % more bandwidth: a weight-bound decode step must come
+    out faster (measured on real cards: about 16 %), but by no more than the bandwidth
+    ratio; a compute-bound prefill no faster."""
+    h100, h200 = load_profile("h100"), load_profile("h200")
+    eager = StackProfile(name="e", host_step_us=0.0, host_per_request_us=0.0)
+    a = CostModel(h100, MODEL, stack=eager)
+    b = CostModel(h200, MODEL, stack=eager)
+    bw_ratio = h200.gpu.hbm_bytes_per_s / h100.gpu.hbm_bytes_per_s
+    small = a.dense_seconds(1) / b.dense_seconds(1)
+    assert 1.10 < small <= bw_ratio + 1e-9
+    large = a.dense_seconds(8192) / b.dense_seconds(8192)
+    assert large == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_default_stack_is_vllm_v1_and_named_stacks_load() -> None:
+    assert load_stack(None).name == "vllm-v1"
+    assert load_stack("eager") == StackProfile()
+    with pytest.raises(UnknownNameError, match="known stacks: eager"):
+        load_stack("tgi-9")
+
+
+def test_bad_stack_files_say_what_is_wrong(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown field"):
+        stack_from_dict({"host_step": 3}, "x.json")
+    with pytest.raises(ValueError, match="host_overlap must be in"):
+        stack_from_dict({"host_overlap": 1.5}, "x.json")
+    bad = tmp_path / "s.json"
+    bad.write_text("{nope")
+    with pytest.raises(ValueError, match="cannot read a stack profile"):
+        load_stack(str(bad))
+    assert math.isclose(
+        StackProfile(request_in_us=1500, request_out_us=500).request_latency_s, 0.002
+    )

@@ -1,0 +1,199 @@
+"""`slotune validate` and `calibrate --from-runs` on small runs whose answer is known."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from slotune.calibration.from_runs import Param, fit_from_runs
+from slotune.cli.app import app
+from slotune.engine.config import EngineConfig
+from slotune.engine.sim import CostModel, get_model, load_profile
+from slotune.engine.sim.stack import StackProfile
+from slotune.validate import load_run, overall, replay, run_row
+from slotune.validate.runs import MeasuredRun, RunFormatError, ServerSettings
+from slotune.workloads.arrivals import ArrivalSpec
+from slotune.workloads.runner.engine_loop import run_simulated
+from slotune.workloads.trace import Trace, TraceRequest
+
+STACK = StackProfile(name="test", host_step_us=100.0, request_in_us=2000.0, request_out_us=500.0)
+PROMPT, OUTPUT = 200, 5
+
+
+def _write_run(folder: Path, measured_ttft: float, measured_e2e: float) -> Path:
+    """Three requests 10 s apart, in the layout of the sim-to-real study."""
+    folder.mkdir(parents=True)
+    config = {
+        "tensor_parallelism": 1,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 2048,
+        "kv_blocks_total_gpu": 5000,
+        "block_size": 16,
+    }
+    rows = [
+        {
+            "index": i,
+            "arrival_time_us": 10_000_000 * i,
+            "input_tokens": PROMPT,
+            "output_tokens": 3,
+            "has_error": False,
+        }
+        for i in range(3)
+    ]
+    (folder / "requests.json").write_text(
+        json.dumps({"model_id": "meta-llama/Llama-2-7b-hf", "config": config, "requests": rows})
+    )
+    (folder / "measured.json").write_text(
+        json.dumps(
+            [
+                {"index": i, "ttft_s": measured_ttft, "e2e_s": measured_e2e, "has_error": False}
+                for i in range(3)
+            ]
+        )
+    )
+    (folder / "profile.json").write_text(
+        json.dumps(
+            {
+                "data": {"shared_prefix": {"output_len": OUTPUT}},
+                "load": {"stages": [{"rate": 0.1, "duration": 30}]},
+            }
+        )
+    )
+    return folder
+
+
+def _by_hand() -> tuple[float, float]:
+    """An isolated request: one prefill step, then OUTPUT - 1 decode steps, plus the
+    stack's time outside the engine."""
+    cm = CostModel(load_profile("h100"), get_model("llama-2-7b"), stack=STACK, max_num_seqs=64)
+    prefill = cm.step_seconds(PROMPT, 1, 1, prefill_chunks=[(PROMPT, 0)])
+    decodes = sum(cm.decode_step_seconds(1, PROMPT + k) for k in range(1, OUTPUT))
+    ttft = STACK.request_latency_s + prefill
+    return ttft, ttft + decodes
+
+
+def test_validate_errors_match_a_hand_computed_run(tmp_path: Path) -> None:
+    ttft, e2e = _by_hand()
+    run = load_run(_write_run(tmp_path / "run", 2 * ttft, 1.25 * e2e), model="llama-2-7b")
+    assert run.output_lens.tolist() == [OUTPUT] * 3  # output_len of the profile, not the client's
+    row = run_row(replay(run, stack=STACK))
+    assert row["ttft_mean_pred"] == pytest.approx(ttft, rel=1e-9)
+    assert row["e2e_mean_pred"] == pytest.approx(e2e, rel=1e-9)
+    assert row["ttft_mean_err"] == pytest.approx(-0.5, rel=1e-9)
+    assert row["e2e_mean_err"] == pytest.approx(0.8 - 1, rel=1e-9)
+    itl_pred, itl_meas = (e2e - ttft) / (OUTPUT - 1), (1.25 * e2e - 2 * ttft) / (OUTPUT - 1)
+    assert row["itl_mean_err"] == pytest.approx(itl_pred / itl_meas - 1, rel=1e-9)
+    assert not row["saturated"]
+    total = overall([row, row])
+    assert total["ttft_mean_mae_pct"] == pytest.approx(50.0)
+
+
+def test_validate_command_prints_per_run_and_overall(tmp_path: Path) -> None:
+    ttft, e2e = _by_hand()
+    folder = _write_run(tmp_path / "run", ttft, e2e)
+    stack_file = tmp_path / "stack.json"
+    stack_file.write_text(json.dumps(STACK.to_dict()))
+    res = CliRunner().invoke(
+        app,
+        ["validate", str(folder), "--model", "llama-2-7b", "--stack", str(stack_file), "--json"],
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["runs"][0]["e2e_mean_err"] == pytest.approx(0.0, abs=1e-9)
+    assert data["overall"]["e2e_mean_mae_pct"] == pytest.approx(0.0, abs=1e-6)
+    table = CliRunner().invoke(app, ["validate", str(folder), "--model", "llama-2-7b"])
+    assert table.exit_code == 0 and "mean absolute error" in table.output
+
+
+def test_validate_refuses_what_is_not_a_run(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert res.exit_code == 2 and "not a measured run" in res.output
+    with pytest.raises(RunFormatError, match=r"no config\.json in model_configs"):
+        load_run(_write_run(tmp_path / "r", 0.1, 0.2))
+    bad = _write_run(tmp_path / "b", 0.1, 0.2)
+    (bad / "measured.json").write_text("{oops")
+    with pytest.raises(RunFormatError, match=r"measured\.json: cannot read JSON"):
+        load_run(bad, model="llama-2-7b")
+
+
+def test_bench_output_replays_to_itself(tmp_path: Path) -> None:
+    """A run written by `slotune bench --out` reads back as a measured run; replayed with
+    the settings that made it, every error is zero."""
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--trace",
+            "sharegpt-like",
+            "--num-requests",
+            "40",
+            "--rate",
+            "8",
+            "--gpu",
+            "h100",
+            "--model",
+            "llama-2-7b",
+            "--prefix-caching",
+            "none",
+            "--out",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    run = load_run(out)
+    assert run.settings.model == "llama-2-7b" and len(run.trace) == 40
+    row = run_row(replay(run))
+    for m in ("ttft", "itl", "e2e"):
+        assert row[f"{m}_mean_err"] == pytest.approx(0.0, abs=1e-9)
+
+
+def _loaded_trace() -> Trace:
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(1 / 12.0, size=360))
+    reqs = [
+        TraceRequest(
+            f"q{i}", prompt_len=int(rng.integers(300, 900)), output_len=60, arrival_time=float(a)
+        )
+        for i, a in enumerate(t)
+    ]
+    return Trace(name="loaded", requests=tuple(reqs))
+
+
+def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
+    truth = StackProfile(name="truth", host_step_us=700.0, request_in_us=6000.0)
+    trace = _loaded_trace()
+    config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=2048)
+    result = run_simulated(
+        config,
+        trace,
+        gpu="h100",
+        model="llama-2-7b",
+        stack=truth,
+        arrivals=ArrivalSpec(timestamps=True),
+    )
+    df = result.requests
+    run = MeasuredRun(
+        name="synthetic",
+        trace=trace,
+        settings=ServerSettings(
+            model="llama-2-7b", max_num_seqs=128, max_model_len=2048, prefix_caching="hash"
+        ),
+        ttft_s=(df["first_token_time"] - df["arrival_time"]).to_numpy(),
+        e2e_s=(df["finish_time"] - df["arrival_time"]).to_numpy(),
+        ok=np.ones(len(df), dtype=bool),
+        stages=((0.0, 15.0), (15.0, 40.0)),
+    )
+    params = [Param("stack.host_step_us", 0.0, 3000.0), Param("stack.request_in_us", 0.0, 30000.0)]
+    fit = fit_from_runs(
+        [run],
+        stack=StackProfile(name="start", host_step_us=200.0, request_in_us=1000.0),
+        params=params,
+        window_s=40.0,
+        warmup_s=2.0,
+        max_evaluations=120,
+    )
+    assert fit.values["stack.host_step_us"] == pytest.approx(700.0, rel=0.1)
+    assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.05)
