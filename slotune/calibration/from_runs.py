@@ -87,17 +87,11 @@ def apply(
 
 
 def current_value(name: str, stack: StackProfile, profile: GpuProfile) -> float:
+    """The value a fit starts from: the stack's (or, where it leaves one unset, the GPU
+    profile's) or the profile's."""
     part, _, field = name.partition(".")
     if part == "stack":
-        v = getattr(stack, field)
-        if v is None:  # host and all-reduce fields default to the GPU profile's
-            v = {
-                "host_step_us": profile.system.cpu_step_us,
-                "host_per_request_us": profile.system.cpu_per_request_us,
-                "allreduce_latency_us": profile.system.allreduce_latency_us,
-                "allreduce_eff": profile.system.allreduce_eff,
-            }[field]
-        return float(v)
+        return float(getattr(stack.on(profile.system), field))
     section, _, attr = field.partition(".")
     return float(getattr(getattr(profile, section), attr))
 

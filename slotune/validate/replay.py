@@ -9,6 +9,7 @@ import numpy as np
 from slotune.engine.sim.profile import GpuProfile
 from slotune.engine.sim.stack import StackProfile, load_stack
 from slotune.validate.runs import MeasuredRun
+from slotune.workloads.metrics import request_metrics
 
 METRICS = ("ttft", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
@@ -128,11 +129,8 @@ def replay(
         stack=stack,
         arrivals=ArrivalSpec(timestamps=True),
     )
-    df = result.requests
-    ok = df["error"].isna().to_numpy() & df["finish_time"].notna().to_numpy()
-    arrival = df["arrival_time"].to_numpy(dtype=float)
-    ttft = np.where(ok, df["first_token_time"].to_numpy(dtype=float) - arrival, np.nan)
-    e2e = np.where(ok, df["finish_time"].to_numpy(dtype=float) - arrival, np.nan)
+    metrics = request_metrics(result)
+    ttft, e2e = metrics["ttft"], metrics["e2e"]
     outs = run.output_lens
     return Replay(
         run=run,

@@ -203,24 +203,21 @@ def _load_bench_output(d: Path, *, gpu: str | None, model: str | None) -> Measur
     """A ``slotune bench --out DIR`` folder: requests.csv for the per-request times and
     lengths, summary.json for the model, GPU and engine settings where it has them (an
     HTTP run against a real server records none: pass ``model`` and ``gpu``)."""
-    import pandas as pd
+    from slotune.workloads.metrics import request_metrics
+    from slotune.workloads.result import RunResult
 
     summary_file = d / "summary.json"
     summary = _read_json(summary_file) if summary_file.is_file() else {}
     try:
-        df = pd.read_csv(d / "requests.csv", dtype={"request_id": str, "error": str})
-    except (OSError, ValueError) as e:
+        result = RunResult.load(d)
+    except (OSError, ValueError, KeyError) as e:
         raise RunFormatError(f"{d / 'requests.csv'}: cannot read ({e})") from None
-    need = {"request_id", "arrival_time", "first_token_time", "finish_time"}
-    need |= {"prompt_tokens", "output_tokens"}
-    missing = sorted(need - set(df.columns))
-    if missing:
-        raise RunFormatError(f"{d / 'requests.csv'}: missing column(s) {missing}")
+    df = result.requests
     model = model or summary.get("model")
     if not model:
         raise RunFormatError(f"{summary_file}: no model recorded; pass the model")
-    ok = df["error"].isna().to_numpy() & df["finish_time"].notna().to_numpy()
-    ok &= df["output_tokens"].fillna(0).to_numpy() >= 1
+    metrics = request_metrics(result)
+    ok = metrics["ok"] & (np.nan_to_num(metrics["output_tokens"]) >= 1)
     reqs = []
     for i, row in enumerate(df.itertuples(index=False)):
         out_len = int(row.output_tokens) if ok[i] else 1
@@ -235,9 +232,8 @@ def _load_bench_output(d: Path, *, gpu: str | None, model: str | None) -> Measur
                 arrival_time=float(row.arrival_time),
             )
         )
-    arrival = df["arrival_time"].to_numpy(dtype=float)
-    ttft = np.where(ok, df["first_token_time"].to_numpy(dtype=float) - arrival, np.nan)
-    e2e = np.where(ok, df["finish_time"].to_numpy(dtype=float) - arrival, np.nan)
+    ttft = np.where(ok, metrics["ttft"], np.nan)
+    e2e = np.where(ok, metrics["e2e"], np.nan)
     cfg = summary.get("config") or {}
     settings = ServerSettings(
         model=str(model),

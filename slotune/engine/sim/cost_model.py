@@ -130,17 +130,10 @@ def allreduce_seconds(
     the latency and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
-    sysp = profile.system
-    latency, eff = sysp.allreduce_latency_us, sysp.allreduce_eff
-    if stack is not None:
-        latency = _given(stack.allreduce_latency_us, latency)
-        eff = _given(stack.allreduce_eff, eff)
+    s = (stack or StackProfile()).on(profile.system)
+    latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
     return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
-
-
-def _given(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -271,8 +264,9 @@ class CostModel:
         self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
         sysp = run.system
         self._overlap = stack.host_overlap
-        self._cpu_step = _given(stack.host_step_us, sysp.cpu_step_us) * _US
-        self._cpu_req = _given(stack.host_per_request_us, sysp.cpu_per_request_us) * _US
+        host = stack.on(sysp)
+        self._cpu_step = float(host.host_step_us or 0.0) * _US
+        self._cpu_req = float(host.host_per_request_us or 0.0) * _US
         host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
         copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
         self._swap_per_block = self.block_bytes / host_bw + copy_calls

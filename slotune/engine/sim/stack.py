@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.engine.sim.hardware import UnknownNameError
+from slotune.engine.sim.profile import SystemProfile
 
 STACK_DIR = Path(__file__).parent / "stacks"
 DEFAULT_STACK = "vllm-v1"
@@ -86,11 +87,26 @@ class StackProfile:
         """Seconds a request's every client-side time lags the engine's: in plus out."""
         return (self.request_in_us + self.request_out_us) * 1e-6
 
+    def on(self, system: SystemProfile) -> StackProfile:
+        """This stack with every field it leaves unset (``None``) taken from a GPU
+        profile's ``system`` section."""
+        return replace(
+            self,
+            host_step_us=_given(self.host_step_us, system.cpu_step_us),
+            host_per_request_us=_given(self.host_per_request_us, system.cpu_per_request_us),
+            allreduce_latency_us=_given(self.allreduce_latency_us, system.allreduce_latency_us),
+            allreduce_eff=_given(self.allreduce_eff, system.allreduce_eff),
+        )
+
     def with_values(self, **values: Any) -> StackProfile:
         return replace(self, **values)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def graph_capture_sizes(max_tokens: int) -> tuple[int, ...]:
