@@ -126,14 +126,15 @@ def kv_bytes_per_token_layer(
 def allreduce_seconds(
     profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
 ) -> float:
-    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link, with
-    the latency and link efficiency of ``stack`` where it sets them."""
+    """Ring all-reduce in the alpha-beta model: ``2 (tp-1)`` hops of the latency and
+    ``2 (tp-1)/tp`` of the bytes over one direction of the link, with the per-hop latency
+    and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     s = (stack or StackProfile()).on(profile.system)
     latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+    return 2 * (tp - 1) * latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,11 @@ class StackProfile:
     before the engine sees it, ``request_out_us`` after a token leaves the engine until the
     client has it. ``gpu_time_scale`` multiplies every kernel's time: how the engine's own
     kernels (paged-attention and fused elementwise kernels, GEMMs replayed in graphs) run
-    against the isolated kernels the GPU profile measured. ``None`` host or all-reduce
-    fields take the GPU profile's values."""
+    against the isolated kernels the GPU profile measured. With ``schedule_ahead`` the
+    scheduler plans a step while the one before it runs (vLLM V1's async scheduling): a
+    request that arrives, or a seat that frees, while the engine is busy reaches the GPU a
+    step later than a synchronous loop would run it. ``None`` host or all-reduce fields
+    take the GPU profile's values."""
 
     name: str = EAGER
     host_step_us: float | None = None
@@ -52,6 +55,7 @@ class StackProfile:
     gpu_time_scale: float = 1.0
     request_in_us: float = 0.0
     request_out_us: float = 0.0
+    schedule_ahead: bool = False
     allreduce_latency_us: float | None = None
     allreduce_eff: float | None = None
     note: str = ""
