@@ -214,8 +214,9 @@ def prompt_pool(lengths: Sequence[int], max_period: int = 2000) -> list[int]:
     ``k mod P`` as request ``k``: the same text again, which a server's prefix cache
     serves without prefill. The study's files record only lengths, so the pool shows as
     lengths that repeat with period ``P`` (the smallest period at which at least
-    ``POOL_MATCH`` of them do, where lengths vary enough for that not to be chance). A request whose length differs from its slot's usual
-    length (sent out of order) takes the nearest slot with its length, else none."""
+    ``POOL_MATCH`` of them do, where lengths vary enough for that not to be chance). A
+    request whose length differs from its slot's usual length (sent out of order) takes
+    the nearest slot with its length, else none."""
     n = len(lengths)
     arr = np.asarray(lengths)
     _, counts = np.unique(arr, return_counts=True)
