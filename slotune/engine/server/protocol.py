@@ -56,6 +56,23 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (0,),
     "use_beam_search": (False,),
     "include_stop_str_in_output": (False,),
+    # vLLM's other fields that change the output
+    "min_p": (0, 0.0),
+    "length_penalty": (1, 1.0),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    "truncate_prompt_tokens": (),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,),
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "structured_outputs": (),
+    "prediction": (),
+    "modalities": (["text"],),
+    "audio": (),
 }
 
 
