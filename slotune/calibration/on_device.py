@@ -36,17 +36,13 @@ from slotune.engine.sim.profile import GpuProfile
 
 @dataclass(frozen=True)
 class CalibrationResult:
+    """The fitted profile, every measured step, and its predicted time without the host part."""
+
     profile: GpuProfile
     measurements: list[Measurement]
     predicted: list[float]
     host_step_s: float
     host_per_request_s: float
-
-    def errors_pct(self) -> list[float]:
-        return [
-            100.0 * (p - m.seconds) / m.seconds
-            for m, p in zip(self.measurements, self.predicted, strict=True)
-        ]
 
 
 def calibrate(
