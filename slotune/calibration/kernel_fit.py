@@ -125,7 +125,8 @@ def fit_elementwise(gpu: GpuSpec, frames: list[pd.DataFrame]) -> dict[str, Eleme
             s = mlp_shapes(df)
             for column, col_op in ELEMENTWISE_COLUMNS.items():
                 if col_op == op:
-                    bs.append(elementwise_bytes(op, s["m"], s["hidden"], s["qk_dim"], s["ffn"]))
+                    dims = zip(s["m"], s["hidden"], s["qk_dim"], s["ffn"], strict=True)
+                    bs.append(np.array([elementwise_bytes(op, *map(int, d)) for d in dims]))
                     ts.append(median_seconds(df, column))
         b, t = np.concatenate(bs).astype(float), np.concatenate(ts)
         keep = t > 0

@@ -158,7 +158,7 @@ def record_workload(
         shapes.append(StepShape(tuple(prefills), tuple(decodes)))
         return execute(so)
 
-    executor.execute = recording  # type: ignore[method-assign]
+    executor.execute = recording  # type: ignore[method-assign,assignment]
     try:
         engine = Engine(config, executor)
         for i in range(num_requests):
