@@ -1,9 +1,10 @@
 """Fit the shipped GPU profiles to the reference kernel times (see ``readers``).
 
 Linear ops share one roofline fit per GPU (bounded least squares on log error, the GEMM
-M-tile chosen from a grid) so that the profile carries over to other model shapes; each
-memory-bound op and both attention kernels get a bounded linear least-squares fit of
-relative error. Only the fitted constants are shipped.
+M-tile chosen from a grid; dogbox, as trf stops on a bound short of the optimum here) so
+that the profile carries over to other model shapes; each memory-bound op and both
+attention kernels get a bounded linear least-squares fit of relative error. Only the
+fitted constants are shipped.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The cost model's constants are moved by scipy's bounded least squares on the log
 of predicted to measured step time, the grid's shapes and the recorded workload steps
 weighing the same in total, so that neither the many small steps of a real run nor the
 grid's extremes dominate. Every constant is positive and spans decades, so each moves on
-a log scale between its bounds (see ``transforms``).
+a log scale between its bounds (see ``transforms``). The loss stays squared: the errors
+left are the cost model's own, not outliers, and a soft-L1 loss traded a lower median
+for a higher p90 (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
