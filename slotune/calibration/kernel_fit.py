@@ -96,6 +96,7 @@ def fit_linear(gpu: GpuSpec, frames: list[pd.DataFrame]) -> LinearProfile:
             compute_eff=round(v["compute_eff"], 4),
             half_tokens=round(v["half_tokens"], 3),
             tile_tokens=tile,
+            fitted_on=gpu.name,
         )
         if best is None or value < best[0]:
             best = (value, prof)
