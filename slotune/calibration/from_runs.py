@@ -180,7 +180,7 @@ def fit_from_runs(
         bounds=(0.0, 1.0),
         loss="soft_l1",
         f_scale=0.1,
-        diff_step=0.02,
+        diff_step=0.05,
         max_nfev=max(1, max_evaluations // (len(params) + 1)),
     )
     values = from_unit(params, sol.x)

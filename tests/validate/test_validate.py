@@ -196,7 +196,7 @@ def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
         max_evaluations=120,
     )
     assert fit.values["stack.host_step_us"] == pytest.approx(700.0, rel=0.1)
-    assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.05)
+    assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.1)
 
 
 def test_prompt_pool_finds_the_generator_pool_and_its_out_of_order_sends() -> None:

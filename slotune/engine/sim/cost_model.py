@@ -43,7 +43,7 @@ def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: in
     tile = p.tile_tokens
     m_pad = -(-m // tile) * tile
     t_mem = DTYPE_BYTES * (k * n + m * k + m * n) / (bw * p.mem_eff)
-    t_cmp = 2.0 * (m_pad + p.half_tokens) * k * n / (peak * p.compute_eff)
+    t_cmp = 2.0 * (m_pad + p.ramp(n)) * k * n / (peak * p.compute_eff)
     return p.overhead_us * _US + (t_mem if t_mem > t_cmp else t_cmp)
 
 
