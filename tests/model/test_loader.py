@@ -100,6 +100,14 @@ def test_qwen2_moe_layer_frequency_and_dense_layers() -> None:
         ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "num_experts_per_tok": 9})
 
 
+def test_shape_only_families_are_refused_by_the_torch_executor(tmp_path: Path) -> None:
+    gpt_oss = {**MIXTRAL_8X7B, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}
+    assert ModelConfig.from_hf_dict(gpt_oss).moe is not None
+    (tmp_path / "config.json").write_text(json.dumps(gpt_oss))
+    with pytest.raises(ValueError, match=r"cannot run 'gpt_oss' models.*simulate"):
+        load_model(tmp_path, device="cpu")
+
+
 def test_quantized_checkpoint_is_named_and_refused(tmp_path: Path) -> None:
     data = {**MIXTRAL_8X7B, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}
     assert ModelConfig.from_hf_dict(data).quantization == "fp8"
@@ -109,15 +117,18 @@ def test_quantized_checkpoint_is_named_and_refused(tmp_path: Path) -> None:
         load_model(tmp_path, device="cpu")
 
 
-def test_moe_layers_route_as_transformers_does(qwen2_moe_dir: Path, mixtral_dir: Path) -> None:
-    """Same experts and weights per token as the HF router; Qwen2-MoE's dense layer 0 stays
-    dense, its routed layers carry the shared expert."""
+def test_moe_layers_route_as_transformers_does(
+    qwen2_moe_dir: Path, mixtral_dir: Path, qwen3_moe_dir: Path
+) -> None:
+    """Same experts and weights per token as the HF router; Qwen2-MoE's dense layer 0 and
+    Qwen3-MoE's layer 1 stay dense, Qwen2-MoE's routed layers carry the shared expert."""
     from transformers import AutoModelForCausalLM
 
     from slotune.engine.model.mlp import MLP, SparseMoE
 
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
-    for folder, routed in ((qwen2_moe_dir, (1, 2)), (mixtral_dir, (0, 1))):
+    cases = ((qwen2_moe_dir, (1, 2)), (mixtral_dir, (0, 1)), (qwen3_moe_dir, (0, 2)))
+    for folder, routed in cases:
         ours = load_model(folder, device="cpu").model
         hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).model
         for i, layer in enumerate(ours.layers):
