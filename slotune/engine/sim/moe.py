@@ -70,7 +70,7 @@ class MoECost:
         self.profile, self.model, self.moe = profile, model, model.moe
         self.tp, self.ep, self.imbalance = tp, ep, imbalance
         self.bw = profile.gpu.hbm_bytes_per_s
-        fmt = model.weight_format
+        fmt = model.expert_weight_format
         self.rate, self.weight_only = gemm_rate(fmt, profile.gpu)
         self.weight_bytes = fmt.bytes_per_weight
         self.local_experts = self.moe.num_experts // ep

@@ -1,0 +1,136 @@
+"""HF config.json files of the MoE families, written by hand from the published files'
+fields (``tests/sim/hf_configs``): what the simulator reads from them, against the
+catalogue entries (transcribed apart) and hand-computed shapes."""
+
+from pathlib import Path
+
+import pytest
+
+from slotune.engine.config import EngineConfig
+from slotune.engine.sim import CostModel, determine_capacity, get_model, load_profile
+from slotune.engine.sim.capacity import kv_block_bytes
+from slotune.engine.sim.moe import MoECost
+
+CONFIGS = Path(__file__).parent / "hf_configs"
+CATALOGUED = sorted(p.name for p in CONFIGS.iterdir() if p.name != "llama-4-scout-fp8")
+
+
+def read(name: str):
+    return get_model(str(CONFIGS / name / "config.json"))
+
+
+@pytest.mark.parametrize("name", CATALOGUED)
+def test_a_config_file_gives_its_catalogue_entry(name: str) -> None:
+    m, c = read(name), get_model(name)
+    for field in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "qkv_bias",
+        "moe",
+        "mla",
+        "weight_dtype",
+        "expert_weight_dtype",
+    ):
+        assert getattr(m, field) == getattr(c, field), field
+    assert m.num_params == c.num_params and m.kv_bytes_per_token == c.kv_bytes_per_token
+
+
+def test_qwen3_moe_routes_every_layer_to_8_of_128_without_a_shared_expert() -> None:
+    m = read("qwen3-30b-a3b")
+    assert m.moe is not None and m.moe.moe_layers == tuple(range(48))
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn, m.moe.shared_ffn) == (
+        128,
+        8,
+        768,
+        0,
+    )
+    assert m.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2
+
+
+def test_deepseek_layers_shared_experts_and_mla_kv_bytes() -> None:
+    lite, v3 = read("deepseek-v2-lite"), read("deepseek-v3")
+    assert lite.moe is not None and v3.moe is not None
+    assert lite.moe.moe_layers == tuple(range(1, 27)) and lite.moe.shared_ffn == 2 * 1408
+    assert v3.moe.moe_layers == tuple(range(3, 61)) and v3.moe.shared_ffn == 2048
+    assert (v3.moe.num_experts, v3.moe.top_k) == (256, 8) and v3.weight_dtype == "fp8"
+    # One latent of 512 + a 64-wide rotary key per token and layer, not 2 x heads x 128.
+    assert lite.kv_bytes_per_token == 27 * 576 * 2
+    assert v3.kv_bytes_per_token == 61 * 576 * 2
+    # Replicated, not split, across tensor-parallel GPUs; fp8 halves it (plus its scales).
+    assert kv_block_bytes(v3, 8, 16) == kv_block_bytes(v3, 1, 16) == 61 * 16 * 576 * 2
+    assert kv_block_bytes(v3, 8, 16, "fp8") < 0.51 * kv_block_bytes(v3, 8, 16)
+
+
+def test_mla_projection_weights_by_hand() -> None:
+    lite = read("deepseek-v2-lite")
+    h = 2048
+    q = h * 16 * 192
+    latent = h * 576
+    up = 512 * 16 * (128 + 128)
+    o = 16 * 128 * h
+    assert lite.attention_widths(1) == ((q + latent + up) // h, 16 * 128)
+    dense_mlp = 3 * h * 10944
+    experts = 26 * (64 + 2) * 3 * h * 1408
+    other = 27 * (2 * h + 512) + 2 * 102400 * h + h + 26 * 64 * h
+    assert lite.num_params == 27 * (q + latent + up + o) + dense_mlp + experts + other
+
+
+def test_mla_capacity_is_the_hand_calculation() -> None:
+    """DeepSeek-V2-Lite on one H100: 576 cached values per token and layer."""
+    profile, model = load_profile("h100"), read("deepseek-v2-lite")
+    config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=64, num_gpu_blocks=None)
+    cap = determine_capacity(profile, model, 1, config)
+    from slotune.engine.sim.capacity import activation_workspace_bytes
+
+    usable = config.gpu_memory_utilization * profile.gpu.memory_bytes
+    free = (
+        usable
+        - model.weight_bytes
+        - profile.system.reserved_gib * (1 << 30)
+        - activation_workspace_bytes(model, 1, 2048, 64)
+    )
+    assert cap.num_gpu_blocks == int(free // (27 * 16 * 576 * 2))
+
+
+def test_gpt_oss_experts_are_mxfp4_and_attention_bf16() -> None:
+    m = read("gpt-oss-20b")
+    assert m.weight_dtype == "bf16" and m.expert_weight_dtype == "mxfp4"
+    assert m.moe is not None and (m.moe.num_experts, m.moe.top_k) == (32, 4)
+    experts = 24 * 32 * 3 * 2880 * 2880
+    mxfp4 = 4.25 / 8  # 4-bit codes and one 8-bit scale per 32
+    # gpt-oss-20b's checkpoint is 13.8 GB: MXFP4 experts and everything else in bf16.
+    assert m.weight_bytes == round(experts * mxfp4 + (m.num_params - experts) * 2)
+    assert m.weight_bytes / 1e9 == pytest.approx(13.8, rel=0.02)
+    assert get_model("gpt-oss-20b", "bf16").expert_weight_dtype is None
+
+
+def test_llama4_text_config_interleaving_and_fp8_experts() -> None:
+    scout, maverick = read("llama-4-scout"), read("llama-4-maverick")
+    assert scout.moe is not None and maverick.moe is not None
+    assert scout.moe.moe_layers == tuple(range(48)) and scout.num_dense_layers == 0
+    assert maverick.moe.moe_layers == tuple(range(1, 48, 2)) and maverick.num_dense_layers == 24
+    assert maverick.intermediate_size == 16384 and maverick.moe.expert_ffn == 8192
+    assert scout.moe.shared_ffn == 8192 and scout.moe.top_k == 1
+    fp8 = read("llama-4-scout-fp8")  # compressed-tensors FP8, self_attn ignored
+    assert fp8.weight_dtype == "bf16" and fp8.expert_weight_dtype == "fp8"
+    experts = 48 * 17 * 3 * 5120 * 8192
+    assert scout.weight_bytes - fp8.weight_bytes == experts  # one byte saved per weight
+
+
+def test_fp8_experts_run_at_the_fp8_rate_beside_bf16_attention() -> None:
+    scout, fp8 = read("llama-4-scout"), read("llama-4-scout-fp8")
+    h100 = load_profile("h100")
+    bf, f8 = CostModel(h100, scout, 4), CostModel(h100, fp8, 4)
+    assert bf.layer_ops(2048)["qkv_proj"] == f8.layer_ops(2048)["qkv_proj"]
+    for tokens in (1, 8192):  # half the bytes read at one token, the fp8 rate at many
+        bf_moe, f8_moe = (
+            MoECost(h100, scout, 4).layer_ops(tokens),
+            MoECost(h100, fp8, 4).layer_ops(tokens),
+        )
+        assert f8_moe["moe_up"] < 0.7 * bf_moe["moe_up"]
+        assert f8_moe["shared_expert"] < 0.75 * bf_moe["shared_expert"]
