@@ -2,6 +2,7 @@
 hand-computed rooflines on a GPU whose kernels run at their datasheet floor."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,12 @@ import pytest
 from slotune.engine.config import EngineConfig
 from slotune.engine.sim import CostModel, determine_capacity, get_model, load_profile
 from slotune.engine.sim.capacity import activation_workspace_bytes, kv_block_bytes
-from slotune.engine.sim.moe import MoECost, experts_touched
+from slotune.engine.sim.moe import (
+    MoECost,
+    busiest_rank_load,
+    expected_max_std_normal,
+    experts_touched,
+)
 from tests.sim.unit_profile import BF16, BW, FP8, LINK, unit_profile
 
 GIB = 1 << 30
@@ -113,10 +119,13 @@ def test_expert_parallel_all_to_all_and_imbalance_by_hand() -> None:
     profile, model = unit_profile(), get_model("mixtral-8x7b")
     ep = MoECost(profile, model, tp=2, ep=2, imbalance=1.25)
     t = 4096
-    rows = t * 2 / 2 * 1.25  # the busiest rank's rows
-    assert ep.rows_per_gpu(t) == rows
-    # 4 local experts of full width, 1280 rows each: compute-bound
-    assert ep.layer_ops(t)["moe_up"] == pytest.approx(2 * rows * H * 2 * F / BF16)
+    # the busiest rank's rows: the mean, what chance adds for two ranks, the skew
+    chance = 1 + math.sqrt(2 / math.pi) * math.sqrt(6 / (7 * t * 2))
+    rows = t * 2 / 2 * chance * 1.25
+    assert ep.rows_per_gpu(t) == pytest.approx(rows)
+    # 4 local experts of full width, ~1295 rows each padded to 16: compute-bound
+    padded = math.ceil(rows / 4 / 16) * 16 * 4
+    assert ep.layer_ops(t)["moe_up"] == pytest.approx(2 * padded * H * 2 * F / BF16)
     one_way = (2 - 1) / 2 * (t / 2 * 2 * H * 2) / (LINK * 1e9 / 2)
     assert ep.layer_ops(t)["alltoall"] == pytest.approx(2 * one_way)
     tp_only = MoECost(profile, model, tp=2, ep=1)
@@ -210,3 +219,49 @@ def test_fp8_experts_halve_the_weight_reads_and_use_the_fp8_rate() -> None:
     assert one["moe_up"] == pytest.approx((weights + acts + quantize) / BW)
     big = cost.layer_ops(4096)
     assert big["moe_down"] == pytest.approx(2 * 8192 * F * H / FP8 + 3 * 8192 * F / BW)
+
+
+def _busiest_by_monte_carlo(tokens: int, experts: int, k: int, ep: int, runs: int) -> float:
+    """Route ``tokens`` tokens to ``k`` distinct uniformly random experts, ``runs`` times;
+    the mean of the busiest rank's rows over the mean rows per rank."""
+    rng = np.random.default_rng(tokens * 1000 + experts + k + ep)
+    picks = np.argsort(rng.random((runs, tokens, experts)), axis=2)[:, :, :k]
+    ranks = (picks // (experts // ep)).reshape(runs, -1)
+    busiest = np.array([np.bincount(r, minlength=ep).max() for r in ranks])
+    return float(busiest.mean()) / (tokens * k / ep)
+
+
+def test_expected_max_of_normals_by_hand() -> None:
+    assert expected_max_std_normal(1) == 0.0
+    assert expected_max_std_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max_std_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max_std_normal(8) == pytest.approx(1.4236, abs=1e-4)  # tables
+
+
+@pytest.mark.parametrize(
+    ("experts", "k", "ep"),
+    [(8, 2, 2), (8, 2, 4), (8, 2, 8), (64, 6, 8), (128, 8, 8), (256, 8, 32), (16, 1, 4)],
+)
+def test_busiest_rank_load_of_random_routing_against_a_monte_carlo(
+    experts: int, k: int, ep: int
+) -> None:
+    for tokens in (8, 64, 512):
+        rows_per_rank = tokens * k / ep
+        if rows_per_rank < 4:
+            continue
+        got = busiest_rank_load(tokens, experts, k, ep)
+        simulated = _busiest_by_monte_carlo(tokens, experts, k, ep, 600)
+        tol = 0.03 if rows_per_rank >= 16 else 0.05 if ep <= 8 else 0.07
+        assert got == pytest.approx(simulated, rel=tol), (tokens, got, simulated)
+    assert busiest_rank_load(1, 8, 2, 1) == 1.0
+    # one token's rows can at most all land on one rank: ep times the mean
+    assert busiest_rank_load(1, experts, k, ep) <= ep * min(k, experts / ep) / k
+
+
+def test_imbalance_falls_to_the_skew_as_batches_grow() -> None:
+    model = get_model("mixtral-8x7b")
+    ep = MoECost(unit_profile(), model, tp=2, ep=2)
+    ratios = [ep.rows_per_gpu(t) / (t * 2 / 2) for t in (1, 16, 256, 65536)]
+    assert ratios == sorted(ratios, reverse=True)
+    assert ratios[0] == pytest.approx(1.25 * (1 + math.sqrt(2 / math.pi) * math.sqrt(3 / 7)))
+    assert ratios[-1] == pytest.approx(1.25, rel=0.005)
