@@ -2,6 +2,7 @@
 fields (``tests/sim/hf_configs``): what the simulator reads from them, against the
 catalogue entries (transcribed apart) and hand-computed shapes."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,40 @@ def test_fp8_experts_run_at_the_fp8_rate_beside_bf16_attention() -> None:
         )
         assert f8_moe["moe_up"] < 0.7 * bf_moe["moe_up"]
         assert f8_moe["shared_expert"] < 0.75 * bf_moe["shared_expert"]
+
+
+def _compressed(weights: dict, activations: dict | None) -> dict:
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    return {"quant_method": "compressed-tensors", "config_groups": {"group_0": group}}
+
+
+def test_compressed_tensors_schemes_name_the_weight_format(tmp_path: Path) -> None:
+    base = json.loads((CONFIGS / "mixtral-8x7b" / "config.json").read_text())
+    dynamic8 = {"num_bits": 8, "type": "int", "dynamic": True}
+    cases = {
+        "int8": _compressed({"num_bits": 8, "type": "int"}, dynamic8),
+        "int4": _compressed({"num_bits": 4, "type": "int", "group_size": 128}, None),
+        "fp8": _compressed({"num_bits": 8, "type": "float"}, {"num_bits": 8, "type": "float"}),
+    }
+    path = tmp_path / "config.json"
+    for fmt, quant in cases.items():
+        path.write_text(json.dumps(base | {"quantization_config": quant}))
+        m = get_model(str(path))
+        assert (m.weight_dtype, m.expert_weight_dtype) == (fmt, None)  # attention too
+    nvfp4 = _compressed({"num_bits": 4, "type": "float"}, {"num_bits": 4, "type": "float"})
+    path.write_text(json.dumps(base | {"quantization_config": nvfp4}))
+    with pytest.raises(ValueError, match="name the format with --quantization"):
+        get_model(str(path))
+
+
+def test_a_family_without_its_fields_is_refused_by_name(tmp_path: Path) -> None:
+    data = json.loads((CONFIGS / "deepseek-v2-lite" / "config.json").read_text())
+    del data["kv_lora_rank"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="'kv_lora_rank' is missing"):
+        get_model(str(path))
+    llama4 = json.loads((CONFIGS / "llama-4-scout" / "config.json").read_text())
+    path.write_text(json.dumps({k: v for k, v in llama4.items() if k != "text_config"}))
+    with pytest.raises(ValueError, match="needs its 'text_config'"):
+        get_model(str(path))
