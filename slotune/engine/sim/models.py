@@ -2,8 +2,9 @@
 
 Figures are those of each model's Hugging Face ``config.json``. Any such file of a family
 ``hf_config`` reads (Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3,
-gpt-oss, Llama 4) can be given by path instead of a catalogue name; the files the MoE
-entries were transcribed from are in ``tests/sim/hf_configs``. Mixture-of-experts models
+gpt-oss, Llama 4) can be given by path instead of a catalogue name; hand-written copies
+of the MoE models' published files are in ``tests/sim/hf_configs``, and a test holds each
+catalogue entry equal to what its file gives. Mixture-of-experts models
 carry a ``MoESpec``, DeepSeek's latent attention an ``MLASpec``; every model a weight
 format (``precision.WEIGHT_FORMATS``) for its linear layers, bf16 unless quantized, and
 optionally another for its experts (gpt-oss's MXFP4 experts beside bf16 attention).
@@ -120,30 +121,16 @@ class ModelSpec:
         GPUs: an ``[h, qkv] @`` and a ``[attn, h]`` GEMM price attention's projections. For
         MLA the first is the width with the weights (and FLOPs) of all its down- and
         up-projections together, rounded to a whole column."""
-        q_heads = self.num_heads // tp
-        if self.mla is None:
-            return (
-                q_heads + 2 * self.kv_heads_per_gpu(tp)
-            ) * self.head_dim, q_heads * self.head_dim
-        projections = self._mla_projection_params(tp)
-        return round(projections / self.hidden_size), q_heads * self.mla.v_head_dim
-
-    def _mla_projection_params(self, tp: int) -> int:
-        """MLA's weights on one of ``tp`` GPUs, the output projection aside: queries (through
-        the ``q_lora_rank`` bottleneck if any), the replicated latent down-projection, and the
-        latent's up-projection to each local head's key and value."""
-        mla, h, q_heads = self.mla, self.hidden_size, self.num_heads // tp
-        assert mla is not None
-        q_out = q_heads * mla.qk_head_dim
-        queries = h * mla.q_lora_rank + mla.q_lora_rank * q_out if mla.q_lora_rank else h * q_out
-        latent = h * mla.cached_values
-        up = mla.kv_lora_rank * q_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-        return queries + latent + up
+        q_heads, mla = self.num_heads // tp, self.mla
+        if mla is None:
+            qkv = (q_heads + 2 * self.kv_heads_per_gpu(tp)) * self.head_dim
+            return qkv, q_heads * self.head_dim
+        projections = _mla_projection_params(mla, self.hidden_size, q_heads)
+        return round(projections / self.hidden_size), q_heads * mla.v_head_dim
 
     @property
     def num_params(self) -> int:
-        linear, other = self._params_per_gpu(1)
-        return linear + other
+        return sum(self._params_split(1))
 
     @property
     def active_params(self) -> int:
@@ -195,23 +182,20 @@ class ModelSpec:
     def _bytes(self, fmt: WeightFormat) -> float:
         return self.dtype_bytes if fmt.bits_per_weight >= 16 else fmt.bytes_per_weight
 
-    def _params_per_gpu(self, tp: int) -> tuple[int, int]:
-        """(linear-layer weights, everything else) on one of ``tp`` GPUs."""
-        linear, experts, other = self._params_split(tp)
-        return linear + experts, other
-
     def _params_split(self, tp: int) -> tuple[int, int, int]:
         """(attention and dense-MLP weights, routed and shared expert weights, everything
         else) on one of ``tp`` GPUs. The experts come to ``num_experts · 3·h·F / tp`` per
         GPU whatever ``ep`` is."""
         h = self.hidden_size
         qkv_out, attn_dim = self.attention_widths(tp)
-        attention = attn_dim * h + (
-            h * qkv_out if self.mla is None else self._mla_projection_params(tp)
+        mla = self.mla
+        projections = (
+            h * qkv_out if mla is None else _mla_projection_params(mla, h, self.num_heads // tp)
         )
+        attention = projections + attn_dim * h
         per_layer_other = (qkv_out if self.qkv_bias else 0) + 2 * h
-        if self.mla is not None:  # the latent's and the query bottleneck's RMSNorms
-            per_layer_other += self.mla.kv_lora_rank + self.mla.q_lora_rank
+        if mla is not None:  # the latent's and the query bottleneck's RMSNorms
+            per_layer_other += mla.kv_lora_rank + mla.q_lora_rank
         linear = self.num_layers * attention + self.num_dense_layers * (
             3 * h * self.intermediate_size // tp
         )
@@ -224,6 +208,17 @@ class ModelSpec:
             experts = moe.num_moe_layers * (routed + 3 * h * moe.shared_ffn // tp)
             other += moe.num_moe_layers * h * moe.num_experts  # the router
         return linear, experts, other
+
+
+def _mla_projection_params(mla: MLASpec, h: int, q_heads: int) -> int:
+    """MLA's weights on a GPU with ``q_heads`` of its heads, the output projection aside:
+    queries (through the ``q_lora_rank`` bottleneck if any), the latent down-projection
+    (replicated on every GPU), and the latent's up-projection to each head's key and value."""
+    q_out = q_heads * mla.qk_head_dim
+    queries = h * mla.q_lora_rank + mla.q_lora_rank * q_out if mla.q_lora_rank else h * q_out
+    latent = h * mla.cached_values
+    up = mla.kv_lora_rank * q_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return queries + latent + up
 
 
 def _llama(
