@@ -223,11 +223,14 @@ def test_fp8_experts_halve_the_weight_reads_and_use_the_fp8_rate() -> None:
 
 def _busiest_by_monte_carlo(tokens: int, experts: int, k: int, ep: int, runs: int) -> float:
     """Route ``tokens`` tokens to ``k`` distinct uniformly random experts, ``runs`` times;
-    the mean of the busiest rank's rows over the mean rows per rank."""
+    the mean of the busiest rank's rows over the mean rows per rank. Each token's rows per
+    rank are drawn as the ranks its ``k`` experts fall on: ``k`` draws without replacement
+    from ``E`` experts, ``E/ep`` of each rank (a multivariate hypergeometric)."""
     rng = np.random.default_rng(tokens * 1000 + experts + k + ep)
-    picks = np.argsort(rng.random((runs, tokens, experts)), axis=2)[:, :, :k]
-    ranks = (picks // (experts // ep)).reshape(runs, -1)
-    busiest = np.array([np.bincount(r, minlength=ep).max() for r in ranks])
+    per_token = rng.multivariate_hypergeometric(
+        [experts // ep] * ep, k, size=(runs, tokens), method="count"
+    )
+    busiest = per_token.sum(axis=1).max(axis=1)
     return float(busiest.mean()) / (tokens * k / ep)
 
 
@@ -250,7 +253,7 @@ def test_busiest_rank_load_of_random_routing_against_a_monte_carlo(
         if rows_per_rank < 4:
             continue
         got = busiest_rank_load(tokens, experts, k, ep)
-        simulated = _busiest_by_monte_carlo(tokens, experts, k, ep, 600)
+        simulated = _busiest_by_monte_carlo(tokens, experts, k, ep, 2000)
         tol = 0.03 if rows_per_rank >= 16 else 0.05 if ep <= 8 else 0.07
         assert got == pytest.approx(simulated, rel=tol), (tokens, got, simulated)
     assert busiest_rank_load(1, 8, 2, 1) == 1.0
