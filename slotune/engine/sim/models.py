@@ -236,6 +236,8 @@ def _llama(
     qkv_bias: bool = False,
     moe: MoESpec | None = None,
     weight_dtype: str = "bf16",
+    expert_weight_dtype: str | None = None,
+    mla: MLASpec | None = None,
 ) -> ModelSpec:
     return ModelSpec(
         name,
@@ -251,6 +253,8 @@ def _llama(
         eos_token_ids=eos,
         moe=moe,
         weight_dtype=weight_dtype,
+        expert_weight_dtype=expert_weight_dtype,
+        mla=mla,
     )
 
 
