@@ -91,6 +91,31 @@ def test_moe_fields_of_published_configs() -> None:
     assert ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "model_type": "llama"}).moe is None
 
 
+def test_qwen3_moe_fields_as_published_and_as_transformers_5_writes_them() -> None:
+    published = {
+        **QWEN15_MOE_A27B,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "head_dim": 128,
+        "attention_bias": False,
+    }
+    del published["shared_expert_intermediate_size"]
+    q = ModelConfig.from_hf_dict(published)
+    assert q.moe is not None and q.qk_norm and not q.attention_bias
+    assert (q.moe.num_experts, q.moe.num_experts_per_tok, q.moe.moe_intermediate_size) == (
+        128,
+        8,
+        768,
+    )
+    assert q.moe.norm_topk_prob and q.moe.shared_expert_intermediate_size == 0
+    renamed = {k: v for k, v in published.items() if k != "num_experts"}
+    assert ModelConfig.from_hf_dict(renamed | {"num_local_experts": 128}) == q
+
+
 def test_qwen2_moe_layer_frequency_and_dense_layers() -> None:
     sparse = {**QWEN15_MOE_A27B, "num_hidden_layers": 6, "decoder_sparse_step": 2}
     assert ModelConfig.from_hf_dict(sparse).moe.moe_layers == (1, 3, 5)
