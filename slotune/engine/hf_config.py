@@ -122,6 +122,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k before RoPE
     quantization: str | None = None  # quantization_config.quant_method, e.g. "fp8", "awq"
+    quantization_scheme: str | None = None  # what it holds (compressed-tensors: fp8, …)
     quantization_skips_attention: bool = False  # attention left unquantized (gpt-oss, Llama 4)
     mla: MLAConfig | None = None  # DeepSeek-V2/V3 latent attention
 
@@ -172,6 +173,7 @@ class ModelConfig:
                 moe=_moe(model_type, data, where),
                 qk_norm=model_type in ("qwen3", "qwen3_moe"),
                 quantization=quantization_method(data),
+                quantization_scheme=quantization_scheme(data),
                 quantization_skips_attention=_quantization_skips_attention(data),
                 mla=_mla(data) if model_type in ("deepseek_v2", "deepseek_v3") else None,
             )
@@ -328,15 +330,23 @@ def _checked_moe(moe: MoEConfig, where: str) -> MoEConfig:
 
 
 def quantization_method(data: dict[str, Any]) -> str | None:
-    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq, …);
-    for a compressed-tensors file, the scheme its config groups name (fp8, int8, w4a16)."""
+    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq,
+    compressed-tensors, …): what a serving engine's ``--quantization`` names."""
     quant = data.get("quantization_config")
     if not isinstance(quant, dict):
         return None
     method = quant.get("quant_method")
-    if method == "compressed-tensors":
-        return _compressed_tensors_scheme(quant) or method
     return str(method) if method else None
+
+
+def quantization_scheme(data: dict[str, Any]) -> str | None:
+    """The weight scheme the checkpoint holds: its ``quant_method``, or for a
+    compressed-tensors file the scheme its config groups name (fp8, int8, w4a16) where
+    they name one slotune knows."""
+    method = quantization_method(data)
+    if method == "compressed-tensors":
+        return _compressed_tensors_scheme(data["quantization_config"]) or method
+    return method
 
 
 def _compressed_tensors_scheme(quant: dict[str, Any]) -> str | None:

@@ -465,7 +465,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a model config.json ({e})") from None
     config = ModelConfig.from_hf_dict(data, where=str(path))
-    weights = weight_format_name(config.quantization, f"{path}: quantization_config")
+    weights = weight_format_name(config.quantization_scheme, f"{path}: quantization_config")
     # A checkpoint that leaves attention in 16 bits quantizes the MoE layers' experts.
     experts_only = config.quantization_skips_attention and config.moe is not None
     mla = config.mla
