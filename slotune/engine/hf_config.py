@@ -41,7 +41,6 @@ _ARCHITECTURES = {
     "Llama4ForConditionalGeneration": "llama4",
     "Llama4ForCausalLM": "llama4_text",
 }
-_QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
