@@ -172,3 +172,27 @@ def test_a_family_without_its_fields_is_refused_by_name(tmp_path: Path) -> None:
     path.write_text(json.dumps({k: v for k, v in llama4.items() if k != "text_config"}))
     with pytest.raises(ValueError, match="needs its 'text_config'"):
         get_model(str(path))
+
+
+def test_mla_rooflines_by_hand() -> None:
+    """DeepSeek-V2-Lite on the datasheet-floor GPU: decode attention reads 576 bf16 values
+    per context token and layer, replicated on each of 2 GPUs; one token's attention
+    projections read all their weights; a prefill pair costs 2·(192 + 128) FLOPs a head."""
+    from tests.sim.unit_profile import BF16, BW, unit_profile
+
+    lite, h = read("deepseek-v2-lite"), 2048
+    for tp in (1, 2):
+        cm = CostModel(unit_profile(), lite, tp)
+        assert cm.kv_bytes_per_token_layer == 576 * 2
+        heads = 16 // tp
+        weights = h * heads * 192 + h * 576 + 512 * heads * 256
+        acts = 2 * (h + round(weights / h))
+        assert cm.layer_ops(1)["qkv_proj"] == pytest.approx((2 * weights + acts) / BW, rel=1e-3)
+        assert cm.layer_ops(1)["o_proj"] == pytest.approx(
+            (2 * heads * 128 * h + 2 * (heads * 128 + h)) / BW
+        )
+    cm = CostModel(unit_profile(), lite)
+    pair_flops = 16 * 2 * (192 + 128)
+    chunk = 1000  # a causal chunk: half its pairs
+    attention = cm.breakdown(chunk, 0, 0, 0).per_layer["attention"]
+    assert attention == pytest.approx(0.5 * chunk * chunk * pair_flops / BF16, rel=0.01)
