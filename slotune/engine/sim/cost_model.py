@@ -232,14 +232,11 @@ class CostModel:
         self.hidden = m.hidden_size
         self.q_heads = m.num_heads // tp
         self.kv_heads = m.kv_heads_per_gpu(tp)
-        self.qkv_out = (self.q_heads + 2 * self.kv_heads) * m.head_dim
-        self.attn_dim = self.q_heads * m.head_dim
+        self.qkv_out, self.attn_dim = m.attention_widths(tp)
         self.ffn = m.intermediate_size // tp
         self.vocab = -(-m.vocab_size // tp)
         self.kv_cache_dtype = kv_cache_dtype
-        stored, read = kv_bytes_per_token_layer(
-            kv_cache_dtype, block_size, self.kv_heads, m.head_dim
-        )
+        stored, read = kv_bytes_per_token_layer(kv_cache_dtype, block_size, *m.kv_cache_shape(tp))
         self.kv_bytes_per_token_layer = read
         self.block_bytes = block_size * stored * m.num_layers
         self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
