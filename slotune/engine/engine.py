@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from slotune.engine.sim.profile import GpuProfile
     from slotune.engine.sim.stack import StackProfile
 from slotune.engine.scheduler import Scheduler
-from slotune.engine.stretch import StretchPlan, StretchPlanner
+from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -281,14 +281,14 @@ class Engine:
         t = start_time_s
         next_arrival = arrivals.next_time() if arrivals is not None else None
         while True:
-            j = plan.num_steps - 1
+            step = plan.steps[-1]
             d = seconds(
-                plan.num_tokens[j],
-                plan.num_samples[j],
-                plan.num_requests[j],
-                plan.num_decodes[j],
-                plan.context_sum[j],
-                plan.chunks[j],
+                step.num_tokens,
+                step.num_samples,
+                step.num_requests,
+                step.num_decodes,
+                step.context_sum,
+                step.chunks,
             )
             durations.append(d)
             t += d
@@ -309,14 +309,22 @@ class Engine:
             return self.fast_forward(
                 start_time_s, until_time_s, stop_at_finish=stop_at_finish, max_steps=stop
             )
-        result = scheduler.apply_stretch(plan, tokens)
+        result = apply_stretch(scheduler, plan, tokens)
         num_blocks = self.kv_cache.num_gpu_blocks
         steps = [
-            StepStats(d, total, prefill, total - prefill, running, waiting, used / num_blocks, 0)
-            for d, total, prefill, running, waiting, used in zip(
+            StepStats(
+                d,
+                s.num_tokens,
+                s.num_prefill,
+                s.num_tokens - s.num_prefill,
+                running,
+                waiting,
+                used / num_blocks,
+                0,
+            )
+            for d, s, running, waiting, used in zip(
                 durations,
-                plan.num_tokens,
-                plan.num_prefill,
+                plan.steps,
                 result.num_running,
                 result.num_waiting,
                 result.used_blocks,
@@ -326,14 +334,13 @@ class Engine:
         self.last_steps = steps
         self.last_step = steps[-1]
         self.num_fast_forward_steps += len(steps)
-        first = plan.first_sample
-        return list(zip(result.outputs, [f for f in first if f >= 0], strict=True))
+        first = [m.first_sample for m in plan.requests if m.first_sample >= 0]
+        return list(zip(result.outputs, first, strict=True))
 
     def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]]:
         """What each request of the plan samples in its planned steps."""
-        first, last = plan.first_sample, plan.last_sample
         return self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
+            [m.request for m in plan.requests], [m.num_sampled for m in plan.requests]
         )
 
     def stats(self) -> dict[str, Any]:
@@ -363,8 +370,8 @@ def _early_stop_step(plan: StretchPlan, tokens: list[list[int]]) -> int | None:
     request's last planned token (a stop token there ends the request early); None if no
     request stops early."""
     steps = None
-    for req, start, toks in zip(plan.requests, plan.first_sample, tokens, strict=True):
-        stop = req.stop_ids
+    for member, toks in zip(plan.requests, tokens, strict=True):
+        stop, start = member.request.stop_ids, member.first_sample
         if stop and not stop.isdisjoint(toks[:-1]):
             j = next(k for k, tok in enumerate(toks) if tok in stop)
             steps = start + j + 1 if steps is None else min(steps, start + j + 1)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.stretch import StretchPlan, StretchPlanner
+from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import (
@@ -23,11 +23,18 @@ from tests.engine.test_properties import (
 
 def _tokens(plan: StretchPlan) -> list[list[int]]:
     return [
-        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(last - first + 1)]
-        if first >= 0
-        else []
-        for r, first, last in zip(plan.requests, plan.first_sample, plan.last_sample, strict=True)
+        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(m.num_sampled)]
+        for m in plan.requests
+        for r in [m.request]
     ]
+
+
+def per_step(plan: StretchPlan, name: str) -> list:
+    return [getattr(step, name) for step in plan.steps]
+
+
+def per_request(plan: StretchPlan, name: str) -> list:
+    return [getattr(m, name) for m in plan.requests]
 
 
 def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
@@ -72,7 +79,7 @@ def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
                 if not planner.plan_step():
                     break
             plan = planner.finish()
-            record(scheduler.apply_stretch(plan, _tokens(plan)).outputs)
+            record(apply_stretch(scheduler, plan, _tokens(plan)).outputs)
             step += plan.num_steps
         else:
             if engine.has_unfinished_requests():
@@ -115,20 +122,21 @@ def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() 
     assert plan is not None
     # b finishes with its 5th token (step 4) and frees its 3 blocks; a takes a block every
     # 4 steps (1, 5, 9, ...) until none is free: step 21 is not planned
-    assert plan.last_sample == [19, 3] and plan.finishes[3] == [1]
-    assert plan.num_tokens == [2] * 4 + [1] * 16
-    assert [a for a in plan.allocs if a] == [[(0, 1)], [(1, 1)]] + [[(0, 1)]] * 4
+    assert per_request(plan, "last_sample") == [19, 3] and plan.steps[3].finishes == [1]
+    assert per_step(plan, "num_tokens") == [2] * 4 + [1] * 16
+    assert [a for a in per_step(plan, "allocs") if a] == [[(0, 1)], [(1, 1)]] + [[(0, 1)]] * 4
     assert _plan_all(engine, stop_at_finish=True).num_steps == 4  # type: ignore[union-attr]
     engine.kv_cache.pool.free_blocks(held)
     engine.add_request("c", [4] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
     plan = _plan_all(engine)  # c's admission is certain (no prefix cache): planned too
-    assert plan is not None and plan.admits[0] == [(2, 3)] and plan.first_sample[2] == 0
+    assert plan is not None and plan.steps[0].admits == [(2, 3)]
+    assert plan.requests[2].first_sample == 0
     engine.step()  # c comes in: all 3 seats are taken
     engine.add_request("d", [5] * 3, SamplingParams(max_tokens=1))
     plan = _plan_all(engine)  # d waits for a seat: b's finish (step 3) frees one
-    assert plan is not None and plan.finishes[2] == [1]
-    assert [i for i, a in enumerate(plan.admits) if a] == [3]
-    assert plan.requests[3].request_id == "d" and plan.last_sample[3] == 3
+    assert plan is not None and plan.steps[2].finishes == [1]
+    assert [i for i, a in enumerate(per_step(plan, "admits")) if a] == [3]
+    assert plan.requests[3].request.request_id == "d" and plan.requests[3].last_sample == 3
 
 
 def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
@@ -140,9 +148,11 @@ def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     engine.step()  # b takes its first chunk of 5 next to a's decode
     plan = _plan_all(engine)
     assert plan is not None
-    assert plan.num_prefill[:2] == [5, 2] and plan.first_sample == [0, 1]
-    assert plan.last_sample == [5, 2] and plan.chunks[:2] == [[(5, 5)], [(2, 10)]]
-    assert plan.fills[0] == [1]  # b fills its third block in the first step
+    assert per_step(plan, "num_prefill")[:2] == [5, 2]
+    assert per_request(plan, "first_sample") == [0, 1]
+    assert per_request(plan, "last_sample") == [5, 2]
+    assert per_step(plan, "chunks")[:2] == [[(5, 5)], [(2, 10)]]
+    assert plan.steps[0].fills == [1]  # b fills its third block in the first step
 
 
 def test_apply_finishes_on_a_final_stop_token() -> None:
@@ -155,7 +165,7 @@ def test_apply_finishes_on_a_final_stop_token() -> None:
     planner.plan_step()
     plan = planner.finish()
     assert plan.num_steps == 3
-    result = engine.scheduler.apply_stretch(plan, [[5, 6, 8]])
+    result = apply_stretch(engine.scheduler, plan, [[5, 6, 8]])
     (out,) = result.outputs
     assert out.new_token_ids == [5, 6, 8] and out.finish_reason == "stop"
     assert result.num_running == [1, 1, 0]
