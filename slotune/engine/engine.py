@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from slotune.engine.sim.stack import StackProfile
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
+from slotune.engine.stretch.check import StretchChecker, enabled_by_env
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -50,9 +51,13 @@ class Engine:
         *,
         eos_token_id: int | None = None,
         extra_eos_token_ids: Sequence[int] = (),
+        check_stretches: bool | None = None,
     ) -> None:
         """``extra_eos_token_ids``: more end-of-sequence tokens (Llama 3 has several); they
-        stop a request as ``eos_token_id`` does, unless it ignores eos."""
+        stop a request as ``eos_token_id`` does, unless it ignores eos. ``check_stretches``
+        (default: the ``SLOTUNE_CHECK_STRETCHES`` environment variable) replays every
+        stretch step by step on a shadow scheduler and raises if they differ (see
+        ``slotune.engine.stretch.check``)."""
         self.config = config
         self.executor = executor
         self.eos_token_id = eos_token_id
@@ -81,6 +86,9 @@ class Engine:
             config.prefix_caching,
         )
         self.scheduler = Scheduler(config, self.kv_cache)
+        if check_stretches is None:
+            check_stretches = enabled_by_env()
+        self._checker = StretchChecker(config, self.kv_cache) if check_stretches else None
         self._used_ids: set[str] = set()
         self._num_completions: dict[str, int] = {}
 
@@ -134,6 +142,8 @@ class Engine:
 
     def enqueue(self, request: Request) -> None:
         """Queue a request built by ``new_request``."""
+        if self._checker is not None:
+            self._checker.add_request(request)
         self.scheduler.add_request(request)
 
     def new_request(
@@ -199,9 +209,12 @@ class Engine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and all its completions; unknown or finished ids are ignored."""
-        self.scheduler.abort_request(request_id)
-        for i in range(1, self._num_completions.get(request_id, 1)):
-            self.scheduler.abort_request(f"{request_id}#{i}")
+        ids = [request_id]
+        ids += [f"{request_id}#{i}" for i in range(1, self._num_completions.get(request_id, 1))]
+        for rid in ids:
+            self.scheduler.abort_request(rid)
+            if self._checker is not None:
+                self._checker.abort_request(rid)
 
     def forget_request_id(self, request_id: str) -> None:
         """Stop remembering the id of a request that finished or was aborted (and its
@@ -226,6 +239,8 @@ class Engine:
             result = _NO_OUTPUT
             scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
         outputs = scheduler.update_from_output(out, result)
+        if self._checker is not None:
+            self._checker.step(out, result, outputs)
         total = out.total_num_scheduled_tokens
         self.last_step = StepStats(  # positional: measurably cheaper once per step
             result.duration_s,
@@ -309,7 +324,11 @@ class Engine:
             return self.fast_forward(
                 start_time_s, until_time_s, stop_at_finish=stop_at_finish, max_steps=stop
             )
+        checker = self._checker
+        arrived = checker.copy_arrivals(plan) if checker is not None else []
         result = apply_stretch(scheduler, plan, tokens)
+        if checker is not None:
+            checker.replay(plan, tokens, result, arrived, scheduler)
         num_blocks = self.kv_cache.num_gpu_blocks
         steps = [
             StepStats(

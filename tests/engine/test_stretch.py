@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine import engine as engine_module
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
+from slotune.engine.stretch.check import StretchMismatch
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import (
@@ -45,7 +48,7 @@ def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
     fast = mode != "single"
     executor = DeterministicExecutor(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)
-    engine = Engine(config, executor)
+    engine = Engine(config, executor, check_stretches=False)  # it applies stretches itself
     scheduler = engine.scheduler
     tokens: dict[tuple[str, int], list[int]] = {}
     reasons: dict[tuple[str, int], str] = {}
@@ -113,7 +116,7 @@ def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | Non
 
 def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() -> None:
     config = EngineConfig(block_size=4, max_num_seqs=3, prefix_caching="none")
-    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8))
+    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8), check_stretches=False)
     engine.add_request("a", [2] * 4, SamplingParams(max_tokens=30, ignore_eos=True))
     engine.add_request("b", [3] * 6, SamplingParams(max_tokens=5, ignore_eos=True))
     engine.step()  # both prompts: a holds 1 block, b 2 blocks; each sampled one token
@@ -141,7 +144,7 @@ def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() 
 
 def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     config = EngineConfig(block_size=4, max_num_batched_tokens=6, prefix_caching="hash")
-    engine = Engine(config, DeterministicExecutor(check_kv=False))
+    engine = Engine(config, DeterministicExecutor(check_kv=False), check_stretches=False)
     engine.add_request("a", [2] * 3, SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
     engine.add_request("b", [3] * 12, SamplingParams(max_tokens=2, ignore_eos=True))
@@ -156,7 +159,8 @@ def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
 
 
 def test_apply_finishes_on_a_final_stop_token() -> None:
-    engine = Engine(EngineConfig(block_size=4), DeterministicExecutor(check_kv=False))
+    executor = DeterministicExecutor(check_kv=False)
+    engine = Engine(EngineConfig(block_size=4), executor, check_stretches=False)
     engine.add_request("a", [2, 3], SamplingParams(max_tokens=20, stop_token_ids=(7, 8)))
     engine.step()
     planner = StretchPlanner.start(engine.scheduler, False)
@@ -211,3 +215,39 @@ def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
     fast = run(True)
     assert fast == run(False)
     assert len(fast[0]) == 6 and fast[1] == "stop"
+
+
+def _checked_engine() -> Engine:
+    engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", [2 + i] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
+    return engine
+
+
+def _run(engine: Engine) -> None:
+    while engine.has_unfinished_requests():
+        if engine.fast_forward(0.0, None) is None:
+            engine.step()
+
+
+def test_checking_mode_replays_each_stretch_and_passes_a_correct_one() -> None:
+    engine = _checked_engine()
+    _run(engine)
+    assert engine._checker is not None and engine._checker.num_stretches >= 1
+
+
+@pytest.mark.parametrize("fault", ["plan", "state"])
+def test_checking_mode_catches_a_stretch_that_differs(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def faulty(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+        if fault == "plan":
+            plan.steps[0].num_prefill += 1  # the cost model would price another batch
+        result = apply_stretch(scheduler, plan, tokens)
+        if fault == "state":
+            scheduler.count_steps(1, 0)  # a step counted twice
+        return result
+
+    monkeypatch.setattr(engine_module, "apply_stretch", faulty)
+    with pytest.raises(StretchMismatch, match="planned batch" if fault == "plan" else "state"):
+        _run(_checked_engine())

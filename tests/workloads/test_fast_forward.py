@@ -74,6 +74,12 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _check_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine also replays each stretch step by step and compares its whole state."""
+    monkeypatch.setenv("SLOTUNE_CHECK_STRETCHES", "1")
+
+
 def _both(config: EngineConfig, trace: Trace, arrivals: ArrivalSpec) -> tuple:
     on = run_simulated(config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
     off = run_simulated(
