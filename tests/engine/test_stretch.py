@@ -3,7 +3,9 @@ single steps would (same tokens, finishes, counters, block ids and free-queue or
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import random
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,15 +15,63 @@ from slotune.engine import Engine, EngineConfig, SamplingParams
 from slotune.engine import engine as engine_module
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchMismatch
+from slotune.engine.stretch.planner import _TESTED_CONFIG, untested_config
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import (
     ALL_CONFIGS,
+    CACHING,
+    MAX_MODEL_LEN,
+    POLICIES,
+    PREEMPTION,
+    Job,
     Workload,
     largest_request_blocks,
     workload_config,
     workloads,
 )
+
+LARGE_MODEL_LEN = 1024
+LARGE_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, (4, 16, 32)))
+
+
+@st.composite
+def large_workloads(draw: st.DrawFn) -> Workload:
+    """Up to 48 requests of up to 900 tokens arriving over 300 steps, prompts sharing a
+    few long prefixes (tokens drawn from seeds, so hypothesis stays quick)."""
+
+    def tokens(length: int, seed: int, low: int, high: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randint(low, high) for _ in range(length)]
+
+    bases = [
+        tokens(length, seed, 2, 4)
+        for length, seed in draw(
+            st.lists(st.tuples(st.integers(0, 300), st.integers(0, 99)), min_size=1, max_size=4)
+        )
+    ]
+    jobs = []
+    for i in range(draw(st.integers(5, 48))):
+        base = draw(st.sampled_from(bases))
+        suffix = tokens(draw(st.integers(0 if base else 1, 200)), draw(st.integers(0, 99)), 2, 9)
+        jobs.append(
+            Job(
+                rid=f"r{i}",
+                prompt=base + suffix,
+                max_tokens=draw(st.integers(1, 400)),
+                n=draw(st.sampled_from((1, 1, 1, 1, 2))),
+                arrive=draw(st.integers(0, 300)),
+                abort_at=None,
+            )
+        )
+    return Workload(
+        jobs=jobs,
+        budget=draw(st.integers(16, 512)),
+        threshold=draw(st.sampled_from((0, 0, 32, 100))),
+        max_num_seqs=draw(st.integers(4, 32)),
+        extra_blocks=draw(st.integers(0, 60)),
+        cpu_blocks=draw(st.integers(0, 60)),
+    )
 
 
 def _tokens(plan: StretchPlan) -> list[list[int]]:
@@ -40,10 +90,15 @@ def per_request(plan: StretchPlan, name: str) -> list:
     return [getattr(m, name) for m in plan.requests]
 
 
-def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
+def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN) -> tuple:
     """Run the workload stepping one by one (``single``), with stretches that end at the
     next arrival (``until``), or with stretches fed the arrivals (``feed``)."""
     config = workload_config(w, *cfg)
+    if max_model_len != MAX_MODEL_LEN:
+        budget = config.max_num_batched_tokens
+        if config.policy == "prefill_first":
+            budget = max_model_len + w.budget
+        config = replace(config, max_model_len=max_model_len, max_num_batched_tokens=budget)
     need = largest_request_blocks(w, config.block_size)
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
     fast = mode != "single"
@@ -103,6 +158,34 @@ def test_stretches_equal_single_steps(w: Workload, cfg: tuple) -> None:
     single = drive(w, cfg, "single")
     assert drive(w, cfg, "until") == single
     assert drive(w, cfg, "feed") == single
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(large_workloads(), st.sampled_from(LARGE_CONFIGS))
+def test_stretches_equal_single_steps_on_larger_workloads(w: Workload, cfg: tuple) -> None:
+    single = drive(w, cfg, "single", LARGE_MODEL_LEN)
+    assert drive(w, cfg, "until", LARGE_MODEL_LEN) == single
+    assert drive(w, cfg, "feed", LARGE_MODEL_LEN) == single
+
+
+def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
+    assert set(_TESTED_CONFIG) == {f.name for f in fields(EngineConfig)}, (
+        "a new EngineConfig field: review the stretch planner for it, test it, list it"
+    )
+    assert untested_config(EngineConfig()) is None
+    engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
+    engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
+    engine.step()
+    assert engine.fast_forward(0.0, None) is not None
+    _TESTED_CONFIG["block_size"] = frozenset({16})
+    untested_config.cache_clear()
+    try:
+        assert "block_size=4" in (untested_config(engine.config) or "")
+        assert engine.fast_forward(0.0, None) is None  # it steps one by one instead
+    finally:
+        _TESTED_CONFIG["block_size"] = None
+        untested_config.cache_clear()
 
 
 def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:
