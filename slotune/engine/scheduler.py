@@ -364,11 +364,14 @@ class Scheduler:
                 f"executor returned {tokens!r} for request {rid!r}; expected {k} token(s)"
             )
         logprobs = result.logprobs.get(rid) or []
+        top = result.top_logprobs.get(rid)
         family = self._fork(req, k) if k > 1 else [req]
         for index, member in enumerate(family):
             output = take_token(member, tokens[index], finished)
             if index < len(logprobs):
                 output.logprobs = [logprobs[index]]
+            if top is not None:
+                output.top_logprobs = [top]
             outputs.append(output)
 
     def _fork(self, parent: Request, k: int) -> list[Request]:
