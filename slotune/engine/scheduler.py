@@ -24,6 +24,7 @@ from slotune.engine.outputs import RequestOutput
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     counts_as_prefill,
+    fills_block,
     first_chunk,
     has_seat,
     is_decoding,
@@ -325,7 +326,7 @@ class Scheduler:
             req = requests[rid]
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
-            if caching and computed % bs < n:
+            if caching and fills_block(computed, n, bs):
                 uncommitted[rid] = req  # it filled a block: cache it before the next lookup
             all_ids = req.all_token_ids
             if computed != len(all_ids):

@@ -186,6 +186,11 @@ def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
     finally:
         _TESTED_CONFIG["block_size"] = None
         untested_config.cache_clear()
+    params = SamplingParams(max_tokens=9, ignore_eos=True, logprobs=2)
+    engine.add_request("b", [3] * 5, params)  # a stretch reports no logprobs
+    assert engine.fast_forward(0.0, None) is None  # b is not admitted in a stretch
+    engine.step()
+    assert engine.fast_forward(0.0, None) is None  # b runs
 
 
 def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:

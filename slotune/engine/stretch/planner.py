@@ -64,9 +64,13 @@ def untested_config(config: EngineConfig) -> str | None:
 
 
 def refusal(scheduler: Scheduler) -> str | None:
-    """Why the planner refuses to plan for ``scheduler`` at all, or None."""
+    """Why the planner refuses to plan for ``scheduler`` now, or None: a configuration or
+    prefix cache its tests do not cover, or a running request that asks for logprobs (a
+    stretch reports none)."""
     if type(scheduler.kv_cache.cache) not in _TESTED_CACHES:
         return f"prefix cache {type(scheduler.kv_cache.cache).__name__} is not covered"
+    if any(r.sampling_params.logprobs for r in scheduler.running):
+        return "a running request asks for logprobs"
     return untested_config(scheduler.config)
 
 
@@ -490,8 +494,8 @@ class StretchPlanner:
 
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
     """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
-    or a new request without stop tokens or fork, under the chunked policy, with no prefix
-    cache or one whose missing lookups change nothing (hash, not radix)."""
+    or a new request without stop tokens, fork or logprobs, under the chunked policy, with
+    no prefix cache or one whose missing lookups change nothing (hash, not radix)."""
     if head.status is RequestStatus.SWAPPED:
         return True
     cache = s.kv_cache.cache
@@ -499,6 +503,7 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
         head.status is RequestStatus.WAITING
         and not s.prefill_first
         and head.sampling_params.n == 1
+        and not head.sampling_params.logprobs
         and not head.stop_ids
         and (cache is None or isinstance(cache, HashPrefixCache))
     )
