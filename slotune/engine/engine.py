@@ -24,7 +24,7 @@ _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
 
 class ArrivalFeed(Protocol):
-    """Where ``Engine.fast_forward`` finds the requests that arrive during a stretch."""
+    """Where ``Engine.run_stretch`` finds the requests that arrive during a stretch."""
 
     def next_time(self) -> float | None:
         """When the next request is due (None: none is)."""
@@ -63,8 +63,8 @@ class Engine:
         self.eos_token_id = eos_token_id
         self._extra_eos = frozenset(extra_eos_token_ids) - {eos_token_id}
         self.last_step: StepStats | None = None
-        self.num_fast_forward_steps = 0
-        self.last_steps: list[StepStats] = []  # every step the last step() or fast_forward() ran
+        self.num_stretch_steps = 0
+        self.last_steps: list[StepStats] = []  # every step the last step() or run_stretch() ran
         # executors that can tell a stretch's durations and tokens in advance
         self._stretches = all(
             hasattr(executor, name) for name in ("planned_step_seconds", "sampled_token_runs")
@@ -154,7 +154,7 @@ class Engine:
         arrival_time: float = 0.0,
     ) -> Request:
         """A validated request for this engine, its id taken, not yet scheduled: what
-        ``add_request`` adds, or what a ``fast_forward`` feed hands in."""
+        ``add_request`` adds, or what a ``run_stretch`` feed hands in."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
         request = Request(
@@ -255,7 +255,7 @@ class Engine:
         self.last_steps = [self.last_step]
         return outputs
 
-    def fast_forward(
+    def run_stretch(
         self,
         start_time_s: float,
         until_time_s: float | None,
@@ -320,8 +320,8 @@ class Engine:
         stop = _early_stop_step(plan, tokens)
         if stop is not None:  # a stop token ends a request early: plan up to it again
             if arrivals is not None:
-                raise RuntimeError("fast_forward: a stop token after arrivals were handed in")
-            return self.fast_forward(
+                raise RuntimeError("run_stretch: a stop token after arrivals were handed in")
+            return self.run_stretch(
                 start_time_s, until_time_s, stop_at_finish=stop_at_finish, max_steps=stop
             )
         checker = self._checker
@@ -352,7 +352,7 @@ class Engine:
         ]
         self.last_steps = steps
         self.last_step = steps[-1]
-        self.num_fast_forward_steps += len(steps)
+        self.num_stretch_steps += len(steps)
         first = [m.first_sample for m in plan.requests if m.first_sample >= 0]
         return list(zip(result.outputs, first, strict=True))
 
@@ -380,7 +380,7 @@ class Engine:
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "steps": s.steps,
             "max_step_tokens": s.max_step_tokens,
-            "fast_forward_steps": self.num_fast_forward_steps,
+            "stretch_steps": self.num_stretch_steps,
         }
 
 

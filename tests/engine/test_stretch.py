@@ -146,7 +146,7 @@ def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN
         check_all(engine, None)
     check_drained(engine)
     stats = engine.stats()
-    stats.pop("fast_forward_steps")
+    stats.pop("stretch_steps")
     free_order = [b.block_id for b in engine.kv_cache.pool.free_queue.blocks()]
     return tokens, reasons, stats, free_order
 
@@ -177,20 +177,20 @@ def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
     engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
     engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
     engine.step()
-    assert engine.fast_forward(0.0, None) is not None
+    assert engine.run_stretch(0.0, None) is not None
     _TESTED_CONFIG["block_size"] = frozenset({16})
     untested_config.cache_clear()
     try:
         assert "block_size=4" in (untested_config(engine.config) or "")
-        assert engine.fast_forward(0.0, None) is None  # it steps one by one instead
+        assert engine.run_stretch(0.0, None) is None  # it steps one by one instead
     finally:
         _TESTED_CONFIG["block_size"] = None
         untested_config.cache_clear()
     params = SamplingParams(max_tokens=9, ignore_eos=True, logprobs=2)
     engine.add_request("b", [3] * 5, params)  # a stretch reports no logprobs
-    assert engine.fast_forward(0.0, None) is None  # b is not admitted in a stretch
+    assert engine.run_stretch(0.0, None) is None  # b is not admitted in a stretch
     engine.step()
-    assert engine.fast_forward(0.0, None) is None  # b runs
+    assert engine.run_stretch(0.0, None) is None  # b runs
 
 
 def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:
@@ -283,7 +283,7 @@ class PlannableExecutor(DeterministicExecutor):
         ]
 
 
-def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
+def test_run_stretch_ends_a_stretch_at_an_early_stop_token() -> None:
     def run(fast: bool) -> tuple[list[int], str | None, int]:
         engine = Engine(EngineConfig(block_size=4), PlannableExecutor(check_kv=False))
         stop = token_for("a", 0, 9)  # the 6th output token (the prompt has 4)
@@ -292,7 +292,7 @@ def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
         tokens: list[int] = []
         reason = None
         while engine.has_unfinished_requests() and reason is None:
-            stretch = engine.fast_forward(0.0, None) if fast else None
+            stretch = engine.run_stretch(0.0, None) if fast else None
             outs = [o for o, _ in stretch] if stretch is not None else engine.step()
             for out in outs:
                 if out.request_id == "a":
@@ -314,7 +314,7 @@ def _checked_engine() -> Engine:
 
 def _run(engine: Engine) -> None:
     while engine.has_unfinished_requests():
-        if engine.fast_forward(0.0, None) is None:
+        if engine.run_stretch(0.0, None) is None:
             engine.step()
 
 
