@@ -126,12 +126,6 @@ class SimExecutor:
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
 
     # -- for the engine's stretches (``Engine.run_stretch``) ---------------------------
-    def decode_stretch_durations(
-        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
-    ) -> list[float]:
-        """See ``CostModel.decode_stretch_durations``: equal to ``execute`` step by step."""
-        return self.cost_model.decode_stretch_durations(context_lens, k, context_sum)
-
     def planned_step_seconds(
         self,
         num_tokens: int,
