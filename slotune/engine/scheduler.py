@@ -28,6 +28,7 @@ from slotune.engine.rules import (
     first_chunk,
     has_seat,
     is_decoding,
+    needs_blocks,
     num_samples,
     prompts_first,
     reaches_length,
@@ -170,7 +171,7 @@ class Scheduler:
             rid = req.request_id
             has_output = bool(req.output_token_ids)
             if is_decoding(n, has_output):  # the hot path
-                # only a block boundary (or a fork's shared block) can need the allocator
+                # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (
                     kv.allocate_slots(req, 1) or self._make_room(req, 1, out)
                 ):
@@ -181,7 +182,7 @@ class Scheduler:
                 continue
             n = running_chunk(n, computed, self.threshold, budget, self.max_model_len)
             if (
-                (computed + n > req_blocks[rid].num_slots or cow_pending)
+                (needs_blocks(computed, n, req_blocks[rid].num_slots) or cow_pending)
                 and not kv.allocate_slots(req, n)
                 and not self._make_room(req, n, out)
             ):
@@ -249,7 +250,9 @@ class Scheduler:
             rid = req.request_id
             out.num_scheduled_tokens[rid] = n
             if req.num_computed_tokens + n == len(req.all_token_ids):
-                out.num_samples[rid] = seats
+                out.num_samples[rid] = num_samples(
+                    bool(req.output_token_ids), req.sampling_params.n
+                )
             if not swapped or counts_as_prefill(n, bool(req.output_token_ids)):
                 out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n

@@ -282,7 +282,7 @@ class StretchPlanner:
             free_left -= blocks
             new_blocks += blocks
             if n == o.total:
-                num_sampled += 1
+                num_sampled += num_samples(o.has_output, o.n)
             if n == 1:
                 num_decodes += 1
                 context += 1
