@@ -30,6 +30,14 @@ Arrivals during a stretch reach the planner through ``arrive`` after the step th
 follow. When a request finishes and the caller asks (it may send requests then), that step
 is the last. Stop tokens are the caller's to check: it knows the tokens and may plan a
 shorter stretch again.
+
+The planner and the scheduler follow the same rules, one function each in
+``slotune.engine.rules``. The planner refuses (``refusal``) configurations and prefix
+caches its tests do not cover, and requests that ask for logprobs. ``check`` holds the
+checking mode (``SLOTUNE_CHECK_STRETCHES=1``): a shadow scheduler replays every stretch
+step by step and compares.
+
+Modules: ``plan`` (the named types of a plan), ``planner``, ``apply``, ``check``.
 """
 
 from slotune.engine.stretch.apply import StretchResult, apply_stretch
