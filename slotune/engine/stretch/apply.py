@@ -31,6 +31,8 @@ def apply_stretch(
     """
     kv = scheduler.kv_cache
     members = plan.requests
+    requests = [m.request for m in members]
+    ids = [r.request_id for r in requests]
     steps = plan.steps
     last = plan.num_steps - 1
     outputs: list[RequestOutput | None] = [None] * len(members)
@@ -38,7 +40,7 @@ def apply_stretch(
     status_of: dict[int, RequestStatus] = {}
 
     def take(i: int) -> None:
-        outputs[i] = _take_run(members[i].request, tokens[i], ending)
+        outputs[i] = _take_run(requests[i], tokens[i], ending)
         if len(status_of) < len(ending):
             status_of[i] = ending[-1][1]
 
@@ -66,7 +68,7 @@ def apply_stretch(
     num_pending = 0
     for j, step in enumerate(steps):
         for i, n in step.allocs:
-            pending.append((members[i].request.request_id, n))
+            pending.append((ids[i], n))
             num_pending += n
         if pending and (step.admits or step.finishes):
             kv.grow(pending)
@@ -79,9 +81,9 @@ def apply_stretch(
             num_running += 1
         used.append(pool.num_used_blocks + num_pending)
         for i in step.fills:
-            uncommitted[members[i].request.request_id] = members[i].request
+            uncommitted[ids[i]] = requests[i]
         for i in step.finishes:
-            req = members[i].request
+            req = requests[i]
             status = status_of.get(i)
             if status is None or members[i].last_sample != j:
                 raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
@@ -94,8 +96,8 @@ def apply_stretch(
             scheduler.add_request(req)
     if pending:
         kv.grow(pending)
-    for member, computed in zip(members, final, strict=True):
-        member.request.num_computed_tokens = computed
+    for req, computed in zip(requests, final, strict=True):
+        req.num_computed_tokens = computed
     scheduler.count_steps(plan.num_steps, max(s.num_tokens for s in steps))
     if ending:
         scheduler.drop_finished()

@@ -26,10 +26,10 @@ class PlannedStep:
     context_sum: int  # KV tokens the decodes read together
     chunks: list[Chunk]  # the requests taking more than one token, in batch order
     allocs: list[Alloc]
-    admits: list[Admit] = field(default_factory=list)
-    fills: list[int] = field(default_factory=list)  # requests that filled a block
-    finishes: list[int] = field(default_factory=list)
-    arrivals: list[Request] = field(default_factory=list)  # requests arriving after it
+    admits: list[Admit]
+    fills: list[int]  # requests that filled a block
+    finishes: list[int]
+    arrivals: list[Request]  # requests arriving after it
 
 
 @dataclass(slots=True)

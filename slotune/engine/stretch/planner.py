@@ -220,7 +220,7 @@ class StretchPlanner:
         if prompts_first(self.sched.prefill_first, head):
             return self._end_before(None, 0)  # the step looks the prompt up
         plan = self.plan
-        j = plan.num_steps + 1  # 1-based, as the buckets
+        j = len(plan.steps) + 1  # 1-based, as the buckets
         prefix_allocs = self.alloc_at.pop(j, None)
         allocs: list[Alloc] = []
         if prefix_allocs:
@@ -296,7 +296,18 @@ class StretchPlanner:
             return self._end_before(prefix_allocs, j)
         self.free -= new_blocks
         step = PlannedStep(
-            num_tokens, prefill, num_sampled, num_requests, num_decodes, context, chunks, allocs
+            num_tokens,
+            prefill,
+            num_sampled,
+            num_requests,
+            num_decodes,
+            context,
+            chunks,
+            allocs,
+            [],
+            [],
+            [],
+            [],
         )
         plan.steps.append(step)
         if admitted:
@@ -338,7 +349,7 @@ class StretchPlanner:
         prefix_fills = self.fill_at.pop(j, None)
         if prefix_fills:
             prefix_fills.sort()
-            fills.extend(prefix_fills)
+            fills = step.fills = prefix_fills
             self._again(self.fill_at, prefix_fills, j + bs)
         finished = step.finishes
         done = self.finish_at.pop(j, None)
