@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from slotune.engine.request import Request
 
@@ -39,7 +39,8 @@ class PlannedRequest:
     computes ``scheduled`` tokens.
 
     How far it has computed: one token per step from step ``agg_start`` (1-based; 0:
-    never) on, from ``agg_computed``; before that, ``progress`` as (step, computed after).
+    never) on, from ``agg_computed``; before that, ``progress`` as (step, computed after)
+    (None: no progress noted; the planner notes it only with a prefix cache).
     """
 
     request: Request
@@ -49,7 +50,7 @@ class PlannedRequest:
     last_sample: int = -1
     agg_start: int = 0
     agg_computed: int = 0
-    progress: list[tuple[int, int]] = field(default_factory=list)
+    progress: list[tuple[int, int]] | None = None
 
     @property
     def num_sampled(self) -> int:
@@ -61,7 +62,7 @@ class PlannedRequest:
         if s and k >= s - 1:
             return self.agg_computed + k - s + 1
         computed = self.start_computed
-        for step, after in self.progress:
+        for step, after in self.progress or ():
             if step > k:
                 break
             computed = after

@@ -374,6 +374,8 @@ class StretchPlanner:
                 o.slots = slots
             member.scheduled += n
             if caching:
+                if member.progress is None:
+                    member.progress = []
                 member.progress.append((j, computed))
                 if fills_block(computed, n, bs):
                     fills.append(i)
@@ -493,13 +495,11 @@ class StretchPlanner:
         plan = self.plan
         last = plan.num_steps - 1
         for member in plan.requests:
-            s = member.agg_start
-            if s and member.last_sample < 0:
+            if member.last_sample < 0 and member.first_sample >= 0:
                 member.last_sample = last
-                member.scheduled += last + 1 - s + 1
-        for member in plan.requests:
-            if member.first_sample >= 0 and member.last_sample < 0:
-                member.last_sample = last
+                s = member.agg_start
+                if s:
+                    member.scheduled += last + 1 - s + 1
         return plan
 
 
