@@ -11,6 +11,9 @@ scheduled request ever loses its blocks.
 
 ``schedule()`` only decides; ``update_from_output()`` applies what the executor computed.
 Between the two, every scheduled request's ``num_computed_tokens`` is its pre-step value.
+The rules both follow are functions in ``slotune.engine.rules``, shared with the stretch
+planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are what
+``slotune.engine.stretch.apply_stretch`` uses to apply planned steps.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ class Scheduler:
             if not out.preempted_request_ids:
                 budget = self._schedule_waiting(out, budget, _ANY)
         else:
-            if prompts_first(True, self.waiting[0] if self.waiting else None):
+            if prompts_first(self.prefill_first, self.waiting[0] if self.waiting else None):
                 budget = self._schedule_waiting(out, budget, _PROMPTS)
             if not out.num_scheduled_tokens:
                 budget = self._schedule_running(out, budget)
