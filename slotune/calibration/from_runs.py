@@ -26,21 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from slotune.calibration.transforms import Param, from_unit, to_unit
 from slotune.engine.sim.profile import GpuProfile, load_profile
 from slotune.engine.sim.stack import StackProfile, load_stack
 from slotune.validate.replay import Replay, replay
 from slotune.validate.runs import MeasuredRun
 from slotune.workloads.trace import Trace
-
-
-@dataclass(frozen=True)
-class Param:
-    """One fitted constant: where it lives, its bounds and its starting value."""
-
-    name: str
-    low: float
-    high: float
-
 
 PARAMS = (
     Param("stack.host_step_us", 0.0, 20000.0),
@@ -167,16 +158,12 @@ def fit_from_runs(
     cut = [cut_to_windows(r, window_s) for r in runs]
     if start:
         base_stack, base_profile = apply(start, base_stack, base_profile)
-    x0 = np.array([current_value(p.name, base_stack, base_profile) for p in params])
-    lo = np.array([p.low for p in params])
-    hi = np.array([p.high for p in params])
-    x0 = np.clip(x0, lo, hi)
-    scale = np.maximum(hi - lo, 1e-9)
+    start_values = {p.name: current_value(p.name, base_stack, base_profile) for p in params}
     count = 0
 
     def evaluate(z: np.ndarray) -> np.ndarray:
         nonlocal count
-        values = dict(zip((p.name for p in params), lo + z * scale, strict=True))
+        values = from_unit(params, z)
         s, prof = apply(values, base_stack, base_profile)
         res: list[float] = []
         for run in cut:
@@ -189,14 +176,14 @@ def fit_from_runs(
 
     sol = least_squares(
         evaluate,
-        (x0 - lo) / scale,
+        to_unit(params, start_values),
         bounds=(0.0, 1.0),
         loss="soft_l1",
         f_scale=0.1,
         diff_step=0.02,
         max_nfev=max(1, max_evaluations // (len(params) + 1)),
     )
-    values = {p.name: float(v) for p, v in zip(params, lo + sol.x * scale, strict=True)}
+    values = from_unit(params, sol.x)
     s, prof = apply(values, base_stack, base_profile)
     return FitResult(
         stack=s,

@@ -15,7 +15,7 @@ from slotune.cli.common import fail
 @app.command()
 def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the GPUs the simulator knows, with their datasheet figures."""
-    from slotune.engine.sim.calibration import DERIVED_FROM
+    from slotune.calibration.readers import DERIVED_FROM
     from slotune.engine.sim.hardware import GPUS
 
     rows = []

@@ -128,6 +128,11 @@ class RateLadder:
             "highest": self.highest,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> RateLadder:
+        """The ladder ``to_dict`` wrote."""
+        return cls(data["base"], data["ratio"], int(data["lowest"]), int(data["highest"]))
+
 
 @dataclass
 class RateSearch:

@@ -174,7 +174,7 @@ class SimExecutor:
         ``len(request.all_token_ids)`` on; ``[]`` for a count of 0): what a
         stretch appends. ``sampled_tokens`` of each, in one call."""
         seeds, table = self._seeds, self._table
-        runs = []
+        runs: list[list[int]] = []
         for req, k in zip(requests, counts, strict=True):
             if not k:
                 runs.append([])

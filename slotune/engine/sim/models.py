@@ -158,22 +158,27 @@ def _llama(
     vocab: int,
     max_pos: int,
     eos: tuple[int, ...],
-    **kw: object,
+    *,
+    head_dim: int | None = None,
+    qkv_bias: bool = False,
+    moe: MoESpec | None = None,
+    weight_dtype: str = "bf16",
 ) -> ModelSpec:
-    head_dim = kw.pop("head_dim", h // heads)
     return ModelSpec(
         name,
         h,
         layers,
         heads,
         kv,
-        head_dim,  # type: ignore[arg-type]
+        head_dim or h // heads,
         ffn,
         vocab,
+        qkv_bias=qkv_bias,
         max_position_embeddings=max_pos,
         eos_token_ids=eos,
-        **kw,
-    )  # type: ignore[arg-type]
+        moe=moe,
+        weight_dtype=weight_dtype,
+    )
 
 
 def _experts(
