@@ -66,17 +66,6 @@ def test_graph_limit_follows_max_num_seqs_like_vllm() -> None:
     assert CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=1024).graph_max_tokens == 512
 
 
-@pytest.mark.parametrize("host_us", [0.0, 3000.0, 30_000.0])
-def test_stretch_durations_equal_single_steps_with_graphs(host_us: float) -> None:
-    stack = load_stack("vllm-v1").with_values(host_step_us=host_us)
-    cm = CostModel(PROFILE, MODEL, stack=stack, max_num_seqs=128)
-    for n in (1, 3, 9, 100, 300):
-        ctx = [500 + 7 * i for i in range(n)]
-        durations = cm.decode_stretch_durations(ctx, 4)
-        for j, d in enumerate(durations):
-            assert d == cm.decode_step_seconds(n, sum(ctx) + j * n)
-
-
 def _trace() -> Trace:
     reqs = [
         TraceRequest(f"r{i}", prompt_len=300, output_len=20, arrival_time=2.0 * i) for i in range(5)

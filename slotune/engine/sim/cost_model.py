@@ -201,8 +201,7 @@ class CostModel:
     (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
     expert-parallel GPUs and ``moe_imbalance``; ``kv_cache_dtype`` sets the KV bytes that
     attention reads and swaps move. The public costing calls are ``step_seconds``
-    (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
-    decode steps, bit-identical to costing each step with ``step_seconds``) and
+    (any batch), ``decode_step_seconds`` (a step of decodes only) and
     ``breakdown`` (per-op detail for ``slotune estimate``).
     """
 
@@ -398,33 +397,6 @@ class CostModel:
     def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
         """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
         return self.step_seconds(num_decodes, num_decodes, num_decodes, num_decodes, context_sum)
-
-    def decode_stretch_durations(
-        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
-    ) -> list[float]:
-        """Durations of ``k`` consecutive pure-decode steps of the same requests.
-
-        ``context_lens`` are the KV tokens each request reads in the first step (its
-        computed tokens plus the one it decodes); every later step reads one more per
-        request. Pass a count as ``context_lens`` with ``context_sum`` to give the
-        aggregate directly. Each value equals ``decode_step_seconds`` of that step exactly.
-        """
-        if isinstance(context_lens, int):
-            if context_sum is None:
-                raise ValueError("decode_stretch_durations: a request count needs context_sum")
-            num, ctx = context_lens, context_sum
-        else:
-            num, ctx = len(context_lens), sum(context_lens)
-        if num == 0 or k <= 0:
-            return [self.decode_step_seconds(num, ctx)] * max(k, 0)
-        base = self.dense_seconds(num) + self.lm_head_seconds(num)
-        host = self._cpu_step + self._cpu_req * num
-        fixed = self.kernels(num).decode_fixed + self._dec_per_seq * num
-        per_ctx = self._dec_per_ctx
-        gpu = [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
-        if self._overlap == 0.0:
-            return [t + host for t in gpu]
-        return [self.with_host(t, host) for t in gpu]
 
     def breakdown(
         self,

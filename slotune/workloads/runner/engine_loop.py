@@ -4,7 +4,7 @@ One loop serves both. Virtual time: each step advances the clock by the executor
 ``last_step.duration_s``; requests whose arrival passed during a step are added after it
 (their arrival time stays the true one, so the wait counts in their TTFT); an idle engine
 jumps to the next arrival. Nothing sleeps. On a virtual clock the engine may also run a
-whole stretch of steps at once (``Engine.fast_forward``): up to the next arrival, or on
+whole stretch of steps at once (``Engine.run_stretch``): up to the next arrival, or on
 through the arrivals (handed to it as they fall due) when no finish can release a
 request (no sessions, no concurrency cap). Each covered step is recorded and each token
 gets its own step's end time, exactly as if the steps had run one by one. Wall time: the
@@ -88,7 +88,7 @@ class WallClock:
 
 
 class _Feed:
-    """The dispatcher's arrivals as ``Engine.fast_forward`` takes them."""
+    """The dispatcher's arrivals as ``Engine.run_stretch`` takes them."""
 
     def __init__(self, disp: Dispatcher[list[int]], due: Callable[[float], list[Request]]):
         self.next_time = disp.next_time
@@ -120,7 +120,7 @@ def run_simulated(
     arrivals: ArrivalSpec = ALL_AT_ONCE,
     seed: int = 0,
     progress: Progress | None = None,
-    fast_forward: bool = True,
+    stretches: bool = True,
     timeout_s: float | None = None,
     quantization: str | None = None,
     ep: int = 1,
@@ -130,9 +130,9 @@ def run_simulated(
 
     ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
     per-request costs outside the engine delay every client-side time of a request
-    (``RunResult.with_request_latency``). ``fast_forward`` runs stretches of plain decode
-    steps at once (``Engine.fast_forward``); the result is identical either way, only
-    faster. Turn it off to debug or compare.
+    (``RunResult.with_request_latency``). ``stretches`` runs stretches of steps
+    planned in advance at once (``Engine.run_stretch``); the result is identical either
+    way, only faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
     ``runner.timeouts``); None waits for ever.
     """
@@ -151,7 +151,7 @@ def run_simulated(
             VirtualClock(),
             seed=seed,
             progress=progress,
-            fast_forward=fast_forward,
+            stretches=stretches,
             client_latency_s=stack.request_latency_s,
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
@@ -202,18 +202,18 @@ def drive_engine(
     *,
     seed: int = 0,
     progress: Progress | None = None,
-    fast_forward: bool = False,
+    stretches: bool = False,
     client_latency_s: float = 0.0,
     timeout_s: float | None = None,
 ) -> RunResult:
-    """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
+    """The loop of both clocks. ``stretches`` need a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
     later); ``RunResult.with_request_latency`` moves the recorded times to match. With
     ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
     are aborted."""
-    if fast_forward and not isinstance(clock, VirtualClock):
-        raise ValueError("drive_engine: fast_forward needs a VirtualClock")
+    if stretches and not isinstance(clock, VirtualClock):
+        raise ValueError("drive_engine: stretches need a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
     rec = Recorder(trace)
     keep_output = disp.has_children
@@ -266,7 +266,7 @@ def drive_engine(
         return requests
 
     # without finishes that release requests (or deadlines), a stretch runs on through arrivals
-    feed = _Feed(disp, due) if fast_forward and not stop_at_finish and timeout_s is None else None
+    feed = _Feed(disp, due) if stretches and not stop_at_finish and timeout_s is None else None
     while True:
         now = clock.now()
         for request in due(now):
@@ -280,9 +280,9 @@ def drive_engine(
             clock.wait_until(nxt)
             continue
         if (
-            fast_forward
+            stretches
             and (
-                stretch := engine.fast_forward(
+                stretch := engine.run_stretch(
                     now,
                     earliest(disp.next_time(), deadlines.next_time()),
                     stop_at_finish=stop_at_finish,
