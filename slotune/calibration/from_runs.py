@@ -9,9 +9,10 @@ fit over ten runs takes minutes, not hours.
 The fitted parameters (``PARAMS``): the host's exposed work per step, the per-request
 latency outside the engine, the all-reduce latency per hop (only TP runs move it) and the
 time of the engine's kernels against the profile's isolated kernel measurements
-(``gpu_time_scale``) live in the stack, so that a stack fitted on one card carries to
-others; decode attention's bandwidth efficiency and per-sequence cost are corrections of
-the GPU profile (whose attention was carried over from another card). Other constants
+(``gpu_time_scale``) and the engine's work per decoding request and layer live in the
+stack, so that a stack fitted on one card carries to others; decode attention's bandwidth
+efficiency is a correction of the GPU profile (whose attention was carried over from
+another card). Other constants
 (``ATTENTION_PARAMS``, the stack's CUDA-graph overhead) can be named for fits that want
 them.
 """
@@ -40,7 +41,7 @@ PARAMS = (
     Param("stack.allreduce_latency_us", 0.0, 60.0),
     Param("stack.gpu_time_scale", 0.8, 1.2),
     Param("gpu.attention.decode_eff", 0.2, 1.0),
-    Param("gpu.attention.decode_per_seq_us", 0.0, 2.0),
+    Param("stack.decode_seq_layer_us", 0.0, 2.0),
 )
 ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),

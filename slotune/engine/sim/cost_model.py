@@ -250,7 +250,8 @@ class CostModel:
         self._padded = [0] * (self.graph_max_tokens + 1)
         for lo, hi in zip((0, *sizes), sizes, strict=False):
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
-        self._dec_per_seq = layers * att.decode_per_seq_us * time_scale * _US
+        per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
+        self._dec_per_seq = layers * per_seq_layer * time_scale * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )

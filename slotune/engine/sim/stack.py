@@ -42,8 +42,10 @@ class StackProfile:
     against the isolated kernels the GPU profile measured. With ``schedule_ahead`` the
     scheduler plans a step while the one before it runs (vLLM V1's async scheduling): a
     request that arrives, or a seat that frees, while the engine is busy reaches the GPU a
-    step later than a synchronous loop would run it. ``None`` host or all-reduce fields
-    take the GPU profile's values."""
+    step later than a synchronous loop would run it. ``decode_seq_layer_us`` is the
+    engine's work per decoding request and layer beside attention's KV read (KV-cache
+    write, slot and position metadata), seen in served runs but not in isolated attention
+    kernels. ``None`` host or all-reduce fields take the GPU profile's values."""
 
     name: str = EAGER
     host_step_us: float | None = None
@@ -56,6 +58,7 @@ class StackProfile:
     request_in_us: float = 0.0
     request_out_us: float = 0.0
     schedule_ahead: bool = False
+    decode_seq_layer_us: float = 0.0
     allreduce_latency_us: float | None = None
     allreduce_eff: float | None = None
     note: str = ""
@@ -70,7 +73,12 @@ class StackProfile:
             raise ValueError(
                 f"stack {self.name!r}: gpu_time_scale must be in (0, 2] (got {self.gpu_time_scale})"
             )
-        for name in ("request_in_us", "request_out_us", "graph_overhead_scale"):
+        for name in (
+            "request_in_us",
+            "request_out_us",
+            "graph_overhead_scale",
+            "decode_seq_layer_us",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(
                     f"stack {self.name!r}: {name} must be >= 0 (got {getattr(self, name)})"
