@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 # GEMM M-tiles tried. A smooth curve (tile 1) fits the reference slightly better, since
 # cuBLAS picks smaller tiles for small M, but real kernels do pad M to their tile.
 LINEAR_TILES = (64, 128)
+RAMP_WIDTH = 10_000.0
+"""The output width at which a fitted ``half_tokens`` holds (``LinearProfile.ramp``)."""
 LINEAR_PARAMS = (
     Param("overhead_us", 1e-2, 1e3, log=True),
     Param("mem_eff", 0.01, 1.0),
@@ -82,7 +84,8 @@ def fit_linear(gpu: GpuSpec, frames: list[pd.DataFrame]) -> LinearProfile:
 
         def residuals(z: np.ndarray, m_pad: np.ndarray = m_pad) -> np.ndarray:
             v = from_unit(LINEAR_PARAMS, z)
-            t_cmp = 2.0 * (m_pad + v["half_tokens"]) * k * n / (peak * v["compute_eff"])
+            ramp = v["half_tokens"] * RAMP_WIDTH / n
+            t_cmp = 2.0 * (m_pad + ramp) * k * n / (peak * v["compute_eff"])
             pred = v["overhead_us"] * 1e-6 + np.maximum(nbytes / (bw * v["mem_eff"]), t_cmp)
             return np.log(pred) - log_t
 
@@ -97,6 +100,7 @@ def fit_linear(gpu: GpuSpec, frames: list[pd.DataFrame]) -> LinearProfile:
             half_tokens=round(v["half_tokens"], 3),
             tile_tokens=tile,
             fitted_on=gpu.name,
+            ramp_width=RAMP_WIDTH,
         )
         if best is None or value < best[0]:
             best = (value, prof)

@@ -53,8 +53,15 @@ def _synthetic_frame(linear: LinearProfile, norm: ElementwiseProfile) -> pd.Data
 
 
 def test_linear_fit_recovers_the_constants_that_made_the_times() -> None:
+    from slotune.calibration.kernel_fit import RAMP_WIDTH
+
     truth = LinearProfile(
-        overhead_us=7.0, mem_eff=0.85, compute_eff=0.65, half_tokens=90.0, tile_tokens=128
+        overhead_us=7.0,
+        mem_eff=0.85,
+        compute_eff=0.65,
+        half_tokens=90.0,
+        tile_tokens=128,
+        ramp_width=RAMP_WIDTH,
     )
     frame = _synthetic_frame(truth, ElementwiseProfile(2.0, 0.5))
     fitted = fit_linear(get_gpu("h100"), [frame])

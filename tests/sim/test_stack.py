@@ -91,7 +91,7 @@ def test_tensor_parallel_allreduce_uses_the_stack_latency() -> None:
     fast = CostModel(PROFILE, model, tp=4, stack=StackProfile(name="f", allreduce_latency_us=0))
     slow = CostModel(PROFILE, model, tp=4, stack=StackProfile(name="s", allreduce_latency_us=20))
     diff = slow.layer_ops(16)["allreduce"] - fast.layer_ops(16)["allreduce"]
-    assert diff == pytest.approx(2 * 20e-6)
+    assert diff == pytest.approx(2 * 2 * (4 - 1) * 20e-6)  # two per layer, 2 (tp-1) hops each
 
 
 def test_small_batch_gemms_scale_with_bandwidth_on_another_card() -> None:

@@ -43,7 +43,7 @@ def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: in
     tile = p.tile_tokens
     m_pad = -(-m // tile) * tile
     t_mem = DTYPE_BYTES * (k * n + m * k + m * n) / (bw * p.mem_eff)
-    t_cmp = 2.0 * (m_pad + p.half_tokens) * k * n / (peak * p.compute_eff)
+    t_cmp = 2.0 * (m_pad + p.ramp(n)) * k * n / (peak * p.compute_eff)
     return p.overhead_us * _US + (t_mem if t_mem > t_cmp else t_cmp)
 
 
@@ -126,14 +126,15 @@ def kv_bytes_per_token_layer(
 def allreduce_seconds(
     profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
 ) -> float:
-    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link, with
-    the latency and link efficiency of ``stack`` where it sets them."""
+    """Ring all-reduce in the alpha-beta model: ``2 (tp-1)`` hops of the latency and
+    ``2 (tp-1)/tp`` of the bytes over one direction of the link, with the per-hop latency
+    and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     s = (stack or StackProfile()).on(profile.system)
     latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+    return 2 * (tp - 1) * latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,8 @@ class CostModel:
         self._padded = [0] * (self.graph_max_tokens + 1)
         for lo, hi in zip((0, *sizes), sizes, strict=False):
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
-        self._dec_per_seq = layers * att.decode_per_seq_us * time_scale * _US
+        per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
+        self._dec_per_seq = layers * per_seq_layer * time_scale * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )

@@ -156,7 +156,9 @@ def run_simulated(
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
         )
-    return result.with_request_latency(stack.request_latency_s, stack.name)
+    return result.with_request_latency(
+        stack.request_latency_s, stack.name, schedule_ahead=stack.schedule_ahead
+    )
 
 
 @contextmanager
