@@ -34,6 +34,12 @@ class ArrivalFeed(Protocol):
         """The requests due by ``now`` (built with ``Engine.new_request``), taken."""
         ...
 
+    @property
+    def at_step_start(self) -> bool:
+        """Whether a request joins after a step only if it arrived by that step's start
+        (a scheduler that plans each step while the one before runs), not by its end."""
+        ...
+
 
 class Engine:
     """Runs requests to completion one ``step()`` at a time.
@@ -271,8 +277,8 @@ class Engine:
 
         For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
         1..j, added left to right. With ``arrivals``, the requests due by each step's end
-        join the waiting queue after it, as a caller adding them between steps would do, and
-        the stretch runs on through them; without, it ends with the first step that ends at
+        (its start where ``arrivals.at_step_start``) join the waiting queue after it, as a
+        caller adding them between steps would do, and the stretch runs on through them; without, it ends with the first step that ends at
         or after ``until_time_s`` (the caller adds the next arrival after it). A stretch also
         ends after ``max_steps``, before a step the planner is unsure of, or with the first
         finish if ``stop_at_finish`` (a caller that may send requests when one finishes).
@@ -308,8 +314,9 @@ class Engine:
             durations.append(d)
             t += d
             if arrivals is not None:
-                if next_arrival is not None and t >= next_arrival:
-                    planner.arrive(arrivals.due(t))
+                cut = t - d if arrivals.at_step_start else t
+                if next_arrival is not None and cut >= next_arrival:
+                    planner.arrive(arrivals.due(cut))
                     next_arrival = arrivals.next_time()
             elif until_time_s is not None and t >= until_time_s:
                 break

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 REQUEST_COLUMNS = (
@@ -50,50 +49,20 @@ class RunResult:
     duration_s: float
     engine_stats: dict[str, Any] = field(default_factory=dict)
 
-    def with_request_latency(
-        self, seconds: float, stack: str, *, schedule_ahead: bool = False
-    ) -> RunResult:
+    def with_request_latency(self, seconds: float, stack: str) -> RunResult:
         """This run as clients see it when each request spends ``seconds`` outside the
         engine (HTTP, tokenization, streaming): every token and finish time that much later.
-        With ``schedule_ahead`` (a scheduler that plans each step while the one before it
-        runs) a request that waited for a step boundary starts a step later than this run's
-        synchronous loop started it: its times move by the duration of the step that gave
-        its first token too. ``engine_stats["stack"]`` names the serving stack."""
+        ``engine_stats["stack"]`` names the serving stack that says so."""
         stats = {**self.engine_stats, "stack": stack}
-        if seconds == 0 and not schedule_ahead:
+        if seconds == 0:
             return replace(self, engine_stats=stats)
         reqs = self.requests.copy()
-        shift = np.full(len(reqs), float(seconds))
-        if schedule_ahead:
-            shift += self.schedule_ahead_lag()
-        reqs["first_token_time"] = reqs["first_token_time"] + shift
-        reqs["finish_time"] = reqs["finish_time"] + shift
-        reqs["token_times"] = [
-            [t + d for t in ts] for ts, d in zip(reqs["token_times"], shift, strict=True)
-        ]
+        reqs["first_token_time"] = reqs["first_token_time"] + seconds
+        reqs["finish_time"] = reqs["finish_time"] + seconds
+        reqs["token_times"] = [[t + seconds for t in ts] for ts in reqs["token_times"]]
         return replace(
-            self,
-            requests=reqs,
-            duration_s=self.duration_s + float(shift.max(initial=0.0)),
-            engine_stats=stats,
+            self, requests=reqs, duration_s=self.duration_s + seconds, engine_stats=stats
         )
-
-    def schedule_ahead_lag(self) -> np.ndarray:
-        """Per request: the duration of the step that produced its first token where that
-        step started after the request arrived (it waited for a boundary), else 0 (an idle
-        engine starts at once)."""
-        out = np.zeros(len(self.requests))
-        if self.steps.empty:
-            return out
-        ends = self.steps["time"].to_numpy(dtype=float)
-        durations = self.steps["duration_s"].to_numpy(dtype=float)
-        first = self.requests["first_token_time"].to_numpy(dtype=float)
-        arrival = self.requests["arrival_time"].to_numpy(dtype=float)
-        ok = np.isfinite(first)
-        k = np.clip(np.searchsorted(ends, first[ok] - 1e-12), 0, len(ends) - 1)
-        waited = ends[k] - durations[k] > arrival[ok] + 1e-9
-        out[ok] = np.where(waited, durations[k], 0.0)
-        return out
 
     def save(self, out_dir: str | Path) -> None:
         """Write ``requests.csv`` (token times as a JSON list) and ``steps.csv``."""

@@ -90,9 +90,15 @@ class WallClock:
 class _Feed:
     """The dispatcher's arrivals as ``Engine.run_stretch`` takes them."""
 
-    def __init__(self, disp: Dispatcher[list[int]], due: Callable[[float], list[Request]]):
+    def __init__(
+        self,
+        disp: Dispatcher[list[int]],
+        due: Callable[[float], list[Request]],
+        at_step_start: bool,
+    ):
         self.next_time = disp.next_time
         self.due = due
+        self.at_step_start = at_step_start
 
 
 class TokenPrompts:
@@ -155,10 +161,9 @@ def run_simulated(
             client_latency_s=stack.request_latency_s,
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
+            schedule_ahead=stack.schedule_ahead,
         )
-    return result.with_request_latency(
-        stack.request_latency_s, stack.name, schedule_ahead=stack.schedule_ahead
-    )
+    return result.with_request_latency(stack.request_latency_s, stack.name)
 
 
 @contextmanager
@@ -205,13 +210,17 @@ def drive_engine(
     stretches: bool = False,
     client_latency_s: float = 0.0,
     timeout_s: float | None = None,
+    schedule_ahead: bool = False,
 ) -> RunResult:
     """The loop of both clocks. ``stretches`` need a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
     later); ``RunResult.with_request_latency`` moves the recorded times to match. With
     ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
-    are aborted."""
+    are aborted. With ``schedule_ahead`` (a scheduler that plans each step while the one
+    before runs, as vLLM V1's async scheduling does) a request that arrives while the
+    engine is busy joins after the step that starts after it arrived, not the one it
+    arrived in; an idle engine takes it at once."""
     if stretches and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: stretches need a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -266,10 +275,16 @@ def drive_engine(
         return requests
 
     # without finishes that release requests (or deadlines), a stretch runs on through arrivals
-    feed = _Feed(disp, due) if stretches and not stop_at_finish and timeout_s is None else None
+    feed = (
+        _Feed(disp, due, schedule_ahead)
+        if stretches and not stop_at_finish and timeout_s is None
+        else None
+    )
+    step_start: float | None = None  # of the last step run, while the engine stays busy
     while True:
         now = clock.now()
-        for request in due(now):
+        busy = schedule_ahead and step_start is not None and engine.has_unfinished_requests()
+        for request in due(step_start if busy and step_start is not None else now):
             engine.enqueue(request)
         if not engine.has_unfinished_requests():
             nxt = disp.next_time()
@@ -297,6 +312,8 @@ def drive_engine(
             pairs = [(out, 0) for out in engine.step()]
             steps = [engine.last_step] if engine.last_step is not None else []
         times = clock.advance_steps(steps)
+        if steps:
+            step_start = times[-1] - steps[-1].duration_s
         rec.steps(times, steps)
         now = times[-1] if times else clock.now()
         ended = []
