@@ -36,8 +36,9 @@ def tune(
         int | None,
         opt(
             "--num-requests",
-            "Requests per trial (default: 500, or the whole trace if shorter; 32 with --backend "
-            "engine); more come closer to steady state, slower.",
+            "Requests per trial, sent as a burst at the rate (default: a timed steady-state "
+            "run, see --duration; 32 with --backend engine or timestamps, 500 with only "
+            "--warmup/--cooldown).",
         ),
     ] = None,
     rate: Annotated[float | None, opt("--rate", "Poisson request rate (req/s).")] = None,
@@ -68,15 +69,26 @@ def tune(
         opt(
             "--duration",
             "Steady state: each run sends at its rate for this many seconds (the trace cut "
-            "or repeated), instead of a number of requests.",
+            "or repeated), instead of a number of requests (default with the simulator on a "
+            "trace without timestamps: 30).",
         ),
     ] = None,
     warmup: Annotated[
-        float, opt("--warmup", "Leave requests arriving in the first N seconds out of scores.")
-    ] = 0.0,
+        float | None,
+        opt(
+            "--warmup",
+            "Leave requests arriving in the first N seconds out of scores (default with a "
+            "duration: 10, at most a third of it; else 0).",
+        ),
+    ] = None,
     cooldown: Annotated[
-        float, opt("--cooldown", "Leave requests arriving in the last N seconds out of scores.")
-    ] = 0.0,
+        float | None,
+        opt(
+            "--cooldown",
+            "Leave requests arriving in the last N seconds out of scores (default with a "
+            "duration: 3, at most a tenth of it; else 0).",
+        ),
+    ] = None,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),

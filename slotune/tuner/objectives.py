@@ -96,6 +96,17 @@ def attainment(summary: dict[str, Any]) -> float:
     return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
+def sustained_share(summary: dict[str, Any], rate: float | None) -> float:
+    """The share of the offered ``rate`` the server kept up with: 1 unless the run's
+    steady-state check saw the requests in flight grow, then 1 - their growth per second
+    / ``rate`` (what arrives and is not completed piles up)."""
+    steady = summary.get("steady_state") or {}
+    if steady.get("steady") is not False or not rate:
+        return 1.0
+    growth = steady.get("growth_per_s") or 0.0
+    return min(1.0, max(0.0, 1.0 - growth / rate))
+
+
 def attainment_violation(summary: dict[str, Any], target: float) -> float:
     """Optuna constraint value: ``target - attainment``, feasible when <= 0."""
     return target - attainment(summary)

@@ -24,7 +24,12 @@ from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher
 from slotune.workloads.runner.record import Recorder
-from slotune.workloads.runner.timeouts import TIMEOUT_ERROR, Deadlines, earliest
+from slotune.workloads.runner.timeouts import (
+    TIMEOUT_ERROR,
+    UNFINISHED_ERROR,
+    Deadlines,
+    earliest,
+)
 from slotune.workloads.trace import Trace
 
 if TYPE_CHECKING:
@@ -124,6 +129,7 @@ def run_simulated(
     timeout_s: float | None = None,
     quantization: str | None = None,
     ep: int = 1,
+    horizon_s: float | None = None,
 ) -> RunResult:
     """Replay ``trace`` through the simulated engine on a virtual clock (``quantization``
     overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
@@ -134,7 +140,9 @@ def run_simulated(
     steps at once (``Engine.fast_forward``); the result is identical either way, only
     faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
-    ``runner.timeouts``); None waits for ever.
+    ``runner.timeouts``); None waits for ever. ``horizon_s``: the run ends at this time
+    (engine clock); requests still in flight then fail as unfinished, those not yet sent
+    stay unsent.
     """
     from slotune.engine.engine import Engine
     from slotune.engine.sim import SimExecutor
@@ -155,6 +163,7 @@ def run_simulated(
             client_latency_s=stack.request_latency_s,
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
+            horizon_s=horizon_s,
         )
     return result.with_request_latency(stack.request_latency_s, stack.name)
 
@@ -203,13 +212,15 @@ def drive_engine(
     fast_forward: bool = False,
     client_latency_s: float = 0.0,
     timeout_s: float | None = None,
+    horizon_s: float | None = None,
 ) -> RunResult:
     """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
     later); ``RunResult.with_request_latency`` moves the recorded times to match. With
     ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
-    are aborted."""
+    are aborted. At ``horizon_s`` (or the first step end after it) the run stops: what
+    is still in flight fails as unfinished."""
     if fast_forward and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: fast_forward needs a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -267,6 +278,10 @@ def drive_engine(
     feed = _Feed(disp, due) if fast_forward and not stop_at_finish and timeout_s is None else None
     while True:
         now = clock.now()
+        if horizon_s is not None and now >= horizon_s:
+            for i in rec.pending():
+                end(i, now, error=UNFINISHED_ERROR, output_tokens=len(token_times[i]))
+            break
         for request in due(now):
             engine.enqueue(request)
         if not engine.has_unfinished_requests():
