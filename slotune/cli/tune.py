@@ -55,7 +55,14 @@ def tune(
     weights: Annotated[str | None, opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
     percentile: Annotated[float, opt("--percentile", "Percentile of the weighted score.")] = 99.0,
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
-    trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
+    trials: Annotated[
+        int | None,
+        opt(
+            "--trials",
+            "Finished trials the study should have (default: 16 with the default "
+            "steady-state runs, else 50).",
+        ),
+    ] = None,
     timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
     request_timeout: Annotated[
         float | None,
@@ -248,7 +255,7 @@ class _Display:
         self.live.start()
 
     def _timeout_note(self) -> None:
-        trials = self.options.trials
+        trials = self.ready.budget
         if self.options.timeout and self.finished < trials:
             _console.print(
                 f"--timeout {self.options.timeout:g}s reached: {self.finished} of {trials} "
@@ -367,6 +374,8 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         _pct(best["metrics"].get("slo_attainment")),
         _pct(base["metrics"].get("slo_attainment")),
     )
+    table.add_row("failed (timed out)", _failed(best["metrics"]), _failed(base["metrics"]))
+    table.add_row("steady state reached", _steady(best["metrics"]), _steady(base["metrics"]))
     table.add_row(
         "weighted score (lower is better)", _num(best.get("score")), _num(base.get("score"))
     )
@@ -377,6 +386,19 @@ def _comparison_table(best: dict[str, Any]) -> Any:
             _num(base.get("goodput_rps")),
         )
     return table
+
+
+def _failed(metrics: dict[str, Any]) -> str:
+    from slotune.tuner.results import flat_metrics
+
+    if metrics.get("failed") is None:
+        return "n/a"
+    return f"{metrics['failed']} ({flat_metrics(metrics).get('timeouts', 0)})"
+
+
+def _steady(metrics: dict[str, Any]) -> str:
+    steady = (metrics.get("steady_state") or {}).get("steady")
+    return {True: "yes", False: "no"}.get(steady, "n/a")
 
 
 def _ms(v: float | None) -> str:

@@ -42,16 +42,21 @@ class SteadyRun:
     warmup_s: float
     cooldown_s: float
     rate_step: float  # the goodput search's ladder: each rate this much above the last
+    trials: int  # the study's default budget with these runs
 
 
-STEADY_DEFAULT = SteadyRun(duration_s=30.0, warmup_s=10.0, cooldown_s=3.0, rate_step=1.05)
+STEADY_DEFAULT = SteadyRun(
+    duration_s=30.0, warmup_s=10.0, cooldown_s=3.0, rate_step=1.05, trials=16
+)
 """The simulator's default run at a rate: 30 s of arrivals (the trace repeated), scored
 after a 10 s warm-up (longer than most requests stay in the system, so the requests in
 flight have settled) and before a 3 s cool-down; the run's steady-state check decides
 whether the rate is held. Rates 5 % apart: finer than a 30 s run resolves. The least
 simulation whose ranking of configurations equals that of 60 s and 120 s runs
-(docs/BENCHMARKS.md, "Steady-state goodput"); the default tune stays well under a minute."""
+(docs/BENCHMARKS.md, "Steady-state goodput"); with 16 trials (a run costs several bursts)
+the default tune stays well under a minute."""
 BURST_RATE_STEP = 1.02
+DEFAULT_TRIALS = 50
 DEFAULT_OUT_ROOT = Path("slotune-out")
 
 
@@ -88,7 +93,7 @@ class TuneOptions:
     weights: str | None = None
     percentile: float = 99.0
     attainment: float = 0.99
-    trials: int = 50
+    trials: int | None = None  # default: STEADY_DEFAULT's with the default run, else 50
     timeout: float | None = None
     request_timeout: float | None = None
     duration: float | None = None
@@ -114,6 +119,7 @@ _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
 
 @dataclass(frozen=True)
 class Prepared:
+    options: TuneOptions  # with the defaults that depend on the trace settled
     setup: TuneSetup
     space: SearchSpace
     trace: Any
@@ -146,7 +152,7 @@ def check_options(o: TuneOptions) -> None:
         )
     checks = [
         (o.tp >= 1, f"{{tp}} must be at least 1 (got {o.tp})"),
-        (o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),
+        (o.trials is None or o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),
         (o.n_jobs >= 1, f"{{n_jobs}} must be at least 1 (got {o.n_jobs})"),
         (o.heartbeat >= 1, f"{{heartbeat}} must be at least 1 second (got {o.heartbeat})"),
         (
@@ -299,14 +305,15 @@ def prepare(o: TuneOptions) -> Prepared:
         quantization=o.quantization,
         ep=o.ep,
     )
-    return Prepared(setup, space, trace, gpu, reference_from_baseline)
+    return Prepared(o, setup, space, trace, gpu, reference_from_baseline)
 
 
 def with_run_length(o: TuneOptions, trace: Any) -> TuneOptions:
-    """The options with the run's length and scoring window settled. A simulated run at a
-    rate (given or searched) on a trace without timestamps is by default a timed
-    steady-state run (``STEADY_DEFAULT``); a warm-up or cool-down left unset is then
-    STEADY_DEFAULT's, capped to a third (a tenth) of the duration, and else none."""
+    """The options with the run's length, scoring window and trial budget settled. A
+    simulated run at a rate (given or searched) on a trace without timestamps is by
+    default a timed steady-state run (``STEADY_DEFAULT``, with its trial budget); a
+    warm-up or cool-down left unset is then STEADY_DEFAULT's, capped to a third (a
+    tenth) of the duration, and else none."""
     steady = (
         o.backend == "sim"
         and o.num_requests is None
@@ -317,15 +324,16 @@ def with_run_length(o: TuneOptions, trace: Any) -> TuneOptions:
         and not trace.has_timestamps
     )
     duration = STEADY_DEFAULT.duration_s if steady else o.duration
+    trials = o.trials or (STEADY_DEFAULT.trials if steady else DEFAULT_TRIALS)
     if duration is None:
-        return replace(o, warmup=o.warmup or 0.0, cooldown=o.cooldown or 0.0)
+        return replace(o, warmup=o.warmup or 0.0, cooldown=o.cooldown or 0.0, trials=trials)
     warmup = min(STEADY_DEFAULT.warmup_s, duration / 3) if o.warmup is None else o.warmup
     cooldown = min(STEADY_DEFAULT.cooldown_s, duration / 10) if o.cooldown is None else o.cooldown
     if not warmup + cooldown < duration:
         raise TuneInputError(
             "warmup", "{warmup} and {cooldown} together must be shorter than {duration}"
         )
-    return replace(o, duration=duration, warmup=warmup, cooldown=cooldown)
+    return replace(o, duration=duration, warmup=warmup, cooldown=cooldown, trials=trials)
 
 
 def _check_hardware(o: TuneOptions) -> Any | None:
