@@ -124,6 +124,7 @@ class RateLadder:
     ratio: float = 1.02
     lowest: int = -400
     highest: int = 400
+    max_gallop: int = 800  # the exact search's longest step, in rungs
 
     def rate(self, k: int) -> float:
         return self.base * self.ratio**k
@@ -137,6 +138,7 @@ class RateLadder:
             "ratio": self.ratio,
             "lowest": self.lowest,
             "highest": self.highest,
+            "max_gallop": self.max_gallop,
         }
 
 
@@ -148,8 +150,8 @@ class RateSearch:
     upward (1, 2, 4, ... rungs) and bisects, so an improvement or a tie is found exactly.
     When it misses, it cannot win, and the search stops after that one run (``run`` returns
     None; the objective then ranks the config by its goodput at that rate). ``exact`` (the
-    baseline, whose rate nobody knows yet) gallops 16, 32, 64, ... rungs either way and
-    bisects to the rung.
+    baseline, whose rate nobody knows yet) gallops 16, 32, 64, ... rungs (at most the
+    ladder's ``max_gallop``) either way and bisects to the rung.
     """
 
     feasible: Callable[[int], bool]
@@ -171,22 +173,28 @@ class RateSearch:
         return self._down(start, lo) if self.exact else None
 
     def _up(self, ok: int, hi: int) -> int:
-        step = 16 if self.exact else 1
+        step = self._first_step()
         while ok < hi:
             k = min(ok + step, hi)
             if not self.probe(k):
                 return self._bisect(ok, k)
-            ok, step = k, step * 2
+            ok, step = k, self._next_step(step)
         return ok
 
     def _down(self, bad: int, lo: int) -> int | None:
-        step = 16
+        step = self._first_step()
         while bad > lo:
             k = max(bad - step, lo)
             if self.probe(k):
                 return self._bisect(k, bad)
-            bad, step = k, step * 2
+            bad, step = k, self._next_step(step)
         return None
+
+    def _first_step(self) -> int:
+        return min(16, self.ladder.max_gallop) if self.exact else 1
+
+    def _next_step(self, step: int) -> int:
+        return min(step * 2, self.ladder.max_gallop) if self.exact else step * 2
 
     def _bisect(self, ok: int, bad: int) -> int:
         while bad - ok > 1:

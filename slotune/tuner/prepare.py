@@ -267,9 +267,11 @@ def prepare(o: TuneOptions) -> Prepared:
         and objective != "goodput"
     )
     needs_ladder = objective in ("goodput", "pareto") or reference_from_baseline
-    step = STEADY_DEFAULT.rate_step if o.duration is not None else BURST_RATE_STEP
     base = o.rate or load.native_rate or 1.0
-    ladder = RateLadder(base=base, ratio=step) if needs_ladder else None
+    if o.duration is None:
+        ladder = RateLadder(base=base, ratio=BURST_RATE_STEP)
+    else:  # a step of 8 rungs (48 %): no run far above what a server holds, each a long one
+        ladder = RateLadder(base=base, ratio=STEADY_DEFAULT.rate_step, max_gallop=8)
     notes = []
     if objective == "goodput" and o.rate is not None:
         notes.append(f"--rate {o.rate:g} starts the goodput search; the searched rate varies")
@@ -299,7 +301,7 @@ def prepare(o: TuneOptions) -> Prepared:
         cooldown_s=o.cooldown or 0.0,
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
-        ladder=ladder.to_dict() if ladder else None,
+        ladder=ladder.to_dict() if needs_ladder else None,
         notes=tuple(notes),
         trace_digest=trace_digest(trace),
         quantization=o.quantization,
