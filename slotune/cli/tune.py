@@ -290,7 +290,8 @@ def _print_plan(setup: Any, name: str, num_requests: int) -> None:
             if setup.load.burstiness == 1
             else (f"gamma, burstiness {setup.load.burstiness:g}")
         )
-        load = f"the request rate is searched per trial ({kind}, 2% steps)"
+        step = ((setup.ladder or {}).get("ratio", 1.02) - 1) * 100
+        load = f"the request rate is searched per trial ({kind}, {step:.0f}% steps)"
     if setup.load.duration_s is not None:
         load += (
             f", each run {setup.load.duration_s:g} s long (scored after a "
