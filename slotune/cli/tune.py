@@ -59,7 +59,7 @@ def tune(
         int | None,
         opt(
             "--trials",
-            "Finished trials the study should have (default: 16 with the default "
+            "Finished trials the study should have (default: 12 with the default "
             "steady-state runs, else 50).",
         ),
     ] = None,

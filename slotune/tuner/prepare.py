@@ -46,14 +46,14 @@ class SteadyRun:
 
 
 STEADY_DEFAULT = SteadyRun(
-    duration_s=30.0, warmup_s=10.0, cooldown_s=3.0, rate_step=1.05, trials=16
+    duration_s=30.0, warmup_s=10.0, cooldown_s=3.0, rate_step=1.05, trials=12
 )
 """The simulator's default run at a rate: 30 s of arrivals (the trace repeated), scored
 after a 10 s warm-up (longer than most requests stay in the system, so the requests in
 flight have settled) and before a 3 s cool-down; the run's steady-state check decides
 whether the rate is held. Rates 5 % apart: finer than a 30 s run resolves. The least
 simulation whose ranking of configurations equals that of 60 s and 120 s runs
-(docs/BENCHMARKS.md, "Steady-state goodput"); with 16 trials (a run costs several bursts)
+(docs/BENCHMARKS.md, "Steady-state goodput"); with 12 trials (a run costs several bursts)
 the default tune stays well under a minute."""
 BURST_RATE_STEP = 1.02
 DEFAULT_TRIALS = 50

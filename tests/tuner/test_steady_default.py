@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 import pytest
 
 from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement
@@ -72,3 +73,15 @@ def test_the_horizon_cuts_an_overloaded_run_without_changing_any_verdict() -> No
     assert cut["failed"] > 0 and whole["failed"] == 0  # the stop failed requests...
     assert cut["slo_attainment"] == whole["slo_attainment"]  # ...that had missed already
     assert cut["steady_state"]["steady"] is whole["steady_state"]["steady"] is False
+
+
+def test_a_steady_study_tries_the_defaults_with_each_kv_cache_format(tmp_path: Path) -> None:
+    import slotune
+
+    result = slotune.tune(
+        gpu="h100", slo=SLO, duration=8.0, trials=2, out=str(tmp_path), report=False
+    )
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    first, second = (t.user_attrs["config"] for t in study.trials[:2])
+    assert first == result.baseline["config"] and first["kv_cache_dtype"] == "auto"
+    assert second == {**first, "kv_cache_dtype": "fp8"}
