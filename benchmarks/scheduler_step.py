@@ -11,7 +11,7 @@ manager and building the step's ``RequestOutput``s); ``engine.step`` adds the en
 own bookkeeping on top. ``outputs`` is the cost of building that many ``RequestOutput``s
 alone (a part of ``update``): what the API's per-token objects cost. ``stretch`` is the
 cost per step of 100 decode steps planned and applied at once (``StretchPlanner`` +
-``Scheduler.apply_stretch``, the fast-forward's primitives; no ``RequestOutput``s). Times are this
+``apply_stretch``, the stretch primitives; no ``RequestOutput``s). Times are this
 thread's CPU time, best of ``--repeats`` blocks, so other processes on a shared machine
 do not inflate them.
 """
@@ -26,7 +26,7 @@ import time
 from slotune.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.scheduler_output import SchedulerOutput
-from slotune.engine.stretch import StretchPlanner
+from slotune.engine.stretch import StretchPlanner, apply_stretch
 
 STRETCH = 100  # decode steps planned and applied at once (``slotune.engine.stretch``)
 clock = time.thread_time  # CPU time: time spent descheduled on a shared machine is not ours
@@ -106,7 +106,7 @@ def measure(
             if planner is None or planner.plan.num_steps != STRETCH:
                 raise RuntimeError(f"expected a stretch of {STRETCH} steps")
             plan = planner.finish()
-            scheduler.apply_stretch(plan, [[7] * STRETCH for _ in plan.requests])
+            apply_stretch(scheduler, plan, [[7] * STRETCH for _ in plan.requests])
             stretch_s = min(stretch_s, clock() - t0)
         outputs_s = float("inf")
         for _ in range(repeats):

@@ -162,9 +162,9 @@ def main() -> None:
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
         parser.error("--clock cpu needs --device cpu and --threads 1")
 
+    from slotune.calibration.on_device import calibrate, profile_json
     from slotune.engine import Engine
     from slotune.engine.model import TorchExecutor
-    from slotune.engine.model.calibrate import calibrate, profile_json
     from slotune.engine.model.init_model import init_model
     from slotune.engine.sim import CostModel, get_model, load_profile
     from slotune.workloads import ArrivalSpec, run_engine, run_simulated, summarize

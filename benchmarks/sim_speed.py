@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/sim_speed.py            # 1,000 and 10,000 requests
     .venv/bin/python benchmarks/sim_speed.py --requests 1000 --rate 4
-    .venv/bin/python benchmarks/sim_speed.py --fast-forward on off   # both, side by side
-    .venv/bin/python benchmarks/sim_speed.py --fast-forward on off --repeats 5   # min, median
+    .venv/bin/python benchmarks/sim_speed.py --stretches on off   # both, side by side
+    .venv/bin/python benchmarks/sim_speed.py --stretches on off --repeats 5   # min, median
 
 The trace has log-normal lengths with means of about 1,150 prompt and 220 output tokens
 (conversation turns with their history), Poisson arrivals at 4 req/s; llama-2-7b on
@@ -40,7 +40,7 @@ def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-unt
     )
 
 
-def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[str, float]:
+def run_one(num_requests: int, rate: float, stretches: bool = True) -> dict[str, float]:
     t_import = time.perf_counter()
     from slotune.engine.config import EngineConfig
     from slotune.workloads import ArrivalSpec, run_simulated
@@ -58,14 +58,14 @@ def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[s
         gpu=GPU,
         model=MODEL,
         arrivals=ArrivalSpec(rate=rate),
-        fast_forward=fast_forward,
+        stretches=stretches,
     )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = int(result.engine_stats.get("steps", len(result.steps)))
     done = int(result.requests["error"].isna().sum())
     requests = result.requests
     return {
-        "fast_forward": fast_forward,
+        "stretches": stretches,
         "requests": num_requests,
         "completed": done,
         "mean_prompt": float(result.requests["prompt_tokens"].mean()),
@@ -79,9 +79,7 @@ def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[s
         "steps": steps,
         "steps_per_s": round(steps / wall),
         "simulated_s": round(result.duration_s, 1),
-        "fast_forwarded_steps": round(
-            result.engine_stats.get("fast_forward_steps", 0) / max(steps, 1), 3
-        ),
+        "stretch_steps": round(result.engine_stats.get("stretch_steps", 0) / max(steps, 1), 3),
         "mean_running": round(float(result.steps["num_running"].mean()), 1),
         "mean_waiting": round(float(result.steps["num_waiting"].mean()), 2),
         "mean_ttft_s": round(
@@ -93,7 +91,7 @@ def run_one(num_requests: int, rate: float, fast_forward: bool = True) -> dict[s
 
 def _child(n: int, rate: float, mode: str) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--child", "--requests", str(n), "--rate", str(rate)]
-    out = subprocess.run([*cmd, "--fast-forward", mode], capture_output=True, text=True, check=True)
+    out = subprocess.run([*cmd, "--stretches", mode], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -102,11 +100,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, nargs="*", default=[1000, 10000])
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals, req/s")
     parser.add_argument(
-        "--fast-forward",
+        "--stretches",
         nargs="*",
         default=["on"],
         choices=["on", "off"],
-        help="run with the engine's fast-forward on, off, or both (results are identical)",
+        help="run with the engine's stretches on, off, or both (results are identical)",
     )
     parser.add_argument(
         "--repeats", type=int, default=1, help="fresh runs of each, interleaved; min and median"
@@ -114,13 +112,13 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.requests[0], args.rate, args.fast_forward == ["on"])))
+        print(json.dumps(run_one(args.requests[0], args.rate, args.stretches == ["on"])))
         return
     print(f"{MODEL} on {GPU}, budget {BUDGET}, Poisson {args.rate:g} req/s")
     for n in args.requests:
-        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in args.fast_forward}
+        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in args.stretches}
         for _ in range(args.repeats):
-            for mode in args.fast_forward:
+            for mode in args.stretches:
                 rows[mode].append(_child(n, args.rate, mode))
                 if args.repeats == 1:
                     print(json.dumps(rows[mode][-1]))

@@ -6,13 +6,15 @@ least squares (soft-L1 loss on log ratios) moves the constants. The runs are cut
 first ``window_s`` seconds of each stage (the first ``warmup_s`` of each not scored), so a
 fit over ten runs takes minutes, not hours.
 
-The fitted parameters (``PARAMS``): the host's exposed work per step, the kernel overhead
-left under CUDA graphs, the per-request latency outside the engine, the all-reduce latency
-(only TP runs move it) and the time of the engine's kernels against the profile's isolated
-kernel measurements (``gpu_time_scale``). All live in the stack, so that a stack fitted on
-one card carries to others; the GPU profile stays as its kernel measurements fitted it.
-``ATTENTION_PARAMS`` are corrections of a profile's attention constants (for a profile
-whose attention was carried over from another card) for fits that want them.
+The fitted parameters (``PARAMS``): the host's exposed work per step, the per-request
+latency outside the engine, the all-reduce latency per hop (only TP runs move it) and the
+time of the engine's kernels against the profile's isolated kernel measurements
+(``gpu_time_scale``) and the engine's work per decoding request and layer live in the
+stack, so that a stack fitted on one card carries to others; decode attention's bandwidth
+efficiency is a correction of the GPU profile (whose attention was carried over from
+another card). Other constants
+(``ATTENTION_PARAMS``, the stack's CUDA-graph overhead) can be named for fits that want
+them.
 """
 
 from __future__ import annotations
@@ -26,30 +28,20 @@ from typing import Any
 
 import numpy as np
 
+from slotune.calibration.transforms import Param, from_unit, to_unit
 from slotune.engine.sim.profile import GpuProfile, load_profile
 from slotune.engine.sim.stack import StackProfile, load_stack
 from slotune.validate.replay import Replay, replay
 from slotune.validate.runs import MeasuredRun
 from slotune.workloads.trace import Trace
 
-
-@dataclass(frozen=True)
-class Param:
-    """One fitted constant: where it lives, its bounds and its starting value."""
-
-    name: str
-    low: float
-    high: float
-
-
 PARAMS = (
     Param("stack.host_step_us", 0.0, 20000.0),
-    Param("stack.host_per_request_us", 0.0, 200.0),
-    Param("stack.graph_overhead_scale", 0.0, 1.0),
     Param("stack.request_in_us", 0.0, 50000.0),
     Param("stack.allreduce_latency_us", 0.0, 60.0),
     Param("stack.gpu_time_scale", 0.8, 1.2),
-    Param("gpu.attention.block_indirection_tokens", 0.0, 4.0),
+    Param("gpu.attention.decode_eff", 0.2, 1.0),
+    Param("stack.decode_seq_layer_us", 0.0, 2.0),
 )
 ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),
@@ -167,16 +159,12 @@ def fit_from_runs(
     cut = [cut_to_windows(r, window_s) for r in runs]
     if start:
         base_stack, base_profile = apply(start, base_stack, base_profile)
-    x0 = np.array([current_value(p.name, base_stack, base_profile) for p in params])
-    lo = np.array([p.low for p in params])
-    hi = np.array([p.high for p in params])
-    x0 = np.clip(x0, lo, hi)
-    scale = np.maximum(hi - lo, 1e-9)
+    start_values = {p.name: current_value(p.name, base_stack, base_profile) for p in params}
     count = 0
 
     def evaluate(z: np.ndarray) -> np.ndarray:
         nonlocal count
-        values = dict(zip((p.name for p in params), lo + z * scale, strict=True))
+        values = from_unit(params, z)
         s, prof = apply(values, base_stack, base_profile)
         res: list[float] = []
         for run in cut:
@@ -189,14 +177,14 @@ def fit_from_runs(
 
     sol = least_squares(
         evaluate,
-        (x0 - lo) / scale,
+        to_unit(params, start_values),
         bounds=(0.0, 1.0),
         loss="soft_l1",
         f_scale=0.1,
-        diff_step=0.02,
+        diff_step=0.05,
         max_nfev=max(1, max_evaluations // (len(params) + 1)),
     )
-    values = {p.name: float(v) for p, v in zip(params, lo + sol.x * scale, strict=True)}
+    values = from_unit(params, sol.x)
     s, prof = apply(values, base_stack, base_profile)
     return FitResult(
         stack=s,

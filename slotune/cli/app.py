@@ -48,6 +48,7 @@ _COMMAND_MODULES = (
     "traces",
     "catalog",
     "model",
+    "calibrate",
 )
 
 

@@ -92,6 +92,8 @@ def bench(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    gpu_memory_utilization: eo.GpuMemoryUtilization = None,
+    swap_space_gb: eo.SwapSpace = None,
     kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,

@@ -15,7 +15,7 @@ from slotune.cli.common import fail
 @app.command()
 def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the GPUs the simulator knows, with their datasheet figures."""
-    from slotune.engine.sim.calibration import DERIVED_FROM
+    from slotune.calibration.readers import DERIVED_FROM
     from slotune.engine.sim.hardware import GPUS
 
     rows = []
@@ -57,6 +57,11 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     Console().print(table)
 
 
+def _weights_label(dense: str, experts: str | None) -> str:
+    """``bf16``, or ``bf16/mxfp4`` where the experts are in another format."""
+    return dense if experts in (None, dense) else f"{dense}/{experts}"
+
+
 @app.command()
 def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the models the simulator knows (any HF config.json path works too)."""
@@ -76,6 +81,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             "params_b": round(m.num_params / 1e9, 2),
             "active_params_b": round(m.active_params / 1e9, 2),
             "weight_dtype": m.weight_dtype,
+            "expert_weight_dtype": None if m.moe is None else m.expert_weight_format.name,
             "weights_gb": round(m.weight_bytes / 1e9, 2),
             "kv_kib_per_token": m.kv_bytes_per_token / 1024,
         }
@@ -100,7 +106,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             r["experts"] or "-",
             f"{r['params_b']:.2f}",
             f"{r['active_params_b']:.2f}",
-            r["weight_dtype"],
+            _weights_label(r["weight_dtype"], r["expert_weight_dtype"]),
             f"{r['weights_gb']:.1f}",
             f"{r['kv_kib_per_token']:g}",
         )
@@ -185,6 +191,7 @@ def estimate(
         "block_size": block_size,
         "kv_cache_dtype": kv_cache_dtype,
         "weight_dtype": spec.weight_dtype,
+        "expert_weight_dtype": None if spec.moe is None else spec.expert_weight_format.name,
         "ep": ep,
         "num_layers": spec.num_layers,
         "per_layer_ms": {k: round(v * 1e3, 6) for k, v in b.per_layer.items()},

@@ -22,6 +22,13 @@ PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swa
 PrefixCaching = Annotated[str | None, opt("--prefix-caching", "none | hash | radix.")]
 Policy = Annotated[str | None, opt("--policy", "chunked | prefill_first.")]
 NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV pool size.")]
+GpuMemoryUtilization = Annotated[
+    float | None,
+    opt("--gpu-memory-utilization", "Share of GPU memory for weights + KV pool (default 0.9)."),
+]
+SwapSpace = Annotated[
+    float | None, opt("--swap-space", "CPU swap space per GPU for preempted KV, in GiB.")
+]
 KVCacheDtype = Annotated[
     str | None, opt("--kv-cache-dtype", "auto | fp8 | int8 | int4 (quantized: torch attention).")
 ]
@@ -55,6 +62,8 @@ ENGINE_FLAGS = (
     "prefix_caching",
     "policy",
     "num_gpu_blocks",
+    "gpu_memory_utilization",
+    "swap_space_gb",
     "kv_cache_dtype",
 )
 

@@ -52,6 +52,8 @@ def serve(
     prefix_caching: eo.PrefixCaching = None,
     policy: eo.Policy = None,
     num_gpu_blocks: eo.NumGpuBlocks = None,
+    gpu_memory_utilization: eo.GpuMemoryUtilization = None,
+    swap_space_gb: eo.SwapSpace = None,
     kv_cache_dtype: eo.KVCacheDtype = None,
     config: eo.ConfigJson = None,
 ) -> None:

@@ -17,13 +17,14 @@ if TYPE_CHECKING:
     from slotune.engine.sim.profile import GpuProfile
     from slotune.engine.sim.stack import StackProfile
 from slotune.engine.scheduler import Scheduler
-from slotune.engine.stretch import StretchPlan, StretchPlanner
+from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
+from slotune.engine.stretch.check import StretchChecker, enabled_by_env
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
 
 class ArrivalFeed(Protocol):
-    """Where ``Engine.fast_forward`` finds the requests that arrive during a stretch."""
+    """Where ``Engine.run_stretch`` finds the requests that arrive during a stretch."""
 
     def next_time(self) -> float | None:
         """When the next request is due (None: none is)."""
@@ -31,6 +32,12 @@ class ArrivalFeed(Protocol):
 
     def due(self, now: float) -> list[Request]:
         """The requests due by ``now`` (built with ``Engine.new_request``), taken."""
+        ...
+
+    @property
+    def at_step_start(self) -> bool:
+        """Whether a request joins after a step only if it arrived by that step's start
+        (a scheduler that plans each step while the one before runs), not by its end."""
         ...
 
 
@@ -50,16 +57,20 @@ class Engine:
         *,
         eos_token_id: int | None = None,
         extra_eos_token_ids: Sequence[int] = (),
+        check_stretches: bool | None = None,
     ) -> None:
         """``extra_eos_token_ids``: more end-of-sequence tokens (Llama 3 has several); they
-        stop a request as ``eos_token_id`` does, unless it ignores eos."""
+        stop a request as ``eos_token_id`` does, unless it ignores eos. ``check_stretches``
+        (default: the ``SLOTUNE_CHECK_STRETCHES`` environment variable) replays every
+        stretch step by step on a shadow scheduler and raises if they differ (see
+        ``slotune.engine.stretch.check``)."""
         self.config = config
         self.executor = executor
         self.eos_token_id = eos_token_id
         self._extra_eos = frozenset(extra_eos_token_ids) - {eos_token_id}
         self.last_step: StepStats | None = None
-        self.num_fast_forward_steps = 0
-        self.last_steps: list[StepStats] = []  # every step the last step() or fast_forward() ran
+        self.num_stretch_steps = 0
+        self.last_steps: list[StepStats] = []  # every step the last step() or run_stretch() ran
         # executors that can tell a stretch's durations and tokens in advance
         self._stretches = all(
             hasattr(executor, name) for name in ("planned_step_seconds", "sampled_token_runs")
@@ -81,6 +92,9 @@ class Engine:
             config.prefix_caching,
         )
         self.scheduler = Scheduler(config, self.kv_cache)
+        if check_stretches is None:
+            check_stretches = enabled_by_env()
+        self._checker = StretchChecker(config, self.kv_cache) if check_stretches else None
         self._used_ids: set[str] = set()
         self._num_completions: dict[str, int] = {}
 
@@ -134,6 +148,8 @@ class Engine:
 
     def enqueue(self, request: Request) -> None:
         """Queue a request built by ``new_request``."""
+        if self._checker is not None:
+            self._checker.add_request(request)
         self.scheduler.add_request(request)
 
     def new_request(
@@ -144,7 +160,7 @@ class Engine:
         arrival_time: float = 0.0,
     ) -> Request:
         """A validated request for this engine, its id taken, not yet scheduled: what
-        ``add_request`` adds, or what a ``fast_forward`` feed hands in."""
+        ``add_request`` adds, or what a ``run_stretch`` feed hands in."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
         request = Request(
@@ -199,9 +215,12 @@ class Engine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and all its completions; unknown or finished ids are ignored."""
-        self.scheduler.abort_request(request_id)
-        for i in range(1, self._num_completions.get(request_id, 1)):
-            self.scheduler.abort_request(f"{request_id}#{i}")
+        ids = [request_id]
+        ids += [f"{request_id}#{i}" for i in range(1, self._num_completions.get(request_id, 1))]
+        for rid in ids:
+            self.scheduler.abort_request(rid)
+            if self._checker is not None:
+                self._checker.abort_request(rid)
 
     def forget_request_id(self, request_id: str) -> None:
         """Stop remembering the id of a request that finished or was aborted (and its
@@ -226,6 +245,8 @@ class Engine:
             result = _NO_OUTPUT
             scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
         outputs = scheduler.update_from_output(out, result)
+        if self._checker is not None:
+            self._checker.step(out, result, outputs)
         total = out.total_num_scheduled_tokens
         self.last_step = StepStats(  # positional: measurably cheaper once per step
             result.duration_s,
@@ -240,7 +261,7 @@ class Engine:
         self.last_steps = [self.last_step]
         return outputs
 
-    def fast_forward(
+    def run_stretch(
         self,
         start_time_s: float,
         until_time_s: float | None,
@@ -256,11 +277,12 @@ class Engine:
 
         For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
         1..j, added left to right. With ``arrivals``, the requests due by each step's end
-        join the waiting queue after it, as a caller adding them between steps would do, and
-        the stretch runs on through them; without, it ends with the first step that ends at
-        or after ``until_time_s`` (the caller adds the next arrival after it). A stretch also
-        ends after ``max_steps``, before a step the planner is unsure of, or with the first
-        finish if ``stop_at_finish`` (a caller that may send requests when one finishes).
+        (its start where ``arrivals.at_step_start``) join the waiting queue after it, as a
+        caller adding them between steps would do, and the stretch runs on through them;
+        without, it ends with the first step that ends at or after ``until_time_s`` (the
+        caller adds the next arrival after it). A stretch also ends after ``max_steps``,
+        before a step the planner is unsure of, or with the first finish if
+        ``stop_at_finish`` (a caller that may send requests when one finishes).
         ``last_steps`` holds one ``StepStats`` per step. Returns each request's output with
         the index (into ``last_steps``) of the step that sampled its first new token; it
         sampled one token in each step from there.
@@ -281,20 +303,21 @@ class Engine:
         t = start_time_s
         next_arrival = arrivals.next_time() if arrivals is not None else None
         while True:
-            j = plan.num_steps - 1
+            step = plan.steps[-1]
             d = seconds(
-                plan.num_tokens[j],
-                plan.num_samples[j],
-                plan.num_requests[j],
-                plan.num_decodes[j],
-                plan.context_sum[j],
-                plan.chunks[j],
+                step.num_tokens,
+                step.num_samples,
+                step.num_requests,
+                step.num_decodes,
+                step.context_sum,
+                step.chunks,
             )
             durations.append(d)
             t += d
             if arrivals is not None:
-                if next_arrival is not None and t >= next_arrival:
-                    planner.arrive(arrivals.due(t))
+                cut = t - d if arrivals.at_step_start else t
+                if next_arrival is not None and cut >= next_arrival:
+                    planner.arrive(arrivals.due(cut))
                     next_arrival = arrivals.next_time()
             elif until_time_s is not None and t >= until_time_s:
                 break
@@ -305,18 +328,30 @@ class Engine:
         stop = _early_stop_step(plan, tokens)
         if stop is not None:  # a stop token ends a request early: plan up to it again
             if arrivals is not None:
-                raise RuntimeError("fast_forward: a stop token after arrivals were handed in")
-            return self.fast_forward(
+                raise RuntimeError("run_stretch: a stop token after arrivals were handed in")
+            return self.run_stretch(
                 start_time_s, until_time_s, stop_at_finish=stop_at_finish, max_steps=stop
             )
-        result = scheduler.apply_stretch(plan, tokens)
+        checker = self._checker
+        arrived = checker.copy_arrivals(plan) if checker is not None else []
+        result = apply_stretch(scheduler, plan, tokens)
+        if checker is not None:
+            checker.replay(plan, tokens, result, arrived, scheduler)
         num_blocks = self.kv_cache.num_gpu_blocks
         steps = [
-            StepStats(d, total, prefill, total - prefill, running, waiting, used / num_blocks, 0)
-            for d, total, prefill, running, waiting, used in zip(
+            StepStats(
+                d,
+                s.num_tokens,
+                s.num_prefill,
+                s.num_tokens - s.num_prefill,
+                running,
+                waiting,
+                used / num_blocks,
+                0,
+            )
+            for d, s, running, waiting, used in zip(
                 durations,
-                plan.num_tokens,
-                plan.num_prefill,
+                plan.steps,
                 result.num_running,
                 result.num_waiting,
                 result.used_blocks,
@@ -325,15 +360,14 @@ class Engine:
         ]
         self.last_steps = steps
         self.last_step = steps[-1]
-        self.num_fast_forward_steps += len(steps)
-        first = plan.first_sample
-        return list(zip(result.outputs, [f for f in first if f >= 0], strict=True))
+        self.num_stretch_steps += len(steps)
+        first = [m.first_sample for m in plan.requests if m.first_sample >= 0]
+        return list(zip(result.outputs, first, strict=True))
 
     def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]]:
         """What each request of the plan samples in its planned steps."""
-        first, last = plan.first_sample, plan.last_sample
         return self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            plan.requests, [b - a + 1 if a >= 0 else 0 for a, b in zip(first, last, strict=True)]
+            [m.request for m in plan.requests], [m.num_sampled for m in plan.requests]
         )
 
     def stats(self) -> dict[str, Any]:
@@ -354,7 +388,7 @@ class Engine:
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,
             "steps": s.steps,
             "max_step_tokens": s.max_step_tokens,
-            "fast_forward_steps": self.num_fast_forward_steps,
+            "stretch_steps": self.num_stretch_steps,
         }
 
 
@@ -363,8 +397,8 @@ def _early_stop_step(plan: StretchPlan, tokens: list[list[int]]) -> int | None:
     request's last planned token (a stop token there ends the request early); None if no
     request stops early."""
     steps = None
-    for req, start, toks in zip(plan.requests, plan.first_sample, tokens, strict=True):
-        stop = req.stop_ids
+    for member, toks in zip(plan.requests, tokens, strict=True):
+        stop, start = member.request.stop_ids, member.first_sample
         if stop and not stop.isdisjoint(toks[:-1]):
             j = next(k for k, tok in enumerate(toks) if tok in stop)
             steps = start + j + 1 if steps is None else min(steps, start + j + 1)

@@ -13,12 +13,16 @@ from slotune.engine.scheduler_output import SchedulerOutput
 class ExecutorOutput:
     """Sampled tokens of the requests that sampled this step, and the step's duration.
 
-    ``sampled_token_ids[rid]`` has ``scheduler_output.num_samples[rid]`` tokens.
+    ``sampled_token_ids[rid]`` has ``scheduler_output.num_samples[rid]`` tokens, and
+    ``logprobs[rid]`` their logprobs; ``top_logprobs[rid]`` (requests that ask for
+    ``SamplingParams.logprobs``) the most likely tokens of the distribution they were drawn
+    from, most likely first.
     """
 
     sampled_token_ids: dict[str, list[int]]
     duration_s: float
     logprobs: dict[str, list[float]] = field(default_factory=dict)
+    top_logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
-"""The model's shape, read from a Hugging Face ``config.json`` (Llama 2/3, Mistral, Qwen2, and the
-mixture-of-experts Mixtral and Qwen2-MoE).
+"""The model's shape, read from a Hugging Face ``config.json``.
+
+The real engine runs ``SUPPORTED_MODEL_TYPES`` (Llama 2/3, Mistral, Qwen2/3 and the
+mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE). ``SHAPE_ONLY_MODEL_TYPES``
+(DeepSeek-V2/V3 with MLA attention, gpt-oss, Llama 4) are read for their shapes only, for
+the simulator: their rotary scaling is not parsed and the torch executor refuses them.
 
 Torch-free: the real executor builds its model from it and the simulator's catalogue its
 cost-model shapes, so both read a checkpoint by the same rules.
@@ -12,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+)
+SHAPE_ONLY_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "gpt_oss", "llama4", "llama4_text")
 # the model_type of a file that names only its architecture
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -21,6 +34,12 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
+    "Llama4ForConditionalGeneration": "llama4",
+    "Llama4ForCausalLM": "llama4_text",
 }
 _ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -57,6 +76,29 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class MLAConfig:
+    """DeepSeek's multi-head latent attention: one cached latent of ``kv_lora_rank`` values
+    plus a ``qk_rope_head_dim`` rotary key per token and layer, shared by every head and
+    up-projected to keys (``qk_nope_head_dim + qk_rope_head_dim``) and values
+    (``v_head_dim``) per head; queries through a rank-``q_lora_rank`` bottleneck (0: none)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    @property
+    def cached_values(self) -> int:
+        """Values cached per token and layer (DeepSeek-V2/V3: 512 + 64 = 576)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     vocab_size: int
@@ -79,6 +121,9 @@ class ModelConfig:
     moe: MoEConfig | None = None
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k before RoPE
     quantization: str | None = None  # quantization_config.quant_method, e.g. "fp8", "awq"
+    quantization_scheme: str | None = None  # what it holds (compressed-tensors: fp8, …)
+    quantization_skips_attention: bool = False  # attention left unquantized (gpt-oss, Llama 4)
+    mla: MLAConfig | None = None  # DeepSeek-V2/V3 latent attention
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -90,11 +135,15 @@ class ModelConfig:
             (_ARCHITECTURES[a] for a in data.get("architectures") or () if a in _ARCHITECTURES),
             None,
         )
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in SUPPORTED_MODEL_TYPES + SHAPE_ONLY_MODEL_TYPES:
             raise ValueError(
-                f"{where}: model_type {model_type!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"{where}: model_type {model_type!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES + SHAPE_ONLY_MODEL_TYPES)}"
             )
+        if model_type == "llama4":  # a multimodal file: the language model's text_config
+            data = _llama4_text(data, where)
+            model_type = "llama4_text"
+        shape_only = model_type in SHAPE_ONLY_MODEL_TYPES
         act = data.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{where}: hidden_act {act!r} is not supported; only 'silu' is")
@@ -105,14 +154,14 @@ class ModelConfig:
                 model_type=model_type,
                 vocab_size=int(data["vocab_size"]),
                 hidden_size=hidden,
-                intermediate_size=int(data["intermediate_size"]),
+                intermediate_size=_dense_intermediate_size(model_type, data),
                 num_hidden_layers=int(data["num_hidden_layers"]),
                 num_attention_heads=heads,
                 num_key_value_heads=int(data.get("num_key_value_heads") or heads),
                 head_dim=int(data.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
                 rope_theta=_rope_theta(data),
-                rope_scaling=_rope_scaling(data, where),
+                rope_scaling=RopeScaling() if shape_only else _rope_scaling(data, where),
                 max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
                 attention_bias=_attention_bias(model_type, data),
@@ -121,8 +170,11 @@ class ModelConfig:
                 bos_token_id=data.get("bos_token_id"),
                 eos_token_ids=_token_ids(data.get("eos_token_id")),
                 moe=_moe(model_type, data, where),
-                qk_norm=model_type == "qwen3",
+                qk_norm=model_type in ("qwen3", "qwen3_moe"),
                 quantization=quantization_method(data),
+                quantization_scheme=quantization_scheme(data),
+                quantization_skips_attention=_quantization_skips_attention(data),
+                mla=_mla(data) if model_type in ("deepseek_v2", "deepseek_v3") else None,
             )
         except KeyError as e:
             raise ValueError(f"{where}: required field {e.args[0]!r} is missing") from None
@@ -139,6 +191,31 @@ class ModelConfig:
         return cls.from_hf_dict(json.loads(path.read_text()), where=str(path))
 
 
+def _llama4_text(data: dict[str, Any], where: str) -> dict[str, Any]:
+    text = data.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"{where}: a llama4 config.json needs its 'text_config'")
+    top = {k: data[k] for k in ("quantization_config", "tie_word_embeddings") if k in data}
+    return {**top, **text, "model_type": "llama4_text"}
+
+
+def _dense_intermediate_size(model_type: str, data: dict[str, Any]) -> int:
+    """The dense MLP's width; Llama 4 names it apart from its experts' ``intermediate_size``."""
+    if model_type == "llama4_text":
+        return int(data.get("intermediate_size_mlp") or data["intermediate_size"])
+    return int(data["intermediate_size"])
+
+
+def _mla(data: dict[str, Any]) -> MLAConfig:
+    return MLAConfig(
+        kv_lora_rank=int(data["kv_lora_rank"]),
+        qk_rope_head_dim=int(data["qk_rope_head_dim"]),
+        qk_nope_head_dim=int(data["qk_nope_head_dim"]),
+        v_head_dim=int(data["v_head_dim"]),
+        q_lora_rank=int(data.get("q_lora_rank") or 0),
+    )
+
+
 def _attention_bias(model_type: str, data: dict[str, Any]) -> bool:
     if model_type == "qwen2":
         return True
@@ -148,39 +225,98 @@ def _attention_bias(model_type: str, data: dict[str, Any]) -> bool:
 
 
 def _moe(model_type: str, data: dict[str, Any], where: str) -> MoEConfig | None:
-    """Mixtral: every layer routed, renormalised top-k. Qwen2-MoE: layer ``i`` routed when
-    ``(i + 1) % decoder_sparse_step == 0`` and ``i`` is not in ``mlp_only_layers``."""
-    if model_type == "mixtral":
-        experts = int(data.get("num_local_experts", 8))
-        return _checked_moe(
-            MoEConfig(
-                num_experts=experts,
-                num_experts_per_tok=int(data.get("num_experts_per_tok", 2)),
-                moe_intermediate_size=int(data["intermediate_size"]),
-                moe_layers=tuple(range(int(data["num_hidden_layers"]))),
-            ),
-            where,
-        )
-    if model_type != "qwen2_moe":
-        return None
-    experts = int(data.get("num_experts", 60))
+    """Which layers route, and to what, by each family's rule (that of its transformers
+    modelling file)."""
+    reader = _MOE_READERS.get(model_type)
+    return None if reader is None else _checked_moe(reader(data), where)
+
+
+def _mixtral_moe(data: dict[str, Any]) -> MoEConfig:
+    """Every layer routed, renormalised top-k."""
+    return MoEConfig(
+        num_experts=int(data.get("num_local_experts", 8)),
+        num_experts_per_tok=int(data.get("num_experts_per_tok", 2)),
+        moe_intermediate_size=int(data["intermediate_size"]),
+        moe_layers=tuple(range(int(data["num_hidden_layers"]))),
+    )
+
+
+def _qwen_moe(data: dict[str, Any]) -> MoEConfig:
+    """Layer ``i`` routed when ``(i + 1) % decoder_sparse_step == 0`` and ``i`` is not in
+    ``mlp_only_layers``; Qwen2-MoE adds a gated shared expert, Qwen3-MoE has none.
+    transformers 5 writes Qwen3-MoE's ``num_experts`` as ``num_local_experts``."""
+    experts = int(data.get("num_experts", data.get("num_local_experts", 60)))
     step = int(data.get("decoder_sparse_step", 1))
     dense = set(data.get("mlp_only_layers") or ())
     layers = int(data["num_hidden_layers"])
-    moe_layers = tuple(
-        i for i in range(layers) if experts > 0 and (i + 1) % step == 0 and i not in dense
-    )
-    return _checked_moe(
-        MoEConfig(
-            num_experts=experts,
-            num_experts_per_tok=int(data.get("num_experts_per_tok", 4)),
-            moe_intermediate_size=int(data.get("moe_intermediate_size", 1408)),
-            moe_layers=moe_layers,
-            norm_topk_prob=bool(data.get("norm_topk_prob", False)),
-            shared_expert_intermediate_size=int(data.get("shared_expert_intermediate_size", 0)),
+    return MoEConfig(
+        num_experts=experts,
+        num_experts_per_tok=int(data.get("num_experts_per_tok", 4)),
+        moe_intermediate_size=int(data.get("moe_intermediate_size", 1408)),
+        moe_layers=tuple(
+            i for i in range(layers) if experts > 0 and (i + 1) % step == 0 and i not in dense
         ),
-        where,
+        norm_topk_prob=bool(data.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(data.get("shared_expert_intermediate_size", 0)),
     )
+
+
+def _deepseek_moe(data: dict[str, Any]) -> MoEConfig:
+    """Layer ``i`` routed when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq ==
+    0``; ``n_shared_experts`` always-on experts of the routed width."""
+    first_dense = int(data.get("first_k_dense_replace", 0))
+    freq = int(data.get("moe_layer_freq", 1))
+    ffn = int(data["moe_intermediate_size"])
+    return MoEConfig(
+        num_experts=int(data["n_routed_experts"]),
+        num_experts_per_tok=int(data["num_experts_per_tok"]),
+        moe_intermediate_size=ffn,
+        moe_layers=tuple(
+            i for i in range(int(data["num_hidden_layers"])) if i >= first_dense and i % freq == 0
+        ),
+        norm_topk_prob=bool(data.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(data.get("n_shared_experts") or 0) * ffn,
+    )
+
+
+def _gpt_oss_moe(data: dict[str, Any]) -> MoEConfig:
+    """Every layer routed; ``experts_per_token`` in the files OpenAI wrote."""
+    top_k = data.get("num_experts_per_tok") or data.get("experts_per_token") or 4
+    return MoEConfig(
+        num_experts=int(data["num_local_experts"]),
+        num_experts_per_tok=int(top_k),
+        moe_intermediate_size=int(data["intermediate_size"]),
+        moe_layers=tuple(range(int(data["num_hidden_layers"]))),
+    )
+
+
+def _llama4_moe(data: dict[str, Any]) -> MoEConfig:
+    """Every ``interleave_moe_layer_step``-th layer routed (layers ``step-1, 2·step-1, …``
+    unless ``moe_layers`` lists them), each with a shared expert of the routed width."""
+    layers = int(data["num_hidden_layers"])
+    step = int(data.get("interleave_moe_layer_step", 1))
+    listed = data.get("moe_layers")
+    ffn = int(data["intermediate_size"])
+    return MoEConfig(
+        num_experts=int(data["num_local_experts"]),
+        num_experts_per_tok=int(data.get("num_experts_per_tok", 1)),
+        moe_intermediate_size=ffn,
+        moe_layers=tuple(int(i) for i in listed)
+        if listed is not None
+        else tuple(range(step - 1, layers, step)),
+        shared_expert_intermediate_size=ffn,
+    )
+
+
+_MOE_READERS = {
+    "mixtral": _mixtral_moe,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek_moe,
+    "deepseek_v3": _deepseek_moe,
+    "gpt_oss": _gpt_oss_moe,
+    "llama4_text": _llama4_moe,
+}
 
 
 def _checked_moe(moe: MoEConfig, where: str) -> MoEConfig:
@@ -193,12 +329,49 @@ def _checked_moe(moe: MoEConfig, where: str) -> MoEConfig:
 
 
 def quantization_method(data: dict[str, Any]) -> str | None:
-    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq, …)."""
+    """The ``quant_method`` of a config.json's ``quantization_config`` (fp8, awq, gptq,
+    compressed-tensors, …): what a serving engine's ``--quantization`` names."""
     quant = data.get("quantization_config")
     if not isinstance(quant, dict):
         return None
     method = quant.get("quant_method")
     return str(method) if method else None
+
+
+def quantization_scheme(data: dict[str, Any]) -> str | None:
+    """The weight scheme the checkpoint holds: its ``quant_method``, or for a
+    compressed-tensors file the scheme its config groups name (fp8, int8, w4a16) where
+    they name one slotune knows."""
+    method = quantization_method(data)
+    if method == "compressed-tensors":
+        return _compressed_tensors_scheme(data["quantization_config"]) or method
+    return method
+
+
+def _compressed_tensors_scheme(quant: dict[str, Any]) -> str | None:
+    """FP8 or INT8 weights with 8-bit activations (W8A8), or 4-bit integer weights with
+    16-bit activations (W4A16); None for any other scheme."""
+    for group in (quant.get("config_groups") or {}).values():
+        weights = group.get("weights") or {}
+        acts = group.get("input_activations")
+        bits, kind = weights.get("num_bits"), weights.get("type")
+        if bits == 8 and kind == "float":
+            return "fp8"
+        if bits == 8 and kind == "int" and acts:
+            return "int8"
+        if bits == 4 and kind == "int" and not acts:
+            return "w4a16"
+    return None
+
+
+def _quantization_skips_attention(data: dict[str, Any]) -> bool:
+    """Whether the quantized checkpoint leaves attention in 16 bits (gpt-oss's
+    ``modules_to_not_convert``, compressed-tensors' ``ignore`` naming ``self_attn``)."""
+    quant = data.get("quantization_config")
+    if not isinstance(quant, dict):
+        return False
+    skipped = list(quant.get("modules_to_not_convert") or ()) + list(quant.get("ignore") or ())
+    return any("self_attn" in str(name) for name in skipped)
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:
@@ -242,7 +415,7 @@ def _rope_scaling(data: dict[str, Any], where: str) -> RopeScaling:
 
 
 def _sliding_window(data: dict[str, Any]) -> int | None:
-    if data.get("model_type") in ("qwen2", "qwen3", "qwen2_moe") and not data.get(
+    if data.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not data.get(
         "use_sliding_window"
     ):
         return None

@@ -20,6 +20,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     logprobs: Sequence[float] = ()  # a list when the executor reports them
+    # with ``SamplingParams.logprobs = k``: per new token, the k most likely token ids of
+    # its distribution and their logprobs, most likely first
+    top_logprobs: Sequence[dict[int, float]] = ()
 
 
 class StepStats(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs: the most top alternatives per token
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    logprobs: int = 0  # the most likely alternatives reported with each token (vLLM's name)
 
     def __post_init__(self) -> None:
         stops = tuple(self.stop_token_ids)
@@ -41,6 +43,12 @@ class SamplingParams:
             all(_is_int(t) and t >= 0 for t in stops),
             "must be non-negative integers",
             stops,
+        )
+        _check(
+            "logprobs",
+            _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS,
+            f"must be an integer in [0, {MAX_LOGPROBS}]",
+            self.logprobs,
         )
         _check("seed", self.seed is None or _is_int(self.seed), "must be an integer", self.seed)
 

@@ -11,20 +11,33 @@ scheduled request ever loses its blocks.
 
 ``schedule()`` only decides; ``update_from_output()`` applies what the executor computed.
 Between the two, every scheduled request's ``num_computed_tokens`` is its pre-step value.
+The rules both follow are functions in ``slotune.engine.rules``, shared with the stretch
+planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are what
+``slotune.engine.stretch.apply_stretch`` uses to apply planned steps.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.request import Request, RequestStatus
+from slotune.engine.rules import (
+    counts_as_prefill,
+    fills_block,
+    first_chunk,
+    has_seat,
+    is_decoding,
+    needs_blocks,
+    num_samples,
+    prompts_first,
+    reaches_length,
+    running_chunk,
+)
 from slotune.engine.scheduler_output import SchedulerOutput
-from slotune.engine.stretch import StretchPlan
 
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
@@ -49,7 +62,7 @@ def request_output(req: Request, tokens: list[int], finish_reason: str | None) -
     )
 
 
-def _take_token(
+def take_token(
     req: Request, token: int, finished: list[tuple[Request, RequestStatus]]
 ) -> RequestOutput:
     """Append a sampled token to ``req``, note in ``finished`` if it ends the request (a
@@ -60,19 +73,10 @@ def _take_token(
     if token in req.stop_ids:
         finished.append((req, FINISHED_STOPPED))
         return request_output(req, [token], "stop")
-    if len(all_ids) >= req.max_num_tokens:
+    if reaches_length(len(all_ids), req.max_num_tokens):
         finished.append((req, FINISHED_LENGTH))
         return request_output(req, [token], "length")
     return request_output(req, [token], None)
-
-
-class StretchResult(NamedTuple):
-    """What ``Scheduler.apply_stretch`` did, per request and per step."""
-
-    outputs: list[RequestOutput]  # each sampling request's tokens, in running order
-    used_blocks: list[int]  # GPU blocks in use after each step's allocations
-    num_running: list[int]  # running requests after each step
-    num_waiting: list[int]  # waiting requests after each step (before its arrivals)
 
 
 class Scheduler:
@@ -116,7 +120,7 @@ class Scheduler:
             self._leave_running(request)
         else:
             self.waiting.remove(request)
-        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self.finish(request, RequestStatus.FINISHED_ABORTED)
 
     # -- schedule ------------------------------------------------------------------------
 
@@ -133,7 +137,7 @@ class Scheduler:
             if not out.preempted_request_ids:
                 budget = self._schedule_waiting(out, budget, _ANY)
         else:
-            if self.waiting and self.waiting[0].status is not SWAPPED:
+            if prompts_first(self.prefill_first, self.waiting[0] if self.waiting else None):
                 budget = self._schedule_waiting(out, budget, _PROMPTS)
             if not out.num_scheduled_tokens:
                 budget = self._schedule_running(out, budget)
@@ -143,10 +147,14 @@ class Scheduler:
             out.copy_on_write = self.kv_cache.take_copy_on_write()
         total = self.config.max_num_batched_tokens - budget
         out.total_num_scheduled_tokens = total
-        self.steps += 1
-        if total > self.max_step_tokens:
-            self.max_step_tokens = total
+        self.count_steps(1, total)
         return out
+
+    def count_steps(self, num_steps: int, max_tokens: int) -> None:
+        """Count ``num_steps`` steps, the largest of which schedules ``max_tokens``."""
+        self.steps += num_steps
+        if max_tokens > self.max_step_tokens:
+            self.max_step_tokens = max_tokens
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         running = self.running
@@ -164,8 +172,9 @@ class Scheduler:
             total = len(req.all_token_ids)
             n = total - computed
             rid = req.request_id
-            if n == 1 and req.output_token_ids:  # a decode: the hot path
-                # only a block boundary (or a fork's shared block) can need the allocator
+            has_output = bool(req.output_token_ids)
+            if is_decoding(n, has_output):  # the hot path
+                # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (
                     kv.allocate_slots(req, 1) or self._make_room(req, 1, out)
                 ):
@@ -174,21 +183,17 @@ class Scheduler:
                 samples[rid] = 1
                 budget -= 1
                 continue
-            if n > 1:
-                n = min(n, self.threshold, budget, self.max_model_len - computed)
+            n = running_chunk(n, computed, self.threshold, budget, self.max_model_len)
             if (
-                (computed + n > req_blocks[rid].num_slots or cow_pending)
+                (needs_blocks(computed, n, req_blocks[rid].num_slots) or cow_pending)
                 and not kv.allocate_slots(req, n)
                 and not self._make_room(req, n, out)
             ):
                 break  # ``req`` itself left the running list
             scheduled[rid] = n
             if computed + n == total:
-                if req.output_token_ids:
-                    samples[rid] = 1
-                else:
-                    samples[rid] = req.sampling_params.n
-            if n > 1 or not req.output_token_ids:
+                samples[rid] = num_samples(has_output, req.sampling_params.n)
+            if counts_as_prefill(n, has_output):
                 prefill += n
             budget -= n
         out.num_prefill_tokens += prefill
@@ -204,7 +209,7 @@ class Scheduler:
             victim = self.running.pop()
             self._leave_running(victim)
             if victim is req and not self.running:
-                self._finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
+                self.finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
                 return False
             self._preempt(victim, out)
             if victim is req:
@@ -237,40 +242,44 @@ class Scheduler:
             if (kinds == _PROMPTS and swapped) or (kinds == _SWAPPED and not swapped):
                 break
             seats = req.seats
-            if len(self.running) + self.fork_seats + seats > self.max_num_seqs:
+            if not has_seat(len(self.running), self.fork_seats, seats, self.max_num_seqs):
                 break
             n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
             if n is None:
                 break
             if n == 0:
                 continue  # it could never fit and was finished
-            waiting.popleft()
-            req.status = RUNNING
-            self.running.append(req)
-            self.fork_seats += seats - 1
+            self.seat_head()
             rid = req.request_id
             out.num_scheduled_tokens[rid] = n
             if req.num_computed_tokens + n == len(req.all_token_ids):
-                out.num_samples[rid] = seats
-            if not swapped or n > 1 or not req.output_token_ids:
+                out.num_samples[rid] = num_samples(
+                    bool(req.output_token_ids), req.sampling_params.n
+                )
+            if not swapped or counts_as_prefill(n, bool(req.output_token_ids)):
                 out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n
         return budget
 
-    def _chunk(self, req: Request, computed: int, budget: int) -> int | None:
-        n = min(len(req.all_token_ids) - computed, self.threshold)
-        if n > budget:
-            if self.prefill_first:
-                return None
-            n = budget
-        return n
+    def seat_head(self) -> Request:
+        """Move the waiting head (admitted, its blocks allocated) to the running requests."""
+        req = self.waiting.popleft()
+        req.status = RUNNING
+        self.running.append(req)
+        self.fork_seats += req.seats - 1
+        return req
+
+    def chunk(self, req: Request, computed: int, budget: int) -> int | None:
+        """``first_chunk`` of a waiting request that has ``computed`` tokens."""
+        n = len(req.all_token_ids) - computed
+        return first_chunk(n, self.threshold, budget, self.prefill_first)
 
     def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
         """Allocate a waiting (new or recompute-preempted) request's first chunk."""
         kv = self.kv_cache
         hit = kv.get_computed_blocks(req)
         num_hit = hit.num_tokens if hit is not None else 0
-        n = self._chunk(req, num_hit, budget)
+        n = self.chunk(req, num_hit, budget)
         if n is None:
             return None
         if not kv.allocate_slots(req, n, hit):
@@ -284,7 +293,7 @@ class Scheduler:
         return n
 
     def _admit_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
-        n = self._chunk(req, req.num_computed_tokens, budget)
+        n = self.chunk(req, req.num_computed_tokens, budget)
         if n is None:
             return None
         copies = self.kv_cache.swap_in(req, n)
@@ -300,7 +309,7 @@ class Scheduler:
         if self.running:
             return None
         self.waiting.popleft()
-        self._finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
+        self.finish(req, RequestStatus.FINISHED_LENGTH, emit=True)
         return 0
 
     # -- update --------------------------------------------------------------------------
@@ -318,12 +327,12 @@ class Scheduler:
         sampled = result.sampled_token_ids
         logprobs = result.logprobs
         finished: list[tuple[Request, RequestStatus]] = []
-        take_token = _take_token
+        take_token_ = take_token
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
-            if caching and computed % bs < n:
+            if caching and fills_block(computed, n, bs):
                 uncommitted[rid] = req  # it filled a block: cache it before the next lookup
             all_ids = req.all_token_ids
             if computed != len(all_ids):
@@ -339,11 +348,11 @@ class Scheduler:
             except (KeyError, IndexError):
                 self._sample_slow(req, sampled.get(rid), 1, result, outputs, finished)
                 continue
-            outputs.append(take_token(req, tok, finished))
+            outputs.append(take_token_(req, tok, finished))
         if finished:
             for req, status in finished:
-                self._finish(req, status)
-            self.running = [r for r in self.running if r.status is RUNNING]
+                self.finish(req, status)
+            self.drop_finished()
         return outputs
 
     def _sample_slow(
@@ -362,11 +371,14 @@ class Scheduler:
                 f"executor returned {tokens!r} for request {rid!r}; expected {k} token(s)"
             )
         logprobs = result.logprobs.get(rid) or []
+        top = result.top_logprobs.get(rid)
         family = self._fork(req, k) if k > 1 else [req]
         for index, member in enumerate(family):
-            output = _take_token(member, tokens[index], finished)
+            output = take_token(member, tokens[index], finished)
             if index < len(logprobs):
                 output.logprobs = [logprobs[index]]
+            if top is not None:
+                output.top_logprobs = [top]
             outputs.append(output)
 
     def _fork(self, parent: Request, k: int) -> list[Request]:
@@ -394,138 +406,17 @@ class Scheduler:
             family.append(child)
         return family
 
-    # -- stretches (see ``slotune.engine.stretch``) ----------------------------------------
-
-    def apply_stretch(self, plan: StretchPlan, tokens: list[list[int]]) -> StretchResult:
-        """Apply the planned steps at once, exactly as that many rounds of ``schedule`` and
-        ``update_from_output`` would. ``tokens[i]`` holds what request ``i`` of the plan
-        samples in its steps (``[]`` if none); only the last token of a request running at
-        the start may be a stop token, which ends it with the plan's last step. Finished
-        requests free their blocks step by step; their ids reach the executor with the
-        next ``schedule``.
-        """
-        kv = self.kv_cache
-        requests = plan.requests
-        last = plan.num_steps - 1
-        last_sample = plan.last_sample
-        outputs: list[RequestOutput | None] = [None] * len(requests)
-        ending: list[tuple[Request, RequestStatus]] = []
-        status_of: dict[int, RequestStatus] = {}
-
-        def take(i: int) -> None:
-            outputs[i] = self._take_run(requests[i], tokens[i], ending)
-            if len(status_of) < len(ending):
-                status_of[i] = ending[-1][1]
-
-        for i in range(plan.num_start):
-            if tokens[i]:
-                take(i)
-        finishes = plan.finishes
-        stopped = [
-            i
-            for i, status in status_of.items()
-            if status is FINISHED_STOPPED and i not in finishes[last]
-        ]
-        if stopped:  # a stop token ends requests with the last step too
-            finishes[last] = sorted(finishes[last] + stopped)
-        final = [c + n for c, n in zip(plan.start_computed, plan.scheduled, strict=True)]
-        pool = kv.pool
-        uncommitted = kv.uncommitted
-        used: list[int] = []
-        running: list[int] = []
-        waiting: list[int] = []
-        num_running = len(self.running)
-        ids = [r.request_id for r in requests]
-        # allocations wait and go in one batch before the next lookup or free: the free
-        # queue hands out the same blocks in the same order (frees only append to it)
-        pending: list[tuple[str, int]] = []
-        num_pending = 0
-        for j, allocs in enumerate(plan.allocs):
-            if allocs:
-                for i, n in allocs:
-                    pending.append((ids[i], n))
-                    num_pending += n
-            if pending and (plan.admits[j] or finishes[j]):
-                kv.grow(pending)
-                pending = []
-                num_pending = 0
-            for i, n in plan.admits[j]:
-                self._admit_planned(plan, i, n, j)
-                if tokens[i]:
-                    take(i)
-                num_running += 1
-            used.append(pool.num_used_blocks + num_pending)
-            for i in plan.fills[j]:
-                uncommitted[requests[i].request_id] = requests[i]
-            for i in finishes[j]:
-                req = requests[i]
-                status = status_of.get(i)
-                if status is None or last_sample[i] != j:
-                    raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
-                req.num_computed_tokens = final[i]
-                self._finish(req, status)
-                num_running -= 1
-            running.append(num_running)
-            waiting.append(len(self.waiting))
-            for req in plan.arrivals[j]:
-                self.add_request(req)
-        if pending:
-            kv.grow(pending)
-        for req, computed in zip(requests, final, strict=True):
-            req.num_computed_tokens = computed
-        self.steps += plan.num_steps
-        self.max_step_tokens = max(self.max_step_tokens, *plan.num_tokens)
-        if ending:
-            self.running = [r for r in self.running if r.status is RUNNING]
-        return StretchResult([o for o in outputs if o is not None], used, running, waiting)
-
-    @staticmethod
-    def _take_run(
-        req: Request, tokens: list[int], ending: list[tuple[Request, RequestStatus]]
-    ) -> RequestOutput:
-        """Append a stretch's sampled ``tokens`` to ``req`` and report them."""
-        if len(tokens) > 1:
-            head = tokens[:-1]
-            req.output_token_ids.extend(head)
-            req.all_token_ids.extend(head)
-        output = _take_token(req, tokens[-1], ending)
-        output.new_token_ids = tokens
-        return output
-
-    def _admit_planned(self, plan: StretchPlan, i: int, n: int, j: int) -> None:
-        """Admit request ``i`` of the plan (the waiting head) with ``n`` tokens in step
-        ``j``, as ``_schedule_waiting`` does when its lookup misses."""
-        req = plan.requests[i]
-        if self.waiting.popleft() is not req:
-            raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
-        kv = self.kv_cache
-        for r in kv.uncommitted.values():  # the lookup commits them as before this step
-            r.num_computed_tokens = plan.computed_after(plan.index(r.request_id), j)
-        hit = kv.get_computed_blocks(req)
-        if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
-            raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
-        req.num_computed_tokens = 0
-        req.num_cached_tokens = 0
-        req.status = RUNNING
-        self.running.append(req)
-
-    def swap_in_blocks(self, req: Request, budget: int) -> int | None:
-        """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
-        None if the policy would not try (its chunk does not fit the budget). Trying and
-        failing changes nothing."""
-        n = self._chunk(req, req.num_computed_tokens, budget)
-        if n is None:
-            return None
-        need = self.kv_cache.blocks_needed(req.num_computed_tokens + n)
-        return max(need, len(self.kv_cache.swapped[req.request_id]))
-
     # -- leaving -------------------------------------------------------------------------
 
     def _leave_running(self, request: Request) -> None:
         if request.needs_fork:
             self.fork_seats -= request.sampling_params.n - 1
 
-    def _finish(self, request: Request, status: RequestStatus, emit: bool = False) -> None:
+    def drop_finished(self) -> None:
+        """Take the requests that finished out of the running list."""
+        self.running = [r for r in self.running if r.status is RUNNING]
+
+    def finish(self, request: Request, status: RequestStatus, emit: bool = False) -> None:
         """Free everything the request holds; its id reaches executors with the next step."""
         if emit:
             self.pending_outputs.append(request_output(request, [], status.value))

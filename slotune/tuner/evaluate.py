@@ -77,7 +77,7 @@ class Evaluator:
             t.metric: t.percentile for t in self.slo.targets if t.percentile is not None
         }
         self.trace = trace if trace is not None else load_setup_trace(setup)
-        self.ladder = RateLadder(**setup.ladder) if setup.ladder else None
+        self.ladder = RateLadder.from_dict(setup.ladder) if setup.ladder else None
         self.horizon_s = run_horizon_s(setup, self.slo, self.trace)
         self._cache: dict[tuple[str, float | None], Measurement] = {}
         self._repeats: dict[int, Any] = {}

@@ -141,6 +141,12 @@ class RateLadder:
             "max_gallop": self.max_gallop,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> RateLadder:
+        """The ladder ``to_dict`` wrote (a study stored before ``max_gallop``: unlimited)."""
+        gallop = int(data.get("max_gallop", cls.max_gallop))
+        return cls(data["base"], data["ratio"], int(data["lowest"]), int(data["highest"]), gallop)
+
 
 @dataclass
 class RateSearch:

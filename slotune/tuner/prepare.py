@@ -448,8 +448,10 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
             )
             evaluator.setup = setup
     # a goodput study has no load of its own: the defaults are described at their goodput
-    goodput_study = setup.objective == "goodput" and found is not None
-    m = found.at if goodput_study else evaluator.measure(config)
+    if setup.objective == "goodput" and found is not None:
+        m = found.at
+    else:
+        m = evaluator.measure(config)
     baseline.update(
         metrics=m.summary, rate=m.rate, score=m.score, attainment=m.attainment, feasible=m.feasible
     )

@@ -427,7 +427,11 @@ def _drop_impossible_choices(space: SearchSpace, where: str) -> SearchSpace:
     """Remove choices no valid configuration can take (so no trial is ever invalid)."""
     params = dict(space.params)
     budget = params["max_num_batched_tokens"]
-    most = int(budget.high if budget.is_range else max(budget.values or (0,)))
+    if budget.is_range:
+        assert budget.high is not None
+        most = budget.high
+    else:
+        most = int(max(budget.values or (0,)))
     policy = params["policy"]
     if "prefill_first" in (policy.values or ()) and most < space.max_model_len:
         kept = tuple(v for v in policy.values or () if v != "prefill_first")

@@ -17,7 +17,7 @@ A configuration already measured in the study is not run again: its record is co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config_key
 from slotune.tuner.setup import TuneSetup
@@ -39,7 +39,7 @@ METRIC_NAMES = {
     "goodput": ("goodput",),
     "pareto": ("goodput", "weighted_score"),
 }
-DIRECTIONS = {
+DIRECTIONS: dict[str, tuple[Literal["minimize", "maximize"], ...]] = {
     "weighted": ("minimize",),
     "goodput": ("maximize",),
     "pareto": ("maximize", "minimize"),

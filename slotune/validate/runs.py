@@ -16,6 +16,8 @@ TTFT and E2E of each request. Two layouts are read:
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,7 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
             )
         model = str(cfg_path)
     by_index = {int(m["index"]): m for m in measured}
+    pool = prompt_pool([_int_field(row, "input_tokens", req_file, i) for i, row in enumerate(rows)])
     reqs, ttft, e2e, ok = [], [], [], []
     for i, row in enumerate(rows):
         where = f"{req_file}: requests[{i}]"
@@ -141,9 +144,16 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
             raise RunFormatError(f"{where}: bad or missing field ({e})") from None
         if not (np.isfinite(arrival) and arrival >= 0 and prompt_len >= 1 and out_len >= 1):
             raise RunFormatError(f"{where}: arrival, input_tokens and output length must be >= 0/1")
+        # The prompt's key: its slot in the generator's prompt pool where the lengths
+        # show one (the same text again, so vLLM's prefix cache holds all of it), else
+        # its own; the system prompt of its group shared in front either way.
+        prompt_key = groups + (pool[i] if pool[i] >= 0 else len(rows) + i)
         segments = None
         if groups and 0 < system_len < prompt_len:
-            segments = ((i % groups, system_len), (groups + i, prompt_len - system_len))
+            group = (pool[i] if pool[i] >= 0 else i) % groups
+            segments = ((group, system_len), (prompt_key, prompt_len - system_len))
+        elif pool[i] >= 0:
+            segments = ((prompt_key, prompt_len),)
         reqs.append(
             TraceRequest(
                 request_id=f"r{idx}",
@@ -183,6 +193,53 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
         stages=tuple(stages),
         source=str(d),
     )
+
+
+def _int_field(row: Any, key: str, where: Path, i: int) -> int:
+    try:
+        return int(row[key])
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunFormatError(f"{where}: requests[{i}]: bad or missing field ({e})") from None
+
+
+POOL_MATCH = 0.9
+"""Share of requests whose prompt length must equal the one a period earlier for the
+lengths to count as a repeating prompt pool."""
+
+
+def prompt_pool(lengths: Sequence[int], max_period: int = 2000) -> list[int]:
+    """Each request's slot in a repeating prompt pool, or -1 where it has none.
+
+    Load generators such as inference-perf draw a fixed pool of prompts and send prompt
+    ``k mod P`` as request ``k``: the same text again, which a server's prefix cache
+    serves without prefill. The study's files record only lengths, so the pool shows as
+    lengths that repeat with period ``P`` (the smallest period at which at least
+    ``POOL_MATCH`` of them do, where lengths vary enough for that not to be chance). A
+    request whose length differs from its slot's usual length (sent out of order) takes
+    the nearest slot with its length, else none."""
+    n = len(lengths)
+    arr = np.asarray(lengths)
+    _, counts = np.unique(arr, return_counts=True)
+    chance = float(((counts / max(n, 1)) ** 2).sum())  # two random requests' lengths equal
+    period = 0
+    if chance <= 0.5:
+        period = next(
+            (
+                p
+                for p in range(2, min(max_period, n // 3) + 1)
+                if (arr[p:] == arr[:-p]).mean() >= POOL_MATCH
+            ),
+            0,
+        )
+    if not period:
+        return [-1] * n
+    usual = [Counter(lengths[s::period]).most_common(1)[0][0] for s in range(period)]
+    slots = []
+    for i, length in enumerate(lengths):
+        slot = i % period
+        near = sorted(range(period), key=lambda s: min(abs(s - slot), period - abs(s - slot)))
+        slots.append(next((s for s in near[:8] if usual[s] == length), -1))
+    return slots
 
 
 def _exp_max_model_len(d: Path) -> int:

@@ -41,6 +41,18 @@ QWEN2_MOE = dict(
     norm_topk_prob=False,
 )
 
+# Layer 1 dense (mlp_only_layers), 0 and 2 routed, renormalised top-k, no shared expert.
+QWEN3_MOE = dict(
+    num_hidden_layers=3,
+    head_dim=24,
+    num_experts=6,
+    num_experts_per_tok=2,
+    moe_intermediate_size=48,
+    mlp_only_layers=[1],
+    decoder_sparse_step=1,
+    norm_topk_prob=True,
+)
+
 
 def save_hf(folder: Path, family: str, seed: int = 0, **overrides: object) -> Path:
     import transformers as tf
@@ -55,6 +67,8 @@ def save_hf(folder: Path, family: str, seed: int = 0, **overrides: object) -> Pa
         model = tf.MixtralForCausalLM(tf.MixtralConfig(**(TINY | MIXTRAL | overrides)))
     elif family == "qwen2_moe":
         model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**(TINY | QWEN2_MOE | overrides)))
+    elif family == "qwen3_moe":
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**(TINY | QWEN3_MOE | overrides)))
     else:
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**(TINY | overrides)))
     _perturbed(model, seed).save_pretrained(
@@ -107,3 +121,8 @@ def mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def qwen2_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_hf(tmp_path_factory.mktemp("qwen2_moe"), "qwen2_moe", seed=5)
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf(tmp_path_factory.mktemp("qwen3_moe"), "qwen3_moe", seed=7)

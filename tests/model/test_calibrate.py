@@ -6,15 +6,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from slotune.calibration.measure import Measurement, default_grid
+from slotune.calibration.step_fit import build_profile, fit, predict
 from slotune.cli.app import app
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.model.calibrate import (
-    Measurement,
-    build_profile,
-    default_grid,
-    fit,
-    predict,
-)
 from slotune.engine.sim import GpuSpec, get_model, load_profile
 
 

@@ -31,9 +31,12 @@ def _prompts() -> dict[str, list[int]]:
 PROMPTS = _prompts()
 
 
-@pytest.fixture(scope="module", params=["tiny_dir", "qwen3_dir", "mixtral_dir", "qwen2_moe_dir"])
+@pytest.fixture(
+    scope="module",
+    params=["tiny_dir", "qwen3_dir", "mixtral_dir", "qwen2_moe_dir", "qwen3_moe_dir"],
+)
 def model_dir(request: pytest.FixtureRequest) -> Path:
-    """Each test runs on a dense Llama and on both mixture-of-experts families."""
+    """Each test runs on dense Llama and Qwen3 and on the three mixture-of-experts families."""
     return request.getfixturevalue(request.param)
 
 

@@ -28,7 +28,15 @@ def prompt(n: int, seed: int, vocab: int = 512) -> list[int]:
 
 
 @pytest.fixture(
-    params=["tiny_dir", "llama3_dir", "qwen2_dir", "qwen3_dir", "mixtral_dir", "qwen2_moe_dir"]
+    params=[
+        "tiny_dir",
+        "llama3_dir",
+        "qwen2_dir",
+        "qwen3_dir",
+        "mixtral_dir",
+        "qwen2_moe_dir",
+        "qwen3_moe_dir",
+    ]
 )
 def checkpoint(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(request.param)

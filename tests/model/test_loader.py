@@ -91,6 +91,31 @@ def test_moe_fields_of_published_configs() -> None:
     assert ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "model_type": "llama"}).moe is None
 
 
+def test_qwen3_moe_fields_as_published_and_as_transformers_5_writes_them() -> None:
+    published = {
+        **QWEN15_MOE_A27B,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "head_dim": 128,
+        "attention_bias": False,
+    }
+    del published["shared_expert_intermediate_size"]
+    q = ModelConfig.from_hf_dict(published)
+    assert q.moe is not None and q.qk_norm and not q.attention_bias
+    assert (q.moe.num_experts, q.moe.num_experts_per_tok, q.moe.moe_intermediate_size) == (
+        128,
+        8,
+        768,
+    )
+    assert q.moe.norm_topk_prob and q.moe.shared_expert_intermediate_size == 0
+    renamed = {k: v for k, v in published.items() if k != "num_experts"}
+    assert ModelConfig.from_hf_dict(renamed | {"num_local_experts": 128}) == q
+
+
 def test_qwen2_moe_layer_frequency_and_dense_layers() -> None:
     sparse = {**QWEN15_MOE_A27B, "num_hidden_layers": 6, "decoder_sparse_step": 2}
     assert ModelConfig.from_hf_dict(sparse).moe.moe_layers == (1, 3, 5)
@@ -98,6 +123,14 @@ def test_qwen2_moe_layer_frequency_and_dense_layers() -> None:
     assert ModelConfig.from_hf_dict(dense).moe.moe_layers == (1, 5)
     with pytest.raises(ValueError, match=r"num_experts_per_tok \(9\) must be between 1 and"):
         ModelConfig.from_hf_dict({**MIXTRAL_8X7B, "num_experts_per_tok": 9})
+
+
+def test_shape_only_families_are_refused_by_the_torch_executor(tmp_path: Path) -> None:
+    gpt_oss = {**MIXTRAL_8X7B, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}
+    assert ModelConfig.from_hf_dict(gpt_oss).moe is not None
+    (tmp_path / "config.json").write_text(json.dumps(gpt_oss))
+    with pytest.raises(ValueError, match=r"cannot run 'gpt_oss' models.*simulate"):
+        load_model(tmp_path, device="cpu")
 
 
 def test_quantized_checkpoint_is_named_and_refused(tmp_path: Path) -> None:
@@ -109,15 +142,18 @@ def test_quantized_checkpoint_is_named_and_refused(tmp_path: Path) -> None:
         load_model(tmp_path, device="cpu")
 
 
-def test_moe_layers_route_as_transformers_does(qwen2_moe_dir: Path, mixtral_dir: Path) -> None:
-    """Same experts and weights per token as the HF router; Qwen2-MoE's dense layer 0 stays
-    dense, its routed layers carry the shared expert."""
+def test_moe_layers_route_as_transformers_does(
+    qwen2_moe_dir: Path, mixtral_dir: Path, qwen3_moe_dir: Path
+) -> None:
+    """Same experts and weights per token as the HF router; Qwen2-MoE's dense layer 0 and
+    Qwen3-MoE's layer 1 stay dense, Qwen2-MoE's routed layers carry the shared expert."""
     from transformers import AutoModelForCausalLM
 
     from slotune.engine.model.mlp import MLP, SparseMoE
 
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0))
-    for folder, routed in ((qwen2_moe_dir, (1, 2)), (mixtral_dir, (0, 1))):
+    cases = ((qwen2_moe_dir, (1, 2)), (mixtral_dir, (0, 1)), (qwen3_moe_dir, (0, 2)))
+    for folder, routed in cases:
         ours = load_model(folder, device="cpu").model
         hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).model
         for i, layer in enumerate(ours.layers):

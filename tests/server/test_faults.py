@@ -240,7 +240,6 @@ def test_incomplete_characters_still_make_a_chunk_per_token(tiny_dir: Path) -> N
         stream=True,
         include_usage=False,
         logprobs=False,
-        top_logprobs=0,
     )
     completion = Completion("c", "tiny", gen, tok)
     chunks = [

@@ -121,6 +121,9 @@ def test_batched_prompts_with_n_index_choices_as_vllm(client: openai.OpenAI) -> 
         {"stop": ""},
         {"logit_bias": {}},
         {"user": "someone"},
+        {"min_p": 0.0},
+        {"skip_special_tokens": True},
+        {"length_penalty": 1},
     ],
 )
 def test_fields_at_their_neutral_value_are_accepted(server: ServerThread, field: dict) -> None:

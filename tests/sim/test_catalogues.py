@@ -34,9 +34,11 @@ REQUIRED_MODELS = (
     "qwen2-moe-57b-a14b",
     "qwen3-30b-a3b",
     "deepseek-v2-lite",
+    "deepseek-v3",
     "gpt-oss-20b",
     "gpt-oss-120b",
     "llama-4-scout",
+    "llama-4-maverick",
 )
 
 

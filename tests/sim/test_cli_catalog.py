@@ -141,4 +141,5 @@ def test_models_lists_the_moe_catalogue() -> None:
     assert code == 0
     rows = {r["name"]: r for r in json.loads(out)}
     assert rows["mixtral-8x7b"]["experts"] == "2/8" and rows["llama-3-8b"]["experts"] is None
-    assert rows["gpt-oss-20b"]["weight_dtype"] == "mxfp4"
+    assert rows["gpt-oss-20b"]["weight_dtype"] == "bf16"
+    assert rows["gpt-oss-20b"]["expert_weight_dtype"] == "mxfp4"

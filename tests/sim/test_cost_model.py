@@ -1,5 +1,4 @@
 import dataclasses
-import itertools
 import json
 from pathlib import Path
 
@@ -74,18 +73,6 @@ def test_small_blocks_make_decode_attention_slower() -> None:
     ]
     assert times == sorted(times, reverse=True)
     assert times[0] > 1.5 * times[2]
-
-
-def test_decode_stretch_equals_step_by_step() -> None:
-    cm = CostModel(load_profile("a100-80g"), get_model("llama-2-7b"), block_size=16)
-    contexts = [5, 900, 1500, 33, 2047]
-    stretch = cm.decode_stretch_durations(contexts, 40)
-    assert len(stretch) == 40
-    for j, duration in enumerate(stretch):
-        ctx = [c + j for c in contexts]
-        assert duration == cm.step_seconds(len(ctx), len(ctx), len(ctx), len(ctx), sum(ctx))
-    assert stretch == cm.decode_stretch_durations(len(contexts), 40, sum(contexts))
-    assert all(b > a for a, b in itertools.pairwise(stretch))
 
 
 def test_tensor_parallel_adds_allreduce_and_splits_work() -> None:

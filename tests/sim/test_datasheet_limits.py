@@ -32,7 +32,15 @@ def _floor(cm: CostModel, prefill: int, decodes: int, context: int, fp8: bool) -
     if model.moe is not None:
         linear_active -= model.moe.num_moe_layers * h * model.moe.num_experts  # routers
     lm_head = model.vocab_size * h
-    weight_bytes = linear_active * model.weight_format.bytes_per_weight + 2 * lm_head
+    experts = 0  # active expert weights, in their own format (gpt-oss: MXFP4)
+    if model.moe is not None:
+        moe = model.moe
+        experts = moe.num_moe_layers * 3 * h * (moe.top_k * moe.expert_ffn + moe.shared_ffn)
+    weight_bytes = (
+        (linear_active - experts) * model.weight_format.bytes_per_weight
+        + experts * model.expert_weight_format.bytes_per_weight
+        + 2 * lm_head
+    )
     kv = decodes * context * model.kv_bytes_per_token
     flops = 2 * tokens * linear_active + 2 * samples * lm_head
     peak = gpu.fp8_tflops * 1e12 if fp8 and gpu.fp8_tflops else gpu.flops_per_s
@@ -40,7 +48,9 @@ def _floor(cm: CostModel, prefill: int, decodes: int, context: int, fp8: bool) -
 
 
 @pytest.mark.parametrize("gpu", sorted(GPUS))
-@pytest.mark.parametrize("model", ["llama-3-8b", "mixtral-8x7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize(
+    "model", ["llama-3-8b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "gpt-oss-20b"]
+)
 @pytest.mark.parametrize("quantization", [None, "fp8", "int4"])
 def test_no_step_beats_the_datasheet(gpu: str, model: str, quantization: str | None) -> None:
     cm = CostModel(load_profile(gpu), get_model(model, quantization))

@@ -100,14 +100,6 @@ def test_block_size_from_the_config_reaches_the_cost_model() -> None:
     assert times[8] > times[32]
 
 
-def test_stretch_durations_equal_execute_step_by_step(executor: SimExecutor) -> None:
-    prompts = {"a": 700, "b": 1200, "c": 90}
-    stretch = executor.decode_stretch_durations([p for p in prompts.values()], 5)
-    for j in range(5):
-        so = _output({rid: (p + j, p + j - 1, 1) for rid, p in prompts.items()})
-        assert executor.execute(so).duration_s == stretch[j]
-
-
 def test_unknown_names_and_bad_tp_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="known GPUs"):
         SimExecutor(gpu="tpu-v5")

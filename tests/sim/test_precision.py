@@ -85,8 +85,8 @@ def test_fp8_weights_free_kv_blocks() -> None:
 def test_quantization_names_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert get_model("llama-3-8b", "gptq").weight_dtype == "int4"
     assert get_model("llama-3-8b", "w8a8_int8").weight_dtype == "int8"
-    assert get_model("gpt-oss-20b").weight_dtype == "mxfp4"
-    assert get_model("gpt-oss-20b", "bf16").weight_dtype == "bf16"
+    assert get_model("gpt-oss-20b").expert_weight_format.name == "mxfp4"
+    assert get_model("gpt-oss-20b", "bf16").expert_weight_format.name == "bf16"
     with pytest.raises(ValueError, match="--quantization: unknown weight quantization 'nf3'"):
         get_model("llama-3-8b", "nf3")
     with pytest.raises(ValueError, match="name the format with --quantization"):

@@ -199,3 +199,10 @@ def test_quantization_is_read_from_a_local_checkpoint(tmp_path) -> None:
     assert "--quantization awq" in export({**b, "quantization": "awq"}, "vllm")  # given wins
     with pytest.raises(ValueError, match="model quantization 'nf3' is unknown"):
         export({**b, "quantization": "nf3"}, "sglang")
+    # the engines name a compressed-tensors checkpoint's method, whatever scheme it holds
+    fp8_groups = {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}
+    quant = {"quant_method": "compressed-tensors", "config_groups": fp8_groups}
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama4", "quantization_config": quant})
+    )
+    assert "--quantization compressed-tensors" in export(b, "vllm")

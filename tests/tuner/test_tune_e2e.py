@@ -14,6 +14,14 @@ from slotune.cli.app import app
 from slotune.engine.config import EngineConfig
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _check_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every simulated engine replays its stretches step by step and compares."""
+    monkeypatch.setenv("SLOTUNE_CHECK_STRETCHES", "1")
+
+
 SMALL = ["tune", "--gpu", "h100", "--slo", "ttft=300ms,tpot=50ms", "--num-requests", "30"]
 
 

@@ -196,4 +196,82 @@ def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
         max_evaluations=120,
     )
     assert fit.values["stack.host_step_us"] == pytest.approx(700.0, rel=0.1)
-    assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.05)
+    assert fit.values["stack.request_in_us"] == pytest.approx(6000.0, rel=0.1)
+
+
+def test_prompt_pool_finds_the_generator_pool_and_its_out_of_order_sends() -> None:
+    from slotune.validate.runs import prompt_pool
+
+    rng = np.random.default_rng(3)
+    pool = rng.integers(500, 530, size=20).tolist()
+    lengths = [pool[k % 20] for k in range(400)]
+    lengths[41], lengths[42] = lengths[42], lengths[41]  # two sends swapped
+    slots = prompt_pool(lengths)
+    assert all(pool[s] == n for s, n in zip(slots, lengths, strict=True))
+    assert slots[:20] == list(range(20)) and slots[20:40] == list(range(20))
+    # fresh prompts of one length are not a pool (equal lengths by chance), nor are
+    # lengths that never repeat in order
+    assert prompt_pool([512] * 300) == [-1] * 300
+    assert prompt_pool(rng.integers(100, 4000, size=300).tolist()) == [-1] * 300
+
+
+def test_repeated_prompts_of_a_run_hit_the_prefix_cache(tmp_path: Path) -> None:
+    folder = _write_run(tmp_path / "run", 0.05, 0.1)
+    rows = [
+        {
+            "index": i,
+            "arrival_time_us": 200_000 * i,
+            "input_tokens": (300, 317, 290)[i % 3],
+            "output_tokens": 3,
+        }
+        for i in range(30)
+    ]
+    data = json.loads((folder / "requests.json").read_text())
+    (folder / "requests.json").write_text(json.dumps({**data, "requests": rows}))
+    (folder / "measured.json").write_text(
+        json.dumps([{"index": i, "ttft_s": 0.05, "e2e_s": 0.1} for i in range(30)])
+    )
+    run = load_run(folder, model="llama-2-7b")
+    result = run_simulated(
+        EngineConfig(num_gpu_blocks=5000, max_num_seqs=64),
+        run.trace,
+        gpu="h100",
+        model=run.settings.model,
+        stack=STACK,
+        arrivals=ArrivalSpec(timestamps=True),
+    )
+    cached = result.requests["cached_tokens"].to_numpy()
+    assert (cached[:3] == 0).all()
+    # every later send of a prompt finds all its full blocks cached
+    assert (cached[3:] == [(n // 16) * 16 for n in (300, 317, 290) * 9]).all()
+
+
+def test_schedule_ahead_starts_a_busy_engine_arrival_one_step_later() -> None:
+    """A request that arrives while a step runs joins after the next step, not after the
+    one it arrived in (the scheduler planned the next step already); one arriving at an
+    idle engine starts at once."""
+    reqs = (
+        TraceRequest(request_id="a", prompt_len=2000, output_len=20, arrival_time=0.0),
+        TraceRequest(request_id="b", prompt_len=50, output_len=5, arrival_time=0.002),
+        TraceRequest(request_id="c", prompt_len=50, output_len=5, arrival_time=30.0),
+    )
+    runs = {}
+    for ahead in (False, True):
+        runs[ahead] = run_simulated(
+            EngineConfig(num_gpu_blocks=5000),
+            Trace(name="t", requests=reqs),
+            gpu="h100",
+            model="llama-2-7b",
+            stack=STACK.with_values(schedule_ahead=ahead),
+            arrivals=ArrivalSpec(timestamps=True),
+        )
+    latency = STACK.request_latency_s
+    for ahead, run in runs.items():
+        ends = run.steps["time"].to_numpy()
+        first = run.requests["first_token_time"].to_numpy() - latency
+        # b arrived during step 1 (a's prefill): synchronous, it runs in step 2; ahead, in 3
+        assert first[1] == pytest.approx(ends[2 if ahead else 1])
+        assert first[0] == pytest.approx(ends[0])
+        # c arrived at an idle engine: its first step starts at its arrival
+        k = int(np.searchsorted(ends, first[2] - 1e-12))
+        assert ends[k] - run.steps["duration_s"][k] == pytest.approx(30.0)

@@ -119,6 +119,30 @@ def test_bench_simulated_writes_summary_requests_and_steps(tmp_path: Path) -> No
     assert printed["completed"] == 40
 
 
+def test_bench_memory_flags_size_the_kv_pool_as_vllm_does(tmp_path: Path) -> None:
+    """--gpu-memory-utilization moves the simulated pool by the memory it gives; a bad
+    value is refused naming the field."""
+    blocks = {}
+    for util in (0.9, 0.5):
+        out = tmp_path / f"u{util}"
+        args = ["--gpu", "h100", "--model", "llama-3-8b", "--trace", "sharegpt-like"]
+        args += ["--num-requests", "5", "--gpu-memory-utilization", str(util)]
+        args += ["--swap-space", "2", "--out", str(out)]
+        res = runner.invoke(app, ["bench", *args])
+        assert res.exit_code == 0, res.output
+        config = json.loads((out / "summary.json").read_text())["config"]
+        assert config["gpu_memory_utilization"] == util and config["swap_space_gb"] == 2
+        blocks[util] = json.loads((out / "summary.json").read_text())["engine_stats"]
+    # the 0.4 of the card's memory between the two, in Llama-3-8B's 16-token bf16 blocks
+    # (32 layers, 8 KV heads of 128, K and V): 2 MiB each
+    block_bytes = 32 * 8 * 128 * 2 * 2 * 16
+    expected = 0.4 * 80 * 2**30 / block_bytes
+    diff = blocks[0.9]["num_total_blocks"] - blocks[0.5]["num_total_blocks"]
+    assert diff == pytest.approx(expected, rel=0.01)
+    res = runner.invoke(app, ["bench", "--gpu", "h100", "--gpu-memory-utilization", "1.5"])
+    assert res.exit_code == 2 and "gpu_memory_utilization" in res.output
+
+
 def test_bench_table_output_and_config_file(tmp_path: Path) -> None:
     cfg = tmp_path / "best.json"
     cfg.write_text(json.dumps({"config": {"max_num_batched_tokens": 512, "block_size": 32}}))

@@ -106,14 +106,14 @@ def test_simulated_run_is_deterministic_and_virtual() -> None:
     assert (a.steps["num_scheduled_tokens"] <= 1024).all()
 
 
-@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("stretches", [True, False])
 def test_timeouts_on_the_simulated_engine_fail_at_the_deadline_and_free_blocks(
-    fast_forward: bool,
+    stretches: bool,
 ) -> None:
     trace = load_trace("sharegpt-like", num_requests=150)
     cfg = EngineConfig(max_num_batched_tokens=512, max_num_seqs=16)
     res = run_simulated(
-        cfg, trace, arrivals=ArrivalSpec(rate=60), timeout_s=2.0, fast_forward=fast_forward
+        cfg, trace, arrivals=ArrivalSpec(rate=60), timeout_s=2.0, stretches=stretches
     )
     df = res.requests
     timed_out = df["error"] == "timeout"
@@ -131,12 +131,12 @@ def test_timeouts_on_the_simulated_engine_fail_at_the_deadline_and_free_blocks(
     assert summarize(res)["failed"] == timed_out.sum()
 
 
-def test_timeouts_are_the_same_with_and_without_fast_forward() -> None:
+def test_timeouts_are_the_same_with_and_without_stretches() -> None:
     trace = load_trace("sharegpt-like", num_requests=120)
     cfg = EngineConfig(max_num_batched_tokens=512, max_num_seqs=16)
     runs = [
-        run_simulated(cfg, trace, arrivals=ArrivalSpec(rate=50), timeout_s=1.5, fast_forward=ff)
-        for ff in (True, False)
+        run_simulated(cfg, trace, arrivals=ArrivalSpec(rate=50), timeout_s=1.5, stretches=on)
+        for on in (True, False)
     ]
     a, b = (r.requests for r in runs)
     assert a["error"].tolist() == b["error"].tolist()

@@ -157,16 +157,22 @@ class TorchExecutor:
         self._copy_blocks(scheduler_output)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[float]] = {}
+        top_logprobs: dict[str, dict[int, float]] = {}
         if not scheduler_output.is_empty:
             batch, rows = self._prepare(scheduler_output)
             logits = self.model(batch, self._kv[0], self._kv[1], self.backend)
             for row, result in zip(rows, self.sampler.sample(logits, rows), strict=True):
                 sampled[row.request_id] = result.token_ids
                 logprobs[row.request_id] = result.logprobs
+                if result.top_logprobs is not None:
+                    top_logprobs[row.request_id] = result.top_logprobs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return ExecutorOutput(
-            sampled_token_ids=sampled, duration_s=self.timer() - start, logprobs=logprobs
+            sampled_token_ids=sampled,
+            duration_s=self.timer() - start,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
 
     def _copy_blocks(self, so: SchedulerOutput) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from slotune.engine.hf_config import ModelConfig, MoEConfig
+from slotune.engine.hf_config import SUPPORTED_MODEL_TYPES, ModelConfig, MoEConfig
 from slotune.engine.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
             "folder (make one with `slotune init-model DIR`)"
         )
     config = ModelConfig.from_file(config_file)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{config_file}: the torch executor cannot run {config.model_type!r} models "
+            f"(it runs {', '.join(SUPPORTED_MODEL_TYPES)}); simulate this model instead"
+        )
     if config.quantization is not None:
         raise ValueError(
             f"{config_file}: weights quantized with {config.quantization!r} cannot be loaded by "
@@ -162,6 +167,7 @@ def _mlp_weights(
 _MOE_NAMES = {
     "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", "w1", "w3", "w2"),
     "qwen2_moe": ("mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj"),
+    "qwen3_moe": ("mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj"),
 }
 
 

@@ -6,6 +6,10 @@ its own generator, kept across steps, so that its whole output is reproducible w
 else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``seed + i``
 (modulo 2**64, so any integer seed is valid). Temperatures below
 ``sampling_params.GREEDY_BELOW`` sample greedily, as vLLM's do.
+
+Logprobs are those of the model's raw distribution (the log-softmax of the logits before
+temperature, top-k and top-p), as vLLM V1 reports them by default: the sampled tokens'
+always, and with ``SamplingParams.logprobs = k`` the row's k most likely tokens as well.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class SampleRow:
 class Sampled:
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: dict[int, float] | None = None  # token id -> logprob, most likely first
 
 
 class Sampler:
@@ -55,10 +60,11 @@ class Sampler:
             probs = torch.softmax(logits[plain] / temps[:, None], dim=-1)
             for i, t in zip(plain, torch.multinomial(probs, 1).flatten().tolist(), strict=True):
                 tokens[i] = [t]
+        top = _top_logprobs(logprobs, rows)
         results = []
         for i, row in enumerate(rows):
             drawn = tokens[i] if tokens[i] is not None else self._draw(logits[i], row)
-            results.append(Sampled(token_ids=drawn, logprobs=logprobs[i, drawn].tolist()))
+            results.append(Sampled(drawn, logprobs[i, drawn].tolist(), top.get(i)))
         return results
 
     def _draw(self, logits: torch.Tensor, row: SampleRow) -> list[int]:
@@ -76,6 +82,20 @@ class Sampler:
             gen = torch.Generator(device=device).manual_seed((seed + row.index) % _SEED_MODULUS)
             self._generators[row.request_id] = gen
         return gen
+
+
+def _top_logprobs(logprobs: torch.Tensor, rows: list[SampleRow]) -> dict[int, dict[int, float]]:
+    """Row index -> its ``params.logprobs`` most likely tokens, for the rows that ask."""
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs > 0]
+    if not wanted:
+        return {}
+    k = min(max(rows[i].params.logprobs for i in wanted), logprobs.shape[-1])
+    values, ids = torch.topk(logprobs[wanted], k, dim=-1)
+    top = {}
+    for i, row_values, row_ids in zip(wanted, values.tolist(), ids.tolist(), strict=True):
+        n = rows[i].params.logprobs
+        top[i] = dict(zip(row_ids[:n], row_values[:n], strict=True))
+    return top
 
 
 def _plain(row: SampleRow) -> bool:

@@ -246,7 +246,10 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
     _check_queue(request)
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    completion = Completion(response_id, served.name, gen, served.tokenizer)
+    synthetic_vocab = served.vocab_size if served.synthetic_logprobs else None
+    completion = Completion(
+        response_id, served.name, gen, served.tokenizer, synthetic_vocab=synthetic_vocab
+    )
     outputs: asyncio.Queue[Any] = asyncio.Queue()
     try:
         for rid, ids in zip(completion.request_ids, gen.prompts, strict=True):

@@ -4,19 +4,22 @@ Accepted fields: ``model``, ``prompt`` (a string, a list of token ids, or a list
 one of those) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``),
 ``temperature`` (below 1e-5: greedy, as in vLLM), ``top_p``, ``top_k`` (0 or -1: off),
 ``seed`` (a 64-bit signed integer), ``n``, ``stop_token_ids``, ``ignore_eos``,
-``logprobs`` (completions: 0; chat: a boolean, ``top_logprobs`` 0): the sampled token's
-logprob, ``stream``, ``stream_options.include_usage``, ``stop`` (strings: the text ends
-before the first one, finish reason "stop"), and fields that change nothing (``user``).
-``prompt`` may be a batch (a list of prompts): one engine request each, choices indexed
-``prompt * n + completion`` as vLLM does. A field slotune cannot honour is refused with a
-400 naming it (see ``_UNSUPPORTED``) rather than silently ignored: top-k logprobs,
-penalties, ``best_of``, tools, response formats, guided decoding, ``echo`` with
-``logprobs`` or in chat (``echo`` alone starts each completion with its prompt).
+``logprobs`` (completions: an integer k; chat: a boolean, with ``top_logprobs`` k): each
+token's logprob and the k most likely alternatives, k at most ``MAX_LOGPROBS`` (20, as
+vLLM; see ``logprobs.py``), ``stream``, ``stream_options.include_usage``, ``stop``
+(strings: the text ends before the first one, finish reason "stop"), and fields that
+change nothing (``user``). ``prompt`` may be a batch (a list of prompts): one engine
+request each, choices indexed ``prompt * n + completion`` as vLLM does. A field slotune
+cannot honour is refused with a 400 naming it (see ``_UNSUPPORTED``) rather than
+silently ignored: penalties, ``best_of``, tools, response formats, guided decoding,
+``echo`` with ``logprobs`` or in chat (``echo`` alone starts each completion with its
+prompt).
 
 Over a simulated engine, ``seed`` changes nothing (simulated tokens are a function of the
 request id and position) and ``stop_token_ids`` are never sampled (simulated requests end
 by ``max_tokens``, unless they cover every token the simulator draws: then the first
 token stops the request); both are accepted so that benchmark clients need no changes.
+Logprobs there are synthetic (``logprobs.synthetic``): the simulator has no model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from slotune.engine.server.served import ServedModel
 from slotune.engine.server.text import render_chat
 
@@ -53,6 +56,23 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (0,),
     "use_beam_search": (False,),
     "include_stop_str_in_output": (False,),
+    # vLLM's other fields that change the output
+    "min_p": (0, 0.0),
+    "length_penalty": (1, 1.0),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    "truncate_prompt_tokens": (),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,),
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "structured_outputs": (),
+    "prediction": (),
+    "modalities": (["text"],),
+    "audio": (),
 }
 
 
@@ -86,8 +106,7 @@ class GenerationRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
-    logprobs: bool
-    top_logprobs: int = 0
+    logprobs: bool  # the number of alternatives per token is ``params.logprobs``
     stop: tuple[str, ...] = ()
     echo: tuple[str, ...] = ()  # with ``echo``: each prompt's text, to start its choices
 
@@ -106,19 +125,7 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
     prompts = [chat_ids] if chat_ids is not None else _prompts(body["prompt"], served)
     for ids in prompts:
         _check_prompt_ids(ids, served, prompt_field)
-    if chat:
-        logprobs = _typed(body, "logprobs", bool, False)
-        top, top_field = _typed(body, "top_logprobs", int, 0), "top_logprobs"
-    else:
-        top, top_field = _typed(body, "logprobs", int, None), "logprobs"
-        logprobs = top is not None
-        top = top or 0
-    if top != 0:
-        raise InvalidRequest(
-            f"'{top_field}' must be 0 (got {top}): slotune returns the sampled token's "
-            "logprob only, not the top-k alternatives",
-            top_field,
-        )
+    logprobs, top = _logprobs(body, chat)
     echo = _typed(body, "echo", bool, False)
     if echo and (chat or logprobs):
         raise InvalidRequest(
@@ -131,14 +138,33 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
     return GenerationRequest(
         chat=chat,
         prompts=prompts,
-        params=_sampling_params(body, longest, served, chat),
+        params=_sampling_params(body, longest, served, chat, top),
         stream=_typed(body, "stream", bool, False),
         include_usage=bool(options.get("include_usage", False)),
         logprobs=logprobs,
-        top_logprobs=top,
         stop=_stop_strings(body.get("stop")),
         echo=_echo_texts(body["prompt"], prompts, served) if echo else (),
     )
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> tuple[bool, int]:
+    """Whether to return logprobs, and how many alternatives per token: completions'
+    ``logprobs`` is that number; chat's is a boolean, the number ``top_logprobs``."""
+    if chat:
+        wanted = _typed(body, "logprobs", bool, False)
+        top, field = _typed(body, "top_logprobs", int, 0), "top_logprobs"
+        if top and not wanted:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", field)
+    else:
+        top, field = _typed(body, "logprobs", int, None), "logprobs"
+        wanted, top = top is not None, top or 0
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise InvalidRequest(
+            f"'{field}' must be in [0, {MAX_LOGPROBS}] (got {top}), the most alternatives "
+            "per token this server returns",
+            field,
+        )
+    return wanted, top
 
 
 def _echo_texts(prompt: Any, prompts: list[list[int]], served: ServedModel) -> tuple[str, ...]:
@@ -324,7 +350,7 @@ def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
 
 
 def _sampling_params(
-    body: dict[str, Any], prompt_len: int, served: ServedModel, chat: bool
+    body: dict[str, Any], prompt_len: int, served: ServedModel, chat: bool, logprobs: int
 ) -> SamplingParams:
     room = served.max_model_len - prompt_len
     max_tokens = _typed(body, "max_tokens", int, None)
@@ -361,6 +387,7 @@ def _sampling_params(
         "n": _typed(body, "n", int, 1),
         "stop_token_ids": tuple(stops),
         "ignore_eos": _typed(body, "ignore_eos", bool, False),
+        "logprobs": logprobs,
     }
     try:
         return SamplingParams(**fields)

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slotune.engine.outputs import RequestOutput
+from slotune.engine.server.logprobs import (
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    token_logprobs,
+)
 from slotune.engine.server.protocol import GenerationRequest
 from slotune.engine.server.text import IncrementalDetokenizer, TextTokenizer
 
@@ -19,7 +25,7 @@ class _Choice:
     sent: int = 0
     num_tokens: int = 0
     finish_reason: str | None = None
-    logprobs: list[tuple[str, float | None]] = field(default_factory=list)  # (token, logprob)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     num_logprobs_sent: int = 0
 
 
@@ -31,12 +37,21 @@ class Completion:
     first one found; its engine request runs on until the caller aborts it, and its later
     outputs are dropped. While text streams, the last ``len(longest stop) - 1`` characters
     are held back, as vLLM holds them, so a stop string is never half sent.
+    ``synthetic_vocab``: report synthetic logprobs over that vocabulary for outputs that
+    have none (a simulated engine's).
     """
 
     def __init__(
-        self, response_id: str, model: str, gen: GenerationRequest, tokenizer: TextTokenizer
+        self,
+        response_id: str,
+        model: str,
+        gen: GenerationRequest,
+        tokenizer: TextTokenizer,
+        *,
+        synthetic_vocab: int | None = None,
     ) -> None:
         self.response_id = response_id
+        self.synthetic_vocab = synthetic_vocab
         self.model = model
         self.gen = gen
         self.tokenizer = tokenizer
@@ -96,11 +111,11 @@ class Completion:
         self._cached_tokens[rid] = max(self._cached_tokens[rid], out.num_cached_tokens)
         c.num_tokens += len(out.new_token_ids)
         if self.gen.logprobs:
-            lps: list[float | None] = list(out.logprobs)
-            lps += [None] * (len(out.new_token_ids) - len(lps))
-            decode = self.tokenizer.decode
-            c.logprobs.extend(
-                (decode([t]), lp) for t, lp in zip(out.new_token_ids, lps, strict=True)
+            c.logprobs += token_logprobs(
+                out,
+                self.tokenizer.decode,
+                top=self.gen.params.logprobs,
+                synthetic_vocab=self.synthetic_vocab,
             )
         c.text += c.detok.add(out.new_token_ids, final=out.finished)
         end, reason = self._stop(c)
@@ -196,21 +211,8 @@ class Completion:
         """Logprobs of the choice's tokens from ``start`` on, in OpenAI's shape."""
         if not self.gen.logprobs:
             return None
-        entries = c.logprobs[start:]  # the sampled tokens only: top_logprobs is always 0
+        top = self.gen.params.logprobs
         if self.gen.chat:
-            content = []
-            for tok, lp in entries:
-                item = {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
-                content.append(item | {"top_logprobs": []})
-            return {"content": content}
-        offset = sum(len(tok) for tok, _ in c.logprobs[:start])
-        offsets = []
-        for tok, _ in entries:
-            offsets.append(offset)
-            offset += len(tok)
-        return {
-            "tokens": [tok for tok, _ in entries],
-            "token_logprobs": [lp for _, lp in entries],
-            "top_logprobs": None,
-            "text_offset": offsets,
-        }
+            return chat_logprobs(c.logprobs[start:], top)
+        offset = sum(len(e.token) for e in c.logprobs[:start])
+        return completion_logprobs(c.logprobs[start:], offset, top)

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 class ServedModel:
     """``pace``: hold each step's tokens for its (virtual) duration, for simulated engines.
     ``max_token_chars``: at most this many characters of text make one token, so a longer
-    text than ``max_model_len * max_token_chars`` is refused without tokenizing it."""
+    text than ``max_model_len * max_token_chars`` is refused without tokenizing it.
+    ``synthetic_logprobs``: the engine reports no logprobs (a simulated one); the server
+    makes them up (see ``logprobs.synthetic``)."""
 
     name: str
     tokenizer: TextTokenizer
@@ -34,6 +36,7 @@ class ServedModel:
     special_tokens: dict[str, str] = field(default_factory=dict)
     pace: bool = False
     max_token_chars: int = 1
+    synthetic_logprobs: bool = False
 
 
 def local_model(
@@ -85,6 +88,7 @@ def simulated_model(
         vocab_size=executor.model.vocab_size,
         max_model_len=config.max_model_len,
         pace=True,
+        synthetic_logprobs=True,
     )
     return engine, served
 

@@ -26,8 +26,7 @@ def activation_bytes_per_token(model: ModelSpec, tp: int) -> int:
     gate/up output with the activated half (3 × FFN shard). A MoE layer holds, per token,
     ``top_k`` routed rows of those and their outputs (as vLLM's fused-MoE caches do), plus
     the shared expert's; the larger of its and the dense MLP's peak counts."""
-    q_heads = model.num_heads // tp
-    qkv = (q_heads + 2 * model.kv_heads_per_gpu(tp)) * model.head_dim
+    qkv, _ = model.attention_widths(tp)
     ffn = 3 * model.intermediate_size // tp
     if model.moe is not None:
         moe = model.moe
@@ -49,9 +48,10 @@ def activation_workspace_bytes(
 
 
 def kv_block_bytes(model: ModelSpec, tp: int, block_size: int, kv_cache_dtype: str = "auto") -> int:
-    """Bytes of one KV block on one GPU (its shard of the KV heads, every layer)."""
+    """Bytes of one KV block on one GPU (its shard of the KV heads, or MLA's latent, every
+    layer)."""
     per_layer = kv_layer_block_bytes(
-        kv_cache_dtype, block_size, model.kv_heads_per_gpu(tp), model.head_dim, model.dtype_bytes
+        kv_cache_dtype, block_size, *model.kv_cache_shape(tp), model.dtype_bytes
     )
     return model.num_layers * per_layer
 

@@ -43,7 +43,7 @@ def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: in
     tile = p.tile_tokens
     m_pad = -(-m // tile) * tile
     t_mem = DTYPE_BYTES * (k * n + m * k + m * n) / (bw * p.mem_eff)
-    t_cmp = 2.0 * (m_pad + p.half_tokens) * k * n / (peak * p.compute_eff)
+    t_cmp = 2.0 * (m_pad + p.ramp(n)) * k * n / (peak * p.compute_eff)
     return p.overhead_us * _US + (t_mem if t_mem > t_cmp else t_cmp)
 
 
@@ -126,14 +126,15 @@ def kv_bytes_per_token_layer(
 def allreduce_seconds(
     profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
 ) -> float:
-    """Ring all-reduce: ``2 (tp-1)/tp`` of the bytes over one direction of the link, with
-    the latency and link efficiency of ``stack`` where it sets them."""
+    """Ring all-reduce in the alpha-beta model: ``2 (tp-1)`` hops of the latency and
+    ``2 (tp-1)/tp`` of the bytes over one direction of the link, with the per-hop latency
+    and link efficiency of ``stack`` where it sets them."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     s = (stack or StackProfile()).on(profile.system)
     latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+    return 2 * (tp - 1) * latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,7 @@ class CostModel:
     (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
     expert-parallel GPUs and ``moe_imbalance``; ``kv_cache_dtype`` sets the KV bytes that
     attention reads and swaps move. The public costing calls are ``step_seconds``
-    (any batch), ``decode_step_seconds`` and ``decode_stretch_durations`` (runs of pure
-    decode steps, bit-identical to costing each step with ``step_seconds``) and
+    (any batch), ``decode_step_seconds`` (a step of decodes only) and
     ``breakdown`` (per-op detail for ``slotune estimate``).
     """
 
@@ -231,14 +231,11 @@ class CostModel:
         self.hidden = m.hidden_size
         self.q_heads = m.num_heads // tp
         self.kv_heads = m.kv_heads_per_gpu(tp)
-        self.qkv_out = (self.q_heads + 2 * self.kv_heads) * m.head_dim
-        self.attn_dim = self.q_heads * m.head_dim
+        self.qkv_out, self.attn_dim = m.attention_widths(tp)
         self.ffn = m.intermediate_size // tp
         self.vocab = -(-m.vocab_size // tp)
         self.kv_cache_dtype = kv_cache_dtype
-        stored, read = kv_bytes_per_token_layer(
-            kv_cache_dtype, block_size, self.kv_heads, m.head_dim
-        )
+        stored, read = kv_bytes_per_token_layer(kv_cache_dtype, block_size, *m.kv_cache_shape(tp))
         self.kv_bytes_per_token_layer = read
         self.block_bytes = block_size * stored * m.num_layers
         self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
@@ -253,7 +250,8 @@ class CostModel:
         self._padded = [0] * (self.graph_max_tokens + 1)
         for lo, hi in zip((0, *sizes), sizes, strict=False):
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
-        self._dec_per_seq = layers * att.decode_per_seq_us * time_scale * _US
+        per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
+        self._dec_per_seq = layers * per_seq_layer * time_scale * _US
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
@@ -400,33 +398,6 @@ class CostModel:
     def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
         """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
         return self.step_seconds(num_decodes, num_decodes, num_decodes, num_decodes, context_sum)
-
-    def decode_stretch_durations(
-        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
-    ) -> list[float]:
-        """Durations of ``k`` consecutive pure-decode steps of the same requests.
-
-        ``context_lens`` are the KV tokens each request reads in the first step (its
-        computed tokens plus the one it decodes); every later step reads one more per
-        request. Pass a count as ``context_lens`` with ``context_sum`` to give the
-        aggregate directly. Each value equals ``decode_step_seconds`` of that step exactly.
-        """
-        if isinstance(context_lens, int):
-            if context_sum is None:
-                raise ValueError("decode_stretch_durations: a request count needs context_sum")
-            num, ctx = context_lens, context_sum
-        else:
-            num, ctx = len(context_lens), sum(context_lens)
-        if num == 0 or k <= 0:
-            return [self.decode_step_seconds(num, ctx)] * max(k, 0)
-        base = self.dense_seconds(num) + self.lm_head_seconds(num)
-        host = self._cpu_step + self._cpu_req * num
-        fixed = self.kernels(num).decode_fixed + self._dec_per_seq * num
-        per_ctx = self._dec_per_ctx
-        gpu = [base + (fixed + per_ctx * (ctx + j * num)) for j in range(k)]
-        if self._overlap == 0.0:
-            return [t + host for t in gpu]
-        return [self.with_host(t, host) for t in gpu]
 
     def breakdown(
         self,

@@ -125,13 +125,7 @@ class SimExecutor:
             seeds.pop(rid, None)
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
 
-    # -- for the engine's fast-forward (``Engine.fast_forward``) ---------------------------
-    def decode_stretch_durations(
-        self, context_lens: Sequence[int] | int, k: int, context_sum: int | None = None
-    ) -> list[float]:
-        """See ``CostModel.decode_stretch_durations``: equal to ``execute`` step by step."""
-        return self.cost_model.decode_stretch_durations(context_lens, k, context_sum)
-
+    # -- for the engine's stretches (``Engine.run_stretch``) ---------------------------
     def planned_step_seconds(
         self,
         num_tokens: int,
@@ -177,10 +171,10 @@ class SimExecutor:
         self, requests: Sequence[Request], counts: Sequence[int]
     ) -> list[list[int]]:
         """For each request, the ``count`` tokens ``execute`` samples next (from position
-        ``len(request.all_token_ids)`` on; ``[]`` for a count of 0): what a fast-forwarded
+        ``len(request.all_token_ids)`` on; ``[]`` for a count of 0): what a
         stretch appends. ``sampled_tokens`` of each, in one call."""
         seeds, table = self._seeds, self._table
-        runs = []
+        runs: list[list[int]] = []
         for req, k in zip(requests, counts, strict=True):
             if not k:
                 runs.append([])

@@ -1,9 +1,17 @@
 """The model catalogue: the shapes that decide weights, KV bytes and FLOPs per token.
 
-Figures are those of each model's Hugging Face ``config.json``. Any such file of the Llama,
-Mistral, Qwen2, Mixtral or Qwen2-MoE families can be given by path instead of a catalogue
-name. Mixture-of-experts models carry a ``MoESpec``; every model a weight format
-(``precision.WEIGHT_FORMATS``) for its linear layers, bf16 unless quantized.
+Figures are those of each model's Hugging Face ``config.json``. Any such file of a family
+``hf_config`` reads (Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3,
+gpt-oss, Llama 4) can be given by path instead of a catalogue name; hand-written copies
+of the MoE models' published files are in ``tests/sim/hf_configs``, and a test holds each
+catalogue entry equal to what its file gives. Mixture-of-experts models
+carry a ``MoESpec``, DeepSeek's latent attention an ``MLASpec``; every model a weight
+format (``precision.WEIGHT_FORMATS``) for its linear layers, bf16 unless quantized, and
+optionally another for its experts (gpt-oss's MXFP4 experts beside bf16 attention).
+
+Not modelled: gpt-oss's alternate 128-token sliding-window layers and Llama 4's chunked
+attention are priced (KV bytes and attention reads) as full attention, which overstates
+their KV use at long contexts.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slotune.engine.hf_config import ModelConfig
+from slotune.engine.hf_config import MLAConfig, ModelConfig
 from slotune.engine.sim.hardware import UnknownNameError
 from slotune.engine.sim.precision import WEIGHT_FORMATS, WeightFormat, weight_format_name
 
@@ -41,8 +49,16 @@ class MoESpec:
         return len(self.moe_layers)
 
 
+MLASpec = MLAConfig
+"""DeepSeek's multi-head latent attention (``hf_config.MLAConfig``)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model's shapes. ``num_heads × head_dim`` prices attention's FLOPs per query-key
+    pair (``4 · heads · head_dim``); for an MLA model ``head_dim`` is the mean of its key
+    and value head widths, which makes that product MLA's, and ``num_kv_heads`` is 1."""
+
     name: str
     hidden_size: int
     num_layers: int
@@ -58,17 +74,27 @@ class ModelSpec:
     dtype_bytes: int = 2
     moe: MoESpec | None = None
     weight_dtype: str = "bf16"
+    expert_weight_dtype: str | None = None  # None: the experts are in weight_dtype
+    mla: MLASpec | None = None
 
     def __post_init__(self) -> None:
-        if self.weight_dtype not in WEIGHT_FORMATS:
-            raise ValueError(
-                f"{self.name}: weight_dtype {self.weight_dtype!r} is unknown; "
-                f"known: {', '.join(WEIGHT_FORMATS)}"
-            )
+        for field, value in (
+            ("weight_dtype", self.weight_dtype),
+            ("expert_weight_dtype", self.expert_weight_dtype or self.weight_dtype),
+        ):
+            if value not in WEIGHT_FORMATS:
+                raise ValueError(
+                    f"{self.name}: {field} {value!r} is unknown; known: {', '.join(WEIGHT_FORMATS)}"
+                )
 
     @property
     def weight_format(self) -> WeightFormat:
         return WEIGHT_FORMATS[self.weight_dtype]
+
+    @property
+    def expert_weight_format(self) -> WeightFormat:
+        """The format of a MoE layer's routed and shared experts."""
+        return WEIGHT_FORMATS[self.expert_weight_dtype or self.weight_dtype]
 
     @property
     def num_dense_layers(self) -> int:
@@ -76,13 +102,35 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer: ``2 × layers × kv_heads × head_dim × dtype bytes``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of every layer: ``2 × layers × kv_heads × head_dim × dtype bytes``; an MLA
+        model's one latent per layer (``layers × (kv_lora_rank + qk_rope_head_dim) × bytes``)."""
+        heads, dim = self.kv_cache_shape(1)
+        return 2 * self.num_layers * heads * dim * self.dtype_bytes
+
+    def kv_cache_shape(self, tp: int) -> tuple[int, int]:
+        """(heads, head dim) of the K and of the V that one of ``tp`` GPUs caches per token
+        and layer. MLA caches one latent, shared by the heads and replicated on every GPU,
+        as K and V halves of one head (576 values: two halves of 288) — its bytes, the only
+        thing KV pricing uses."""
+        if self.mla is not None:
+            return 1, -(-self.mla.cached_values // 2)
+        return self.kv_heads_per_gpu(tp), self.head_dim
+
+    def attention_widths(self, tp: int) -> tuple[int, int]:
+        """(QKV projection output width, output projection input width) on one of ``tp``
+        GPUs: an ``[h, qkv] @`` and a ``[attn, h]`` GEMM price attention's projections. For
+        MLA the first is the width with the weights (and FLOPs) of all its down- and
+        up-projections together, rounded to a whole column."""
+        q_heads, mla = self.num_heads // tp, self.mla
+        if mla is None:
+            qkv = (q_heads + 2 * self.kv_heads_per_gpu(tp)) * self.head_dim
+            return qkv, q_heads * self.head_dim
+        projections = _mla_projection_params(mla, self.hidden_size, q_heads)
+        return round(projections / self.hidden_size), q_heads * mla.v_head_dim
 
     @property
     def num_params(self) -> int:
-        linear, other = self._params_per_gpu(1)
-        return linear + other
+        return sum(self._params_split(1))
 
     @property
     def active_params(self) -> int:
@@ -121,31 +169,56 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tp)
 
     def weight_bytes_per_gpu(self, tp: int) -> int:
-        """Linear layers in the weight format; embeddings, LM head, norms, biases and MoE
-        routers in the model's 16-bit dtype. Every expert is resident, used or not."""
-        linear, other = self._params_per_gpu(tp)
-        if self.weight_dtype in ("bf16", "fp16"):
-            return (linear + other) * self.dtype_bytes
-        return round(linear * self.weight_format.bytes_per_weight) + other * self.dtype_bytes
+        """Linear layers in the weight format (experts in theirs); embeddings, LM head,
+        norms, biases and MoE routers in the model's 16-bit dtype. Every expert is
+        resident, used or not."""
+        linear, experts, other = self._params_split(tp)
+        return round(
+            linear * self._bytes(self.weight_format)
+            + experts * self._bytes(self.expert_weight_format)
+            + other * self.dtype_bytes
+        )
 
-    def _params_per_gpu(self, tp: int) -> tuple[int, int]:
-        """(linear-layer weights, everything else) on one of ``tp`` GPUs. The experts come
-        to ``num_experts · 3·h·F / tp`` per GPU whatever ``ep`` is."""
-        h, hd = self.hidden_size, self.head_dim
-        qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_gpu(tp)) * hd
-        attention = h * qkv_out + self.num_heads // tp * hd * h
+    def _bytes(self, fmt: WeightFormat) -> float:
+        return self.dtype_bytes if fmt.bits_per_weight >= 16 else fmt.bytes_per_weight
+
+    def _params_split(self, tp: int) -> tuple[int, int, int]:
+        """(attention and dense-MLP weights, routed and shared expert weights, everything
+        else) on one of ``tp`` GPUs. The experts come to ``num_experts · 3·h·F / tp`` per
+        GPU whatever ``ep`` is."""
+        h = self.hidden_size
+        qkv_out, attn_dim = self.attention_widths(tp)
+        mla = self.mla
+        projections = (
+            h * qkv_out if mla is None else _mla_projection_params(mla, h, self.num_heads // tp)
+        )
+        attention = projections + attn_dim * h
         per_layer_other = (qkv_out if self.qkv_bias else 0) + 2 * h
+        if mla is not None:  # the latent's and the query bottleneck's RMSNorms
+            per_layer_other += mla.kv_lora_rank + mla.q_lora_rank
         linear = self.num_layers * attention + self.num_dense_layers * (
             3 * h * self.intermediate_size // tp
         )
         vocab = -(-self.vocab_size // tp) * h * (1 if self.tie_word_embeddings else 2)
         other = self.num_layers * per_layer_other + vocab + h
+        experts = 0
         if self.moe is not None:
             moe = self.moe
-            experts = moe.num_experts * 3 * h * moe.expert_ffn // tp
-            linear += moe.num_moe_layers * (experts + 3 * h * moe.shared_ffn // tp)
+            routed = moe.num_experts * 3 * h * moe.expert_ffn // tp
+            experts = moe.num_moe_layers * (routed + 3 * h * moe.shared_ffn // tp)
             other += moe.num_moe_layers * h * moe.num_experts  # the router
-        return linear, other
+        return linear, experts, other
+
+
+def _mla_projection_params(mla: MLASpec, h: int, q_heads: int) -> int:
+    """MLA's weights on a GPU with ``q_heads`` of its heads, the output projection aside:
+    queries (through the ``q_lora_rank`` bottleneck if any), the latent down-projection
+    (replicated on every GPU), and the latent's up-projection to each head's key and value."""
+    q_out = q_heads * mla.qk_head_dim
+    queries = h * mla.q_lora_rank + mla.q_lora_rank * q_out if mla.q_lora_rank else h * q_out
+    latent = h * mla.cached_values
+    up = mla.kv_lora_rank * q_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return queries + latent + up
 
 
 def _llama(
@@ -158,22 +231,31 @@ def _llama(
     vocab: int,
     max_pos: int,
     eos: tuple[int, ...],
-    **kw: object,
+    *,
+    head_dim: int | None = None,
+    qkv_bias: bool = False,
+    moe: MoESpec | None = None,
+    weight_dtype: str = "bf16",
+    expert_weight_dtype: str | None = None,
+    mla: MLASpec | None = None,
 ) -> ModelSpec:
-    head_dim = kw.pop("head_dim", h // heads)
     return ModelSpec(
         name,
         h,
         layers,
         heads,
         kv,
-        head_dim,  # type: ignore[arg-type]
+        head_dim or h // heads,
         ffn,
         vocab,
+        qkv_bias=qkv_bias,
         max_position_embeddings=max_pos,
         eos_token_ids=eos,
-        **kw,
-    )  # type: ignore[arg-type]
+        moe=moe,
+        weight_dtype=weight_dtype,
+        expert_weight_dtype=expert_weight_dtype,
+        mla=mla,
+    )
 
 
 def _experts(
@@ -230,24 +312,44 @@ _MOE_MODELS = (
         head_dim=128,
         moe=_experts(48, 128, 8, 768),
     ),
-    # MoE exact (64 routed experts, top 6, two shared ones, first layer dense). Its MLA
-    # attention is stood in for by 16 heads of 128 with 2 KV heads: 512 cached values per
-    # token and layer against MLA's 576-wide latent, plain projections for the low-rank ones.
+    # DeepSeek's MLA: 576 cached values per token and layer; head_dim (192 + 128) / 2.
     _llama(
         "deepseek-v2-lite",
         2048,
         27,
         16,
-        2,
+        1,
         10944,
         102400,
         163840,
         (100001,),
-        head_dim=128,
+        head_dim=160,
+        mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
         moe=_experts(27, 64, 6, 1408, shared=2 * 1408, first_dense=1),
     ),
-    # gpt-oss ships its experts in MXFP4 (attention in bf16; priced here in MXFP4 too, a
-    # few percent of the weights). Alternating sliding-window layers are priced as full ones.
+    # Shipped in block-scaled FP8; its multi-token-prediction layer is not counted.
+    _llama(
+        "deepseek-v3",
+        7168,
+        61,
+        128,
+        1,
+        18432,
+        129280,
+        163840,
+        (1,),
+        head_dim=160,
+        weight_dtype="fp8",
+        mla=MLASpec(
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            q_lora_rank=1536,
+        ),
+        moe=_experts(61, 256, 8, 2048, shared=2048, first_dense=3),
+    ),
+    # gpt-oss ships its experts in MXFP4, attention and routers in bf16.
     _llama(
         "gpt-oss-20b",
         2880,
@@ -260,7 +362,7 @@ _MOE_MODELS = (
         (200002, 199999),
         head_dim=64,
         qkv_bias=True,
-        weight_dtype="mxfp4",
+        expert_weight_dtype="mxfp4",
         moe=_experts(24, 32, 4, 2880),
     ),
     _llama(
@@ -275,10 +377,11 @@ _MOE_MODELS = (
         (200002, 199999),
         head_dim=64,
         qkv_bias=True,
-        weight_dtype="mxfp4",
+        expert_weight_dtype="mxfp4",
         moe=_experts(36, 128, 4, 2880),
     ),
-    # Llama 4 Scout (17B active, 16 experts): every layer routed to 1 expert plus a shared one.
+    # Llama 4 (17B active): routed to 1 expert plus a shared one, in every layer (Scout) or
+    # every second one (Maverick, whose other layers have a dense MLP of 16384).
     _llama(
         "llama-4-scout",
         5120,
@@ -289,7 +392,21 @@ _MOE_MODELS = (
         202048,
         10485760,
         (200001, 200007, 200008),
+        head_dim=128,
         moe=_experts(48, 16, 1, 8192, shared=8192),
+    ),
+    _llama(
+        "llama-4-maverick",
+        5120,
+        48,
+        40,
+        8,
+        16384,
+        202048,
+        1048576,
+        (200001, 200007, 200008),
+        head_dim=128,
+        moe=MoESpec(128, 1, 8192, tuple(range(1, 48, 2)), shared_ffn=8192),
     ),
 )
 
@@ -318,11 +435,13 @@ MODELS: dict[str, ModelSpec] = {
 
 def get_model(name_or_path: str, quantization: str | None = None) -> ModelSpec:
     """A catalogue model by name, or the model described by an HF ``config.json`` path;
-    ``quantization`` (a ``--quantization`` value) overrides its weight format."""
+    ``quantization`` (a ``--quantization`` value) overrides its weight format, experts
+    included."""
     model = _find_model(name_or_path)
     if quantization is None:
         return model
-    return replace(model, weight_dtype=weight_format_name(quantization, "--quantization"))
+    fmt = weight_format_name(quantization, "--quantization")
+    return replace(model, weight_dtype=fmt, expert_weight_dtype=None)
 
 
 def _find_model(name_or_path: str) -> ModelSpec:
@@ -346,13 +465,17 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a model config.json ({e})") from None
     config = ModelConfig.from_hf_dict(data, where=str(path))
+    weights = weight_format_name(config.quantization_scheme, f"{path}: quantization_config")
+    # A checkpoint that leaves attention in 16 bits quantizes the MoE layers' experts.
+    experts_only = config.quantization_skips_attention and config.moe is not None
+    mla = config.mla
     return ModelSpec(
         name=str(path.parent.name or path.stem),
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
+        num_kv_heads=1 if mla else config.num_key_value_heads,
+        head_dim=(mla.qk_head_dim + mla.v_head_dim) // 2 if mla else config.head_dim,
         intermediate_size=config.intermediate_size,
         vocab_size=config.vocab_size,
         tie_word_embeddings=config.tie_word_embeddings,
@@ -360,7 +483,9 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         max_position_embeddings=config.max_position_embeddings,
         eos_token_ids=config.eos_token_ids,
         moe=_moe_spec(config),
-        weight_dtype=weight_format_name(config.quantization, f"{path}: quantization_config"),
+        weight_dtype="bf16" if experts_only else weights,
+        expert_weight_dtype=weights if experts_only else None,
+        mla=mla,
     )
 
 

@@ -12,25 +12,109 @@ Expert parallelism (``ep`` of the ``tp`` GPUs) gives each GPU ``E/ep`` whole exp
 (each sharded ``tp/ep`` ways). The token batch is then dispatched to the experts' owners
 and combined back (DeepEP-style all-to-alls, the batch split over the ``ep`` ranks), on
 top of the tensor-parallel all-reduces priced with the dense layer, and the step waits
-for the busiest rank: its rows are the mean times ``imbalance``. With ``ep = 1`` every
+for the busiest rank: its rows are the mean times the imbalance of random routing at that
+batch (``busiest_rank_load``) times the routing skew ``imbalance``. With ``ep = 1`` every
 GPU holds a ``1/tp`` slice of every expert and imbalance does not change the grouped
 GEMM (one kernel runs all experts' tiles), so it is not applied.
 """
 
 from __future__ import annotations
 
+import math
+from functools import cache
+
 from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
 from slotune.engine.sim.profile import GpuProfile
 
 DEFAULT_IMBALANCE = 1.25
-"""Tokens of the busiest expert-parallel rank over the mean. Taken from public numbers,
-not measured here: the capacity factor 1.25 of the Switch Transformer (Fedus et al. 2021),
-the headroom over a uniform load with which a model trained with a balancing loss drops
-few tokens, i.e. the busiest expert rarely gets more than 1.25x its share. The Mixtral
-paper's routing analysis (Jiang et al. 2024, section 5) finds expert assignment close to
-uniform across domains, so the factor is not too tight for it. Refit from per-expert token
-counts of a real run when one is available (``imbalance`` is a parameter)."""
+"""Routing skew: the busiest expert-parallel rank's share of a large batch's routed rows
+over the mean, from expert popularity rather than chance (``busiest_rank_load`` adds the
+chance part). Not measurable here without real router weights; the published figures
+bracket it: Mixtral's routing is close to uniform across domains (Jiang et al. 2024,
+section 5), the Switch Transformer sized its expert capacity at 1.25x the mean (Fedus et
+al. 2021), and on DeepSeek-style fine-grained experts rebalancing the experts (EPLB)
+raised 8-way expert-parallel prefill throughput by 34% (ROCm/ATOM PR 1210, 8192-token
+batches, where chance adds under 2%): had only the MoE layers sped up, the busiest rank
+carried at least 1.34x the mean there. Persistent hot ranks without EPLB also show in
+NVIDIA's TensorRT-LLM large-scale EP blog (part 1) for DeepSeek-R1. Pass ``imbalance``
+to refit it from a real run's per-expert token counts."""
+
+
+@cache
+def expected_max_std_normal(n: int) -> float:
+    """E[max of ``n`` independent standard normals] (0 for one, 1/√π for two, 1.42 for
+    eight), by quadrature of ``∫ x · n φ(x) Φ(x)^(n−1) dx``."""
+    if n <= 1:
+        return 0.0
+    step, total = 0.002, 0.0
+    for i in range(-6000, 6001):  # x in [-12, 12]
+        x = i * step
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi) * cdf ** (n - 1)
+    return total * step
+
+
+SMALL_BATCH_ROWS = 4
+"""Expected rows per rank below which ``busiest_rank_load`` counts exactly instead of
+using its normal approximation."""
+
+
+def busiest_rank_load(num_tokens: float, num_experts: int, top_k: int, ep: int) -> float:
+    """Expected rows of the busiest of ``ep`` ranks over the mean ``T·k/ep`` when ``T``
+    tokens each pick ``k`` distinct experts uniformly at random, ``E/ep`` experts per rank:
+    the imbalance that chance alone gives, falling to 1 as batches grow.
+
+    A rank's rows over one token are hypergeometric (variance
+    ``k·(1/ep)(1−1/ep)(E−k)/(E−1)``), over ``T`` tokens close to normal, and the ranks'
+    rows sum to ``T·k``: they are independent normals less their mean, whose largest
+    exceeds the mean by ``e_ep / √(1 − 1/ep)`` standard deviations (``e_ep``:
+    ``expected_max_std_normal``). So
+
+        1 + e_ep · √(ep · (E − k) / ((E − 1) · T · k)).
+
+    Below ``SMALL_BATCH_ROWS`` rows per rank, where that is too coarse, the busiest of
+    ``T·k`` rows dealt to ``ep`` ranks uniformly (``_busiest_of_dealt_rows``: exact for
+    ``k = 1``, and a little high otherwise, as it lets a token pick an expert twice).
+    Either is capped at ``ep · min(k, E/ep) / k``: a rank holds at most ``E/ep`` of a
+    token's ``k`` experts. Against a Monte Carlo of the routing (``tests/sim/test_moe.py``):
+    within 3% from 16 rows per rank, 5% from 4 for up to 8 ranks, and within 6% below 4
+    for ``E ≥ 64``; up to 14% high where a rank holds one or two experts (Mixtral's 8 on
+    4 or 8 ranks)."""
+    if ep <= 1 or num_tokens <= 0:
+        return 1.0
+    e, k = num_experts, top_k
+    if num_tokens * k / ep < SMALL_BATCH_ROWS:
+        chance = _busiest_of_dealt_rows(math.ceil(num_tokens) * k, ep)
+    else:
+        chance = 1.0 + expected_max_std_normal(ep) * math.sqrt(
+            ep * (e - k) / ((e - 1) * num_tokens * k)
+        )
+    return min(chance, ep * min(k, e / ep) / k)
+
+
+@cache
+def _busiest_of_dealt_rows(rows: int, ep: int) -> float:
+    """E[largest count] / mean when ``rows`` rows go to ``ep`` ranks independently and
+    uniformly: ``E[max] = Σ_m (1 − P(max ≤ m))``, with ``P(max ≤ m) = rows! / ep^rows ·
+    [z^rows] (Σ_{j≤m} z^j / j!)^ep`` (the multinomial counted by its generating function)."""
+    import numpy as np
+
+    log_fact = np.array([math.lgamma(j + 1) for j in range(rows + 1)])
+    scale = math.exp(log_fact[rows] - rows * math.log(ep))
+    busiest = 0.0
+    for m in range(rows):
+        power, base, n = np.ones(1), np.exp(-log_fact[: m + 1]), ep
+        while n:  # (Σ_{j≤m} z^j / j!)^ep by squaring, truncated past z^rows
+            if n & 1:
+                power = np.convolve(power, base)[: rows + 1]
+            base, n = np.convolve(base, base)[: rows + 1], n >> 1
+        above_m = 1.0 - min(scale * power[rows], 1.0) if len(power) > rows else 1.0
+        if above_m < 1e-12:
+            break
+        busiest += above_m
+    return busiest / (rows / ep)
+
 
 MOE_TILE = 16
 """Rows each expert's share is padded to: the smallest ``BLOCK_SIZE_M`` of vLLM's fused-MoE
@@ -70,7 +154,7 @@ class MoECost:
         self.profile, self.model, self.moe = profile, model, model.moe
         self.tp, self.ep, self.imbalance = tp, ep, imbalance
         self.bw = profile.gpu.hbm_bytes_per_s
-        fmt = model.weight_format
+        fmt = model.expert_weight_format
         self.rate, self.weight_only = gemm_rate(fmt, profile.gpu)
         self.weight_bytes = fmt.bytes_per_weight
         self.local_experts = self.moe.num_experts // ep
@@ -98,8 +182,13 @@ class MoECost:
 
     def rows_per_gpu(self, num_tokens: int) -> float:
         """Routed rows the busiest GPU runs: all ``T·k`` without expert parallelism."""
-        rows = num_tokens * self.moe.top_k / self.ep
-        return rows * self.imbalance if self.ep > 1 else rows
+        moe, ep = self.moe, self.ep
+        rows = num_tokens * moe.top_k / ep
+        if ep == 1:
+            return rows
+        chance = busiest_rank_load(num_tokens, moe.num_experts, moe.top_k, ep)
+        most = num_tokens * min(moe.top_k, moe.num_experts / ep)
+        return min(rows * chance * self.imbalance, most)
 
     def layer_ops(self, num_tokens: int) -> dict[str, float]:
         """Seconds of each op of one MoE layer for ``num_tokens`` tokens (its attention

@@ -138,7 +138,7 @@ def format_gemm_seconds(
     """
     if m <= 0:
         return 0.0
-    half = p.half_tokens
+    half = p.ramp(n)
     if weight_only:
         tile, half = WEIGHT_ONLY_TILE, 0.0
     tile = tile or p.tile_tokens

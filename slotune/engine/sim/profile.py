@@ -22,10 +22,13 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 class LinearProfile:
     """GEMM time: ``overhead + max(bytes / (bw·mem_eff), flops / (peak·eff(M)))``, the
     FLOPs counted on M padded up to ``tile_tokens`` and the efficiency
-    ``eff(M) = compute_eff · M_pad / (M_pad + half_tokens)`` rising with the token count.
+    ``eff(M) = compute_eff · M_pad / (M_pad + ramp(N))`` rising with the token count.
 
-    The ramp (``half_tokens``) is where a GEMM turns from weight-bandwidth bound to compute
-    bound, so it scales with the card's FLOPs per byte: fitted on ``fitted_on`` (a catalogue
+    The ramp is where a GEMM turns from weight-bandwidth bound to compute bound. With
+    ``ramp_width`` it is ``half_tokens`` at that output width and shrinks as ``1/N`` for
+    wider GEMMs: the work the last, partly filled wave of output tiles wastes is a fixed
+    number of tiles, a smaller share of a wider GEMM's (without, one ramp for every
+    width). It scales with the card's FLOPs per byte: fitted on ``fitted_on`` (a catalogue
     GPU), it is rescaled by ``for_gpu`` for a card with another balance of the two."""
 
     overhead_us: float
@@ -34,6 +37,11 @@ class LinearProfile:
     half_tokens: float
     tile_tokens: int
     fitted_on: str = ""
+    ramp_width: float = 0.0
+
+    def ramp(self, n: Any) -> Any:
+        """The ramp in tokens of a GEMM of output width ``n`` (a number or an array)."""
+        return self.half_tokens * self.ramp_width / n if self.ramp_width else self.half_tokens
 
     def for_gpu(self, gpu: GpuSpec) -> LinearProfile:
         """This profile on ``gpu``: the ramp moved by the ratio of FLOPs per byte."""
@@ -162,6 +170,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
     _check_nonneg(f"{where}: linear.half_tokens", linear.half_tokens)
     if linear.fitted_on and linear.fitted_on not in GPUS:
         raise ValueError(f"{where}: linear.fitted_on {linear.fitted_on!r} is not a catalogue GPU")
+    _check_nonneg(f"{where}: linear.ramp_width", linear.ramp_width)
     if linear.tile_tokens < 1:
         raise ValueError(f"{where}: linear.tile_tokens must be >= 1")
     for op, e in elementwise.items():

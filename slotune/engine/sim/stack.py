@@ -39,8 +39,13 @@ class StackProfile:
     before the engine sees it, ``request_out_us`` after a token leaves the engine until the
     client has it. ``gpu_time_scale`` multiplies every kernel's time: how the engine's own
     kernels (paged-attention and fused elementwise kernels, GEMMs replayed in graphs) run
-    against the isolated kernels the GPU profile measured. ``None`` host or all-reduce
-    fields take the GPU profile's values."""
+    against the isolated kernels the GPU profile measured. With ``schedule_ahead`` the
+    scheduler plans a step while the one before it runs (vLLM V1's async scheduling): a
+    request that arrives, or a seat that frees, while the engine is busy reaches the GPU a
+    step later than a synchronous loop would run it. ``decode_seq_layer_us`` is the
+    engine's work per decoding request and layer beside attention's KV read (KV-cache
+    write, slot and position metadata), seen in served runs but not in isolated attention
+    kernels. ``None`` host or all-reduce fields take the GPU profile's values."""
 
     name: str = EAGER
     host_step_us: float | None = None
@@ -52,6 +57,8 @@ class StackProfile:
     gpu_time_scale: float = 1.0
     request_in_us: float = 0.0
     request_out_us: float = 0.0
+    schedule_ahead: bool = False
+    decode_seq_layer_us: float = 0.0
     allreduce_latency_us: float | None = None
     allreduce_eff: float | None = None
     note: str = ""
@@ -66,7 +73,12 @@ class StackProfile:
             raise ValueError(
                 f"stack {self.name!r}: gpu_time_scale must be in (0, 2] (got {self.gpu_time_scale})"
             )
-        for name in ("request_in_us", "request_out_us", "graph_overhead_scale"):
+        for name in (
+            "request_in_us",
+            "request_out_us",
+            "graph_overhead_scale",
+            "decode_seq_layer_us",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(
                     f"stack {self.name!r}: {name} must be >= 0 (got {getattr(self, name)})"

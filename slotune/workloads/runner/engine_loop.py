@@ -4,7 +4,7 @@ One loop serves both. Virtual time: each step advances the clock by the executor
 ``last_step.duration_s``; requests whose arrival passed during a step are added after it
 (their arrival time stays the true one, so the wait counts in their TTFT); an idle engine
 jumps to the next arrival. Nothing sleeps. On a virtual clock the engine may also run a
-whole stretch of steps at once (``Engine.fast_forward``): up to the next arrival, or on
+whole stretch of steps at once (``Engine.run_stretch``): up to the next arrival, or on
 through the arrivals (handed to it as they fall due) when no finish can release a
 request (no sessions, no concurrency cap). Each covered step is recorded and each token
 gets its own step's end time, exactly as if the steps had run one by one. Wall time: the
@@ -93,11 +93,17 @@ class WallClock:
 
 
 class _Feed:
-    """The dispatcher's arrivals as ``Engine.fast_forward`` takes them."""
+    """The dispatcher's arrivals as ``Engine.run_stretch`` takes them."""
 
-    def __init__(self, disp: Dispatcher[list[int]], due: Callable[[float], list[Request]]):
+    def __init__(
+        self,
+        disp: Dispatcher[list[int]],
+        due: Callable[[float], list[Request]],
+        at_step_start: bool,
+    ):
         self.next_time = disp.next_time
         self.due = due
+        self.at_step_start = at_step_start
 
 
 class TokenPrompts:
@@ -125,7 +131,7 @@ def run_simulated(
     arrivals: ArrivalSpec = ALL_AT_ONCE,
     seed: int = 0,
     progress: Progress | None = None,
-    fast_forward: bool = True,
+    stretches: bool = True,
     timeout_s: float | None = None,
     quantization: str | None = None,
     ep: int = 1,
@@ -136,9 +142,9 @@ def run_simulated(
 
     ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
     per-request costs outside the engine delay every client-side time of a request
-    (``RunResult.with_request_latency``). ``fast_forward`` runs stretches of plain decode
-    steps at once (``Engine.fast_forward``); the result is identical either way, only
-    faster. Turn it off to debug or compare.
+    (``RunResult.with_request_latency``). ``stretches`` runs stretches of steps
+    planned in advance at once (``Engine.run_stretch``); the result is identical either
+    way, only faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
     ``runner.timeouts``); None waits for ever. ``horizon_s``: the run ends at this time
     (engine clock); requests still in flight then fail as unfinished, those not yet sent
@@ -159,11 +165,12 @@ def run_simulated(
             VirtualClock(),
             seed=seed,
             progress=progress,
-            fast_forward=fast_forward,
+            stretches=stretches,
             client_latency_s=stack.request_latency_s,
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
             horizon_s=horizon_s,
+            schedule_ahead=stack.schedule_ahead,
         )
     return result.with_request_latency(stack.request_latency_s, stack.name)
 
@@ -209,20 +216,24 @@ def drive_engine(
     *,
     seed: int = 0,
     progress: Progress | None = None,
-    fast_forward: bool = False,
+    stretches: bool = False,
     client_latency_s: float = 0.0,
     timeout_s: float | None = None,
     horizon_s: float | None = None,
+    schedule_ahead: bool = False,
 ) -> RunResult:
-    """The loop of both clocks. ``fast_forward`` needs a virtual clock: a stretch of steps
+    """The loop of both clocks. ``stretches`` need a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
     later); ``RunResult.with_request_latency`` moves the recorded times to match. With
     ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
-    are aborted. At ``horizon_s`` (or the first step end after it) the run stops: what
-    is still in flight fails as unfinished."""
-    if fast_forward and not isinstance(clock, VirtualClock):
-        raise ValueError("drive_engine: fast_forward needs a VirtualClock")
+    are aborted. With ``schedule_ahead`` (a scheduler that plans each step while the one
+    before runs, as vLLM V1's async scheduling does) a request that arrives while the
+    engine is busy joins after the step that starts after it arrived, not the one it
+    arrived in; an idle engine takes it at once. At ``horizon_s`` (or the first step end
+    after it) the run stops: what is still in flight fails as unfinished."""
+    if stretches and not isinstance(clock, VirtualClock):
+        raise ValueError("drive_engine: stretches need a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
     rec = Recorder(trace)
     keep_output = disp.has_children
@@ -275,14 +286,20 @@ def drive_engine(
         return requests
 
     # without finishes that release requests (or deadlines), a stretch runs on through arrivals
-    feed = _Feed(disp, due) if fast_forward and not stop_at_finish and timeout_s is None else None
+    feed = (
+        _Feed(disp, due, schedule_ahead)
+        if stretches and not stop_at_finish and timeout_s is None
+        else None
+    )
+    step_start: float | None = None  # of the last step run, while the engine stays busy
     while True:
         now = clock.now()
         if horizon_s is not None and now >= horizon_s:
             for i in rec.pending():
                 end(i, now, error=UNFINISHED_ERROR, output_tokens=len(token_times[i]))
             break
-        for request in due(now):
+        busy = schedule_ahead and step_start is not None and engine.has_unfinished_requests()
+        for request in due(step_start if busy and step_start is not None else now):
             engine.enqueue(request)
         if not engine.has_unfinished_requests():
             nxt = disp.next_time()
@@ -293,9 +310,9 @@ def drive_engine(
             clock.wait_until(nxt)
             continue
         if (
-            fast_forward
+            stretches
             and (
-                stretch := engine.fast_forward(
+                stretch := engine.run_stretch(
                     now,
                     earliest(disp.next_time(), deadlines.next_time()),
                     stop_at_finish=stop_at_finish,
@@ -310,6 +327,8 @@ def drive_engine(
             pairs = [(out, 0) for out in engine.step()]
             steps = [engine.last_step] if engine.last_step is not None else []
         times = clock.advance_steps(steps)
+        if steps:
+            step_start = times[-1] - steps[-1].duration_s
         rec.steps(times, steps)
         now = times[-1] if times else clock.now()
         ended = []

@@ -3,42 +3,107 @@ single steps would (same tokens, finishes, counters, block ids and free-queue or
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import random
+from dataclasses import fields, replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.stretch import StretchPlan, StretchPlanner
+from slotune.engine import engine as engine_module
+from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
+from slotune.engine.stretch.check import StretchMismatch
+from slotune.engine.stretch.planner import _TESTED_CONFIG, untested_config
 from tests.engine.deterministic import DeterministicExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import (
     ALL_CONFIGS,
+    CACHING,
+    MAX_MODEL_LEN,
+    POLICIES,
+    PREEMPTION,
+    Job,
     Workload,
     largest_request_blocks,
     workload_config,
     workloads,
 )
 
+LARGE_MODEL_LEN = 1024
+LARGE_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, (4, 16, 32)))
+
+
+@st.composite
+def large_workloads(draw: st.DrawFn) -> Workload:
+    """Up to 48 requests of up to 900 tokens arriving over 300 steps, prompts sharing a
+    few long prefixes (tokens drawn from seeds, so hypothesis stays quick)."""
+
+    def tokens(length: int, seed: int, low: int, high: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randint(low, high) for _ in range(length)]
+
+    bases = [
+        tokens(length, seed, 2, 4)
+        for length, seed in draw(
+            st.lists(st.tuples(st.integers(0, 300), st.integers(0, 99)), min_size=1, max_size=4)
+        )
+    ]
+    jobs = []
+    for i in range(draw(st.integers(5, 48))):
+        base = draw(st.sampled_from(bases))
+        suffix = tokens(draw(st.integers(0 if base else 1, 200)), draw(st.integers(0, 99)), 2, 9)
+        jobs.append(
+            Job(
+                rid=f"r{i}",
+                prompt=base + suffix,
+                max_tokens=draw(st.integers(1, 400)),
+                n=draw(st.sampled_from((1, 1, 1, 1, 2))),
+                arrive=draw(st.integers(0, 300)),
+                abort_at=None,
+            )
+        )
+    return Workload(
+        jobs=jobs,
+        budget=draw(st.integers(16, 512)),
+        threshold=draw(st.sampled_from((0, 0, 32, 100))),
+        max_num_seqs=draw(st.integers(4, 32)),
+        extra_blocks=draw(st.integers(0, 60)),
+        cpu_blocks=draw(st.integers(0, 60)),
+    )
+
 
 def _tokens(plan: StretchPlan) -> list[list[int]]:
     return [
-        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(last - first + 1)]
-        if first >= 0
-        else []
-        for r, first, last in zip(plan.requests, plan.first_sample, plan.last_sample, strict=True)
+        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(m.num_sampled)]
+        for m in plan.requests
+        for r in [m.request]
     ]
 
 
-def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
+def per_step(plan: StretchPlan, name: str) -> list:
+    return [getattr(step, name) for step in plan.steps]
+
+
+def per_request(plan: StretchPlan, name: str) -> list:
+    return [getattr(m, name) for m in plan.requests]
+
+
+def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN) -> tuple:
     """Run the workload stepping one by one (``single``), with stretches that end at the
     next arrival (``until``), or with stretches fed the arrivals (``feed``)."""
     config = workload_config(w, *cfg)
+    if max_model_len != MAX_MODEL_LEN:
+        budget = config.max_num_batched_tokens
+        if config.policy == "prefill_first":
+            budget = max_model_len + w.budget
+        config = replace(config, max_model_len=max_model_len, max_num_batched_tokens=budget)
     need = largest_request_blocks(w, config.block_size)
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
     fast = mode != "single"
     executor = DeterministicExecutor(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)
-    engine = Engine(config, executor)
+    engine = Engine(config, executor, check_stretches=False)  # it applies stretches itself
     scheduler = engine.scheduler
     tokens: dict[tuple[str, int], list[int]] = {}
     reasons: dict[tuple[str, int], str] = {}
@@ -72,7 +137,7 @@ def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
                 if not planner.plan_step():
                     break
             plan = planner.finish()
-            record(scheduler.apply_stretch(plan, _tokens(plan)).outputs)
+            record(apply_stretch(scheduler, plan, _tokens(plan)).outputs)
             step += plan.num_steps
         else:
             if engine.has_unfinished_requests():
@@ -81,7 +146,7 @@ def drive(w: Workload, cfg: tuple, mode: str) -> tuple:
         check_all(engine, None)
     check_drained(engine)
     stats = engine.stats()
-    stats.pop("fast_forward_steps")
+    stats.pop("stretch_steps")
     free_order = [b.block_id for b in engine.kv_cache.pool.free_queue.blocks()]
     return tokens, reasons, stats, free_order
 
@@ -95,6 +160,39 @@ def test_stretches_equal_single_steps(w: Workload, cfg: tuple) -> None:
     assert drive(w, cfg, "feed") == single
 
 
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(large_workloads(), st.sampled_from(LARGE_CONFIGS))
+def test_stretches_equal_single_steps_on_larger_workloads(w: Workload, cfg: tuple) -> None:
+    single = drive(w, cfg, "single", LARGE_MODEL_LEN)
+    assert drive(w, cfg, "until", LARGE_MODEL_LEN) == single
+    assert drive(w, cfg, "feed", LARGE_MODEL_LEN) == single
+
+
+def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
+    assert set(_TESTED_CONFIG) == {f.name for f in fields(EngineConfig)}, (
+        "a new EngineConfig field: review the stretch planner for it, test it, list it"
+    )
+    assert untested_config(EngineConfig()) is None
+    engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
+    engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
+    engine.step()
+    assert engine.run_stretch(0.0, None) is not None
+    _TESTED_CONFIG["block_size"] = frozenset({16})
+    untested_config.cache_clear()
+    try:
+        assert "block_size=4" in (untested_config(engine.config) or "")
+        assert engine.run_stretch(0.0, None) is None  # it steps one by one instead
+    finally:
+        _TESTED_CONFIG["block_size"] = None
+        untested_config.cache_clear()
+    params = SamplingParams(max_tokens=9, ignore_eos=True, logprobs=2)
+    engine.add_request("b", [3] * 5, params)  # a stretch reports no logprobs
+    assert engine.run_stretch(0.0, None) is None  # b is not admitted in a stretch
+    engine.step()
+    assert engine.run_stretch(0.0, None) is None  # b runs
+
+
 def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | None:
     planner = StretchPlanner.start(engine.scheduler, stop_at_finish)
     if planner is None:
@@ -106,7 +204,7 @@ def _plan_all(engine: Engine, stop_at_finish: bool = False) -> StretchPlan | Non
 
 def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() -> None:
     config = EngineConfig(block_size=4, max_num_seqs=3, prefix_caching="none")
-    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8))
+    engine = Engine(config, DeterministicExecutor(num_gpu_blocks=8), check_stretches=False)
     engine.add_request("a", [2] * 4, SamplingParams(max_tokens=30, ignore_eos=True))
     engine.add_request("b", [3] * 6, SamplingParams(max_tokens=5, ignore_eos=True))
     engine.step()  # both prompts: a holds 1 block, b 2 blocks; each sampled one token
@@ -115,38 +213,42 @@ def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() 
     assert plan is not None
     # b finishes with its 5th token (step 4) and frees its 3 blocks; a takes a block every
     # 4 steps (1, 5, 9, ...) until none is free: step 21 is not planned
-    assert plan.last_sample == [19, 3] and plan.finishes[3] == [1]
-    assert plan.num_tokens == [2] * 4 + [1] * 16
-    assert [a for a in plan.allocs if a] == [[(0, 1)], [(1, 1)]] + [[(0, 1)]] * 4
+    assert per_request(plan, "last_sample") == [19, 3] and plan.steps[3].finishes == [1]
+    assert per_step(plan, "num_tokens") == [2] * 4 + [1] * 16
+    assert [a for a in per_step(plan, "allocs") if a] == [[(0, 1)], [(1, 1)]] + [[(0, 1)]] * 4
     assert _plan_all(engine, stop_at_finish=True).num_steps == 4  # type: ignore[union-attr]
     engine.kv_cache.pool.free_blocks(held)
     engine.add_request("c", [4] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
     plan = _plan_all(engine)  # c's admission is certain (no prefix cache): planned too
-    assert plan is not None and plan.admits[0] == [(2, 3)] and plan.first_sample[2] == 0
+    assert plan is not None and plan.steps[0].admits == [(2, 3)]
+    assert plan.requests[2].first_sample == 0
     engine.step()  # c comes in: all 3 seats are taken
     engine.add_request("d", [5] * 3, SamplingParams(max_tokens=1))
     plan = _plan_all(engine)  # d waits for a seat: b's finish (step 3) frees one
-    assert plan is not None and plan.finishes[2] == [1]
-    assert [i for i, a in enumerate(plan.admits) if a] == [3]
-    assert plan.requests[3].request_id == "d" and plan.last_sample[3] == 3
+    assert plan is not None and plan.steps[2].finishes == [1]
+    assert [i for i, a in enumerate(per_step(plan, "admits")) if a] == [3]
+    assert plan.requests[3].request.request_id == "d" and plan.requests[3].last_sample == 3
 
 
 def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     config = EngineConfig(block_size=4, max_num_batched_tokens=6, prefix_caching="hash")
-    engine = Engine(config, DeterministicExecutor(check_kv=False))
+    engine = Engine(config, DeterministicExecutor(check_kv=False), check_stretches=False)
     engine.add_request("a", [2] * 3, SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
     engine.add_request("b", [3] * 12, SamplingParams(max_tokens=2, ignore_eos=True))
     engine.step()  # b takes its first chunk of 5 next to a's decode
     plan = _plan_all(engine)
     assert plan is not None
-    assert plan.num_prefill[:2] == [5, 2] and plan.first_sample == [0, 1]
-    assert plan.last_sample == [5, 2] and plan.chunks[:2] == [[(5, 5)], [(2, 10)]]
-    assert plan.fills[0] == [1]  # b fills its third block in the first step
+    assert per_step(plan, "num_prefill")[:2] == [5, 2]
+    assert per_request(plan, "first_sample") == [0, 1]
+    assert per_request(plan, "last_sample") == [5, 2]
+    assert per_step(plan, "chunks")[:2] == [[(5, 5)], [(2, 10)]]
+    assert plan.steps[0].fills == [1]  # b fills its third block in the first step
 
 
 def test_apply_finishes_on_a_final_stop_token() -> None:
-    engine = Engine(EngineConfig(block_size=4), DeterministicExecutor(check_kv=False))
+    executor = DeterministicExecutor(check_kv=False)
+    engine = Engine(EngineConfig(block_size=4), executor, check_stretches=False)
     engine.add_request("a", [2, 3], SamplingParams(max_tokens=20, stop_token_ids=(7, 8)))
     engine.step()
     planner = StretchPlanner.start(engine.scheduler, False)
@@ -155,7 +257,7 @@ def test_apply_finishes_on_a_final_stop_token() -> None:
     planner.plan_step()
     plan = planner.finish()
     assert plan.num_steps == 3
-    result = engine.scheduler.apply_stretch(plan, [[5, 6, 8]])
+    result = apply_stretch(engine.scheduler, plan, [[5, 6, 8]])
     (out,) = result.outputs
     assert out.new_token_ids == [5, 6, 8] and out.finish_reason == "stop"
     assert result.num_running == [1, 1, 0]
@@ -181,7 +283,7 @@ class PlannableExecutor(DeterministicExecutor):
         ]
 
 
-def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
+def test_run_stretch_ends_a_stretch_at_an_early_stop_token() -> None:
     def run(fast: bool) -> tuple[list[int], str | None, int]:
         engine = Engine(EngineConfig(block_size=4), PlannableExecutor(check_kv=False))
         stop = token_for("a", 0, 9)  # the 6th output token (the prompt has 4)
@@ -190,7 +292,7 @@ def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
         tokens: list[int] = []
         reason = None
         while engine.has_unfinished_requests() and reason is None:
-            stretch = engine.fast_forward(0.0, None) if fast else None
+            stretch = engine.run_stretch(0.0, None) if fast else None
             outs = [o for o, _ in stretch] if stretch is not None else engine.step()
             for out in outs:
                 if out.request_id == "a":
@@ -201,3 +303,39 @@ def test_fast_forward_ends_a_stretch_at_an_early_stop_token() -> None:
     fast = run(True)
     assert fast == run(False)
     assert len(fast[0]) == 6 and fast[1] == "stop"
+
+
+def _checked_engine() -> Engine:
+    engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", [2 + i] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
+    return engine
+
+
+def _run(engine: Engine) -> None:
+    while engine.has_unfinished_requests():
+        if engine.run_stretch(0.0, None) is None:
+            engine.step()
+
+
+def test_checking_mode_replays_each_stretch_and_passes_a_correct_one() -> None:
+    engine = _checked_engine()
+    _run(engine)
+    assert engine._checker is not None and engine._checker.num_stretches >= 1
+
+
+@pytest.mark.parametrize("fault", ["plan", "state"])
+def test_checking_mode_catches_a_stretch_that_differs(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def faulty(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+        if fault == "plan":
+            plan.steps[0].num_prefill += 1  # the cost model would price another batch
+        result = apply_stretch(scheduler, plan, tokens)
+        if fault == "state":
+            scheduler.count_steps(1, 0)  # a step counted twice
+        return result
+
+    monkeypatch.setattr(engine_module, "apply_stretch", faulty)
+    with pytest.raises(StretchMismatch, match="planned batch" if fault == "plan" else "state"):
+        _run(_checked_engine())

@@ -1,143 +1,91 @@
-"""Stretches: runs of engine steps worked out in advance and applied at once.
-
-A simulated engine mostly repeats itself: decoding requests take one token per step, a
-prompt takes its chunks, a new request is admitted when budget is left, now and then a
-request finishes. Nothing in such a step needs the scheduler's general machinery
-(preemption, copy-on-write, forks, prefix-cache hits), so ``StretchPlanner`` works out
-step after step with integer bookkeeping only: what each step schedules (the numbers an
-executor's cost model reads), which requests it admits, which blocks it allocates in which
-order, which requests fill blocks, which sample and which finish. ``apply_stretch`` then
-applies the planned steps: tokens appended in bulk, admissions, block allocations, prefix
-commits and frees in exactly the order single steps make them. The state afterwards
-(block ids, free-queue order and prefix-cache contents included) is the one that many
-rounds of ``schedule`` and ``update_from_output`` leave.
-
-Decoders in front of the running list (in running order, before the first request that is
-still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
-block fill and finish; a request joins them as soon as everything in front of it decodes.
-The others are stepped one by one.
-
-A step is planned only when it is certain to be such a step: every running allocation fits
-in the free blocks (frees during the stretch are counted, conservatively when blocks are
-shared), every running decoder fits in the budget, no prompt needs a fork (``n > 1``), and
-the waiting head either stays out without being tried (no budget left, no seat, or a
-swapped head whose blocks are not free) or is a new request whose admission is certain: no
-stop tokens, its first chunk's blocks are free, and its prefix lookup cannot hit (no prefix
-cache, or a hash cache that holds nothing under its first block and no running request
-that could commit one). A radix lookup touches the tree, so it ends a stretch.
-
-Arrivals during a stretch reach the planner through ``arrive`` after the step they
-follow. When a request finishes and the caller asks (it may send requests then), that step
-is the last. Stop tokens are the caller's to check: it knows the tokens and may plan a
-shorter stretch again.
-"""
+"""The stretch planner: works out step after step with integer bookkeeping only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
+import functools
+from dataclasses import fields
+from typing import NamedTuple
 
+from slotune.engine.config import EngineConfig
 from slotune.engine.kv_cache.hash_cache import HashPrefixCache
+from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
 from slotune.engine.request import Request, RequestStatus
+from slotune.engine.rules import (
+    alloc_step,
+    counts_as_prefill,
+    fill_step,
+    fills_block,
+    first_chunk,
+    has_seat,
+    is_decoder,
+    is_decoding,
+    length_step,
+    needs_blocks,
+    num_samples,
+    prompts_first,
+    reaches_length,
+    running_chunk,
+)
+from slotune.engine.scheduler import Scheduler
+from slotune.engine.stretch.plan import Admit, Alloc, Chunk, PlannedStep, StretchPlan
 
-if TYPE_CHECKING:
-    from slotune.engine.scheduler import Scheduler
+# Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
+# A new field, or a value not listed, makes the planner refuse until it is tested.
+_TESTED_CONFIG: dict[str, frozenset[object] | None] = {
+    "max_num_batched_tokens": None,
+    "long_prefill_token_threshold": None,
+    "block_size": None,
+    "max_num_seqs": None,
+    "max_model_len": None,
+    "preemption_mode": frozenset({"recompute", "swap"}),
+    "swap_space_gb": None,
+    "prefix_caching": frozenset({"none", "hash", "radix"}),
+    "policy": frozenset({"chunked", "prefill_first"}),
+    "gpu_memory_utilization": None,
+    "num_gpu_blocks": None,
+    "kv_cache_dtype": None,
+}
+_TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 
-Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
 
-_STAYS = None  # the waiting head is not admitted in this step, and nothing changes
-_UNSURE = False  # the next step might do something a plan cannot: end before it
+@functools.cache
+def untested_config(config: EngineConfig) -> str | None:
+    """Why the planner refuses ``config`` (a field or value its tests do not cover), or
+    None if it plans for it."""
+    for f in fields(config):
+        if f.name not in _TESTED_CONFIG:
+            return f"EngineConfig.{f.name} is new to the stretch planner"
+        tested = _TESTED_CONFIG[f.name]
+        value = getattr(config, f.name)
+        if tested is not None and value not in tested:
+            return f"EngineConfig.{f.name}={value!r} is not covered by the stretch tests"
+    return None
 
 
-class StretchPlan:
-    """Planned steps, as lists indexed by step (0-based), and per request.
+def refusal(scheduler: Scheduler) -> str | None:
+    """Why the planner refuses to plan for ``scheduler`` now, or None: a configuration or
+    prefix cache its tests do not cover, or a running request that asks for logprobs (a
+    stretch reports none)."""
+    if type(scheduler.kv_cache.cache) not in _TESTED_CACHES:
+        return f"prefix cache {type(scheduler.kv_cache.cache).__name__} is not covered"
+    if any(r.sampling_params.logprobs for r in scheduler.running):
+        return "a running request asks for logprobs"
+    return untested_config(scheduler.config)
 
-    ``requests`` are the running requests at the start in running order, then the ones the
-    stretch admits, in admission order (so index order is running order). Request ``i``
-    samples one token in each step from ``first_sample[i]`` through ``last_sample[i]``
-    (``first_sample[i] == -1``: it does not sample) and computes ``scheduled[i]`` tokens.
-    """
 
-    __slots__ = (
-        "_index",
-        "admits",
-        "agg_computed",
-        "agg_start",
-        "allocs",
-        "arrivals",
-        "chunks",
-        "context_sum",
-        "fills",
-        "finishes",
-        "first_sample",
-        "last_sample",
-        "num_decodes",
-        "num_prefill",
-        "num_requests",
-        "num_samples",
-        "num_start",
-        "num_steps",
-        "num_tokens",
-        "progress",
-        "requests",
-        "scheduled",
-        "start_computed",
-    )
+class HeadWaits(enum.Enum):
+    """What trying the waiting head does in a step, when it is not a certain admission."""
 
-    def __init__(self, requests: list[Request]) -> None:
-        self.requests = requests
-        self.num_start = len(requests)
-        self.num_steps = 0
-        self.num_tokens: list[int] = []
-        self.num_prefill: list[int] = []
-        self.num_samples: list[int] = []
-        self.num_requests: list[int] = []
-        self.num_decodes: list[int] = []
-        self.context_sum: list[int] = []
-        self.chunks: list[list[Chunk]] = []
-        self.allocs: list[list[tuple[int, int]]] = []  # per step: (request index, blocks)
-        self.admits: list[list[tuple[int, int]]] = []  # per step: (request index, tokens)
-        self.fills: list[list[int]] = []  # per step: requests that filled a block
-        self.finishes: list[list[int]] = []  # per step: request indices, in running order
-        self.arrivals: list[list[Request]] = []  # per step: requests arriving after it
-        self.scheduled: list[int] = [0] * len(requests)
-        self.first_sample = [-1] * len(requests)
-        self.last_sample = [-1] * len(requests)
-        self.start_computed = [r.num_computed_tokens for r in requests]
-        # how far each request has computed: one token per step from step agg_start
-        # (1-based; 0: never) on, from agg_computed; before that, (step, computed after)
-        self.agg_start = [0] * len(requests)
-        self.agg_computed = [0] * len(requests)
-        self.progress: dict[int, list[tuple[int, int]]] = {}
-        self._index: dict[str, int] | None = None  # built when apply_stretch first asks
+    STAYS = "stays"  # not admitted in this step, and nothing changes
+    UNSURE = "unsure"  # the step might do something a plan cannot: end before it
 
-    def index(self, request_id: str) -> int:
-        """The plan index of a request."""
-        if self._index is None:
-            self._index = {r.request_id: i for i, r in enumerate(self.requests)}
-        return self._index[request_id]
 
-    def computed_after(self, i: int, k: int) -> int:
-        """Request ``i``'s computed tokens after the first ``k`` steps."""
-        s = self.agg_start[i]
-        if s and k >= s - 1:
-            return self.agg_computed[i] + k - s + 1
-        computed = self.start_computed[i]
-        for step, after in self.progress.get(i, ()):
-            if step > k:
-                break
-            computed = after
-        return computed
+class Admission(NamedTuple):
+    """A certain admission of the waiting head: its first chunk and the blocks it takes."""
 
-    def admit(self, request: Request) -> int:
-        """A request admitted during the stretch; its index."""
-        self.requests.append(request)
-        self.scheduled.append(0)
-        self.first_sample.append(-1)
-        self.last_sample.append(-1)
-        self.start_computed.append(0)
-        self.agg_start.append(0)
-        self.agg_computed.append(0)
-        return len(self.requests) - 1
+    tokens: int
+    blocks: int
 
 
 class _Other:
@@ -163,10 +111,6 @@ class _Other:
         self.has_output = bool(req.output_token_ids)
         self.max_num_tokens = req.max_num_tokens
         self.n = req.sampling_params.n
-
-
-def _is_decoder(req: Request) -> bool:
-    return len(req.all_token_ids) - req.num_computed_tokens == 1 and bool(req.output_token_ids)
 
 
 class StretchPlanner:
@@ -206,7 +150,7 @@ class StretchPlanner:
         req_blocks = kv.req_blocks
         prefix = 0
         for req in running:
-            if not _is_decoder(req):
+            if not is_decoder(req):
                 break
             self._join(
                 prefix,
@@ -224,42 +168,45 @@ class StretchPlanner:
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
-        """A planner with its first step planned, or None when that step is not certain."""
+        """A planner with its first step planned, or None when that step is not certain
+        (or the configuration is one the planner refuses, see ``refusal``)."""
         s = scheduler
         if not (s.running or s.waiting) or s.kv_cache.cow_pending or s.pending_outputs:
             return None
+        if refusal(s) is not None:
+            return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
-            has_seat = len(s.running) + s.fork_seats + head.seats <= s.max_num_seqs
-            if s.prefill_first or (has_seat and _budget_left_estimate(s) > 0):
+            seated = has_seat(len(s.running), s.fork_seats, head.seats, s.max_num_seqs)
+            if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
                 return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
 
     def _join(self, i: int, computed: int, total: int, max_tokens: int, slots: int, s: int) -> None:
         """Request ``i`` decodes in the aggregate from (1-based) step ``s`` on."""
-        last = s + max_tokens - total - 1  # the step that samples its last token
+        last = length_step(s, total, max_tokens)  # the step that samples its last token
         self.finish_step[i] = last
         self.finish_at.setdefault(last, []).append(i)
-        alloc = s + slots - computed
+        alloc = alloc_step(s, computed, slots)
         if alloc <= last:
             self.alloc_at.setdefault(alloc, []).append(i)
         if self.cache is not None:
-            fill = s - 1 + self.bs - computed % self.bs
+            fill = fill_step(s, computed, self.bs)
             if fill <= last:
                 self.fill_at.setdefault(fill, []).append(i)
         self.base[i] = base = computed + 1 - s
         self.sum_base += base
         self.alive += 1
-        plan = self.plan
-        plan.agg_start[i] = s
-        plan.agg_computed[i] = computed
-        if plan.first_sample[i] < 0:
-            plan.first_sample[i] = s - 1
+        member = self.plan.requests[i]
+        member.agg_start = s
+        member.agg_computed = computed
+        if member.first_sample < 0:
+            member.first_sample = s - 1
 
     def arrive(self, requests: list[Request]) -> None:
         """Requests that arrive after the last planned step (they wait from the next one)."""
-        self.plan.arrivals[-1].extend(requests)
+        self.plan.steps[-1].arrivals.extend(requests)
         self.waiting.extend(requests)
 
     def plan_step(self) -> bool:
@@ -269,23 +216,20 @@ class StretchPlanner:
         has_waiting = self.next_waiting < len(self.waiting)
         if not (self.alive or self.others or has_waiting) or self.alive > self.budget:
             return self._end_before(None, 0)
-        if (
-            has_waiting
-            and self.sched.prefill_first
-            and self.waiting[self.next_waiting].status is not RequestStatus.SWAPPED
-        ):
-            return self._end_before(None, 0)  # prompts come first: it is looked up
+        head = self.waiting[self.next_waiting] if has_waiting else None
+        if prompts_first(self.sched.prefill_first, head):
+            return self._end_before(None, 0)  # the step looks the prompt up
         plan = self.plan
-        j = plan.num_steps + 1  # 1-based, as the buckets
+        j = len(plan.steps) + 1  # 1-based, as the buckets
         prefix_allocs = self.alloc_at.pop(j, None)
-        allocs: list[tuple[int, int]] = []
+        allocs: list[Alloc] = []
         if prefix_allocs:
             prefix_allocs.sort()
             allocs = [(i, 1) for i in prefix_allocs]
         new_blocks = len(allocs)
         alive = self.alive
         budget = self.budget - alive
-        num_tokens = num_samples = num_requests = num_decodes = alive
+        num_tokens = num_sampled = num_requests = num_decodes = alive
         context = self.sum_base + j * alive
         prefill = 0
         chunks: list[Chunk] = []
@@ -295,25 +239,25 @@ class StretchPlanner:
             if budget <= 0:
                 break
             computed = o.computed
-            n = o.total - computed
-            if n > 1:
-                n = min(n, self.threshold, budget, self.max_model_len - computed)
+            n = running_chunk(
+                o.total - computed, computed, self.threshold, budget, self.max_model_len
+            )
             slots = o.slots
-            if computed + n > slots:
+            if needs_blocks(computed, n, slots):
                 slots = -(-(computed + n) // bs) * bs
                 need = (slots - o.slots) // bs
                 allocs.append((o.index, need))
                 new_blocks += need
             if computed + n == o.total:
-                if not o.has_output and o.n > 1:
+                if num_samples(o.has_output, o.n) > 1:
                     return self._end_before(prefix_allocs, j)  # a fork: a general step's job
-                num_samples += 1
-            if n == 1:
+                num_sampled += 1
+            if n == 1:  # the cost model prices every one-token entry as a decode
                 num_decodes += 1
                 context += computed + 1
             else:
                 chunks.append((n, computed))
-            if n > 1 or not o.has_output:
+            if counts_as_prefill(n, o.has_output):
                 prefill += n
             num_requests += 1
             num_tokens += n
@@ -327,48 +271,51 @@ class StretchPlanner:
         while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
             head = self.waiting[self.next_waiting + len(admitted)]
             decision = self._admission(head, budget, seated + len(admitted), free_left)
-            if decision is _STAYS:
+            if decision is HeadWaits.STAYS:
                 break
-            if decision is _UNSURE:
+            if decision is HeadWaits.UNSURE:
                 return self._end_before(prefix_allocs, j)
-            n, blocks = decision  # type: ignore[misc]
+            n, blocks = decision
             o = _Other(-1, head, blocks * bs, blocks)
             admitted.append((o, n))
             stepped.append((o, n, o.slots))
             free_left -= blocks
             new_blocks += blocks
             if n == o.total:
-                num_samples += 1
+                num_sampled += num_samples(o.has_output, o.n)
             if n == 1:
                 num_decodes += 1
                 context += 1
             else:
                 chunks.append((n, 0))
-            prefill += n
+            prefill += n  # a start is a prefill, whatever its size
             num_requests += 1
             num_tokens += n
             budget -= n
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
         self.free -= new_blocks
-        plan.num_steps = j
-        plan.num_tokens.append(num_tokens)
-        plan.num_prefill.append(prefill)
-        plan.num_samples.append(num_samples)
-        plan.num_requests.append(num_requests)
-        plan.num_decodes.append(num_decodes)
-        plan.context_sum.append(context)
-        plan.chunks.append(chunks)
-        plan.allocs.append(allocs)
-        plan.arrivals.append([])
-        admits: list[tuple[int, int]] = []
+        step = PlannedStep(
+            num_tokens,
+            prefill,
+            num_sampled,
+            num_requests,
+            num_decodes,
+            context,
+            chunks,
+            allocs,
+            [],
+            [],
+            [],
+            [],
+        )
+        plan.steps.append(step)
         if admitted:
-            self._seat(admitted, admits)
-        plan.admits.append(admits)
-        self._update(j, prefix_allocs, stepped)
+            self._seat(admitted, step.admits)
+        self._update(j, step, prefix_allocs, stepped)
         return True
 
-    def _seat(self, admitted: list[tuple[_Other, int]], admits: list[tuple[int, int]]) -> None:
+    def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
         plan = self.plan
         for o, n in admitted:
@@ -384,64 +331,69 @@ class StretchPlanner:
             self.others.append(o)
 
     def _update(
-        self, j: int, prefix_allocs: list[int] | None, stepped: list[tuple[_Other, int, int]]
+        self,
+        j: int,
+        step: PlannedStep,
+        prefix_allocs: list[int] | None,
+        stepped: list[tuple[_Other, int, int]],
     ) -> None:
         """What the update after step ``j`` does: fills, samples, finishes, frees."""
-        plan = self.plan
+        members = self.plan.requests
         bs = self.bs
         if prefix_allocs:
             extra = self.extra
             for i in prefix_allocs:
                 extra[i] += 1
             self._again(self.alloc_at, prefix_allocs, j + bs)
-        fills: list[int] = []
+        fills = step.fills
         prefix_fills = self.fill_at.pop(j, None)
         if prefix_fills:
             prefix_fills.sort()
-            fills = prefix_fills
+            fills = step.fills = prefix_fills
             self._again(self.fill_at, prefix_fills, j + bs)
-        finished: list[int] = []
+        finished = step.finishes
         done = self.finish_at.pop(j, None)
         if done:
             done.sort()
             for i in done:
                 self.sum_base -= self.base[i]
-                plan.last_sample[i] = j - 1
-                plan.scheduled[i] += j - plan.agg_start[i] + 1
+                member = members[i]
+                member.last_sample = j - 1
+                member.scheduled += j - member.agg_start + 1
                 self._free_blocks_of(i, self.extra[i])
             self.alive -= len(done)
             finished.extend(done)
         caching = self.cache is not None
-        progress = plan.progress
         for o, n, slots in stepped:
             i = o.index
+            member = members[i]
             computed = o.computed + n
             o.computed = computed
             if slots != o.slots:
                 o.extra += (slots - o.slots) // bs
                 o.slots = slots
-            plan.scheduled[i] += n
+            member.scheduled += n
             if caching:
-                progress.setdefault(i, []).append((j, computed))
-                if computed % bs < n:
+                if member.progress is None:
+                    member.progress = []
+                member.progress.append((j, computed))
+                if fills_block(computed, n, bs):
                     fills.append(i)
             if computed == o.total:
-                if plan.first_sample[i] < 0:
-                    plan.first_sample[i] = j - 1
+                if member.first_sample < 0:
+                    member.first_sample = j - 1
                 o.total = computed + 1
                 o.has_output = True
-                if o.total >= o.max_num_tokens:
-                    plan.last_sample[i] = j - 1
+                if reaches_length(o.total, o.max_num_tokens):
+                    member.last_sample = j - 1
                     finished.append(i)
                     self._free_blocks_of(i, o.extra)
-        plan.fills.append(fills)
         if finished:
-            self.others = [o for o in self.others if plan.last_sample[o.index] < 0]
+            self.others = [o for o in self.others if members[o.index].last_sample < 0]
             if self.stop_at_finish:
                 self.ended = True
-        plan.finishes.append(finished)
         others = self.others
-        while others and others[0].total - others[0].computed == 1 and others[0].has_output:
+        while others and is_decoding(others[0].total - others[0].computed, others[0].has_output):
             o = others.pop(0)
             self.extra[o.index] = o.extra
             self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
@@ -459,7 +411,7 @@ class StretchPlanner:
         at the start come back; blocks shared then make the count a lower bound)."""
         freed = extra
         if i < self.plan.num_start:
-            rid = self.plan.requests[i].request_id
+            rid = self.plan.requests[i].request.request_id
             refs = [b.ref_cnt for b in self.kv.req_blocks[rid].blocks]
             alone = refs.count(1)
             if alone < len(refs):
@@ -469,29 +421,39 @@ class StretchPlanner:
 
     def _admission(
         self, head: Request, budget: int, seated: int, free_left: int
-    ) -> tuple[int, int] | bool | None:
-        """What trying the waiting head does in this step: ``_STAYS``, ``_UNSURE``, or
-        ``(tokens, blocks)`` of its certain admission."""
+    ) -> Admission | HeadWaits:
+        """What trying the waiting head does in this step."""
         s = self.sched
-        seats = head.seats
-        if seated + s.fork_seats + seats > s.max_num_seqs:
-            return _STAYS  # not tried: no seat before someone finishes
+        if not has_seat(seated, s.fork_seats, head.seats, s.max_num_seqs):
+            return HeadWaits.STAYS  # not tried: no seat before someone finishes
         if head.status is RequestStatus.SWAPPED:
-            need = s.swap_in_blocks(head, budget)
+            need = self._swap_in_blocks(head, budget)
             if need is None:
-                return _STAYS  # its chunk does not fit the budget: not tried
+                return HeadWaits.STAYS  # its chunk does not fit the budget: not tried
             if need > free_left and seated and self.free_exact:
-                return _STAYS  # tried, fails, changes nothing
-            return _UNSURE
+                return HeadWaits.STAYS  # tried, fails, changes nothing
+            return HeadWaits.UNSURE
         if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
-            return _UNSURE
-        n = min(len(head.all_token_ids), self.threshold, budget)
-        blocks = -(-n // self.bs)
+            return HeadWaits.UNSURE
+        n = first_chunk(len(head.all_token_ids), self.threshold, budget, s.prefill_first)
+        if n is None:  # not reached: prefill-first admissions are not planned
+            return HeadWaits.UNSURE
+        blocks = self.kv.blocks_needed(n)
         if blocks > free_left:
             if self.cache is None and seated and self.free_exact:
-                return _STAYS  # no lookup; the allocation fails, changing nothing
-            return _UNSURE
-        return n, blocks
+                return HeadWaits.STAYS  # no lookup; the allocation fails, changing nothing
+            return HeadWaits.UNSURE
+        return Admission(n, blocks)
+
+    def _swap_in_blocks(self, req: Request, budget: int) -> int | None:
+        """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
+        None if the policy would not try (its chunk does not fit the budget). Trying and
+        failing changes nothing."""
+        n = self.sched.chunk(req, req.num_computed_tokens, budget)
+        if n is None:
+            return None
+        need = self.kv.blocks_needed(req.num_computed_tokens + n)
+        return max(need, len(self.kv.swapped[req.request_id]))
 
     def _certain_miss(self, head: Request) -> bool:
         """Whether the head's prefix lookup surely finds nothing (and so changes nothing
@@ -506,8 +468,8 @@ class StretchPlanner:
             return True  # no full block to look up
         if self.first_hashes is None:
             self.first_hashes = set()
-            for req in self.plan.requests:
-                self._note_first_block(req)
+            for member in self.plan.requests:
+                self._note_first_block(member.request)
         if self.unknown_first_block:
             return False
         h0 = cache.first_block_hash(tokens)
@@ -517,7 +479,8 @@ class StretchPlanner:
         """A running request may commit its first block before a later lookup."""
         tokens = req.all_token_ids
         if len(tokens) >= self.bs:
-            self.first_hashes.add(self.hash_cache.first_block_hash(tokens))  # type: ignore[union-attr]
+            assert self.hash_cache is not None and self.first_hashes is not None
+            self.first_hashes.add(self.hash_cache.first_block_hash(tokens))
         elif req.max_num_tokens >= self.bs:
             self.unknown_first_block = True  # its first block holds tokens not sampled yet
 
@@ -531,20 +494,19 @@ class StretchPlanner:
         """The plan so far, with every sampling request's range of steps filled in."""
         plan = self.plan
         last = plan.num_steps - 1
-        for i, s in enumerate(plan.agg_start):
-            if s and plan.last_sample[i] < 0:
-                plan.last_sample[i] = last
-                plan.scheduled[i] += last + 1 - s + 1
-        for i in range(len(plan.requests)):
-            if plan.first_sample[i] >= 0 and plan.last_sample[i] < 0:
-                plan.last_sample[i] = last
+        for member in plan.requests:
+            if member.last_sample < 0 and member.first_sample >= 0:
+                member.last_sample = last
+                s = member.agg_start
+                if s:
+                    member.scheduled += last + 1 - s + 1
         return plan
 
 
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
     """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
-    or a new request without stop tokens or fork, under the chunked policy, with no prefix
-    cache or one whose missing lookups change nothing (hash, not radix)."""
+    or a new request without stop tokens, fork or logprobs, under the chunked policy, with
+    no prefix cache or one whose missing lookups change nothing (hash, not radix)."""
     if head.status is RequestStatus.SWAPPED:
         return True
     cache = s.kv_cache.cache
@@ -552,6 +514,7 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
         head.status is RequestStatus.WAITING
         and not s.prefill_first
         and head.sampling_params.n == 1
+        and not head.sampling_params.logprobs
         and not head.stop_ids
         and (cache is None or isinstance(cache, HashPrefixCache))
     )
@@ -565,7 +528,7 @@ def _budget_left_estimate(s: Scheduler) -> int:
     num = len(running)
     for req in reversed(running):
         n = len(req.all_token_ids) - req.num_computed_tokens
-        if n == 1 and req.output_token_ids:
+        if is_decoding(n, bool(req.output_token_ids)):
             break
         num -= 1
         budget -= min(n, s.threshold, max(budget, 0))

@@ -1,4 +1,4 @@
-"""The fast-forward changes nothing: every token time, every step row and every
+"""Stretches change nothing: every token time, every step row and every
 engine counter equal those of stepping one by one, to the bit."""
 
 from __future__ import annotations
@@ -74,36 +74,42 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _check_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine also replays each stretch step by step and compares its whole state."""
+    monkeypatch.setenv("SLOTUNE_CHECK_STRETCHES", "1")
+
+
 def _both(config: EngineConfig, trace: Trace, arrivals: ArrivalSpec) -> tuple:
     on = run_simulated(config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
     off = run_simulated(
-        config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g", fast_forward=False
+        config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g", stretches=False
     )
     return on, off
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_fast_forward_equals_single_steps(name: str) -> None:
+def test_stretches_equal_single_steps(name: str) -> None:
     on, off = _both(*CASES[name])
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
     pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
     assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
     assert on.duration_s == off.duration_s
-    covered = on.engine_stats.pop("fast_forward_steps")
-    assert off.engine_stats.pop("fast_forward_steps") == 0
+    covered = on.engine_stats.pop("stretch_steps")
+    assert off.engine_stats.pop("stretch_steps") == 0
     assert on.engine_stats == off.engine_stats
     assert covered > len(on.steps) // 4  # the stretches really ran
     assert len(on.steps) == on.engine_stats["steps"]
 
 
-def test_fast_forward_equals_single_steps_for_a_quantized_moe_model() -> None:
+def test_stretches_equal_single_steps_for_a_quantized_moe_model() -> None:
     config = EngineConfig(prefix_caching="hash", kv_cache_dtype="fp8", num_gpu_blocks=500)
     trace, arrivals = sharegpt_like(100, seed=9), ArrivalSpec(rate=8.0)
     kw = {"model": "mixtral-8x7b", "gpu": "h100", "tp": 2, "quantization": "fp8", "ep": 2}
     on = run_simulated(config, trace, arrivals=arrivals, **kw)  # type: ignore[arg-type]
-    off = run_simulated(config, trace, arrivals=arrivals, fast_forward=False, **kw)  # type: ignore[arg-type]
+    off = run_simulated(config, trace, arrivals=arrivals, stretches=False, **kw)  # type: ignore[arg-type]
     pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
     assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
-    assert on.engine_stats["fast_forward_steps"] > len(on.steps) // 4
+    assert on.engine_stats["stretch_steps"] > len(on.steps) // 4
     plain = run_simulated(config, trace, arrivals=arrivals, model="mixtral-8x7b", tp=2)
     assert plain.duration_s != on.duration_s  # the precision and EP reached the cost model

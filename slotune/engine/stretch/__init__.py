@@ -1,0 +1,55 @@
+"""Stretches: runs of engine steps worked out in advance and applied at once.
+
+A simulated engine mostly repeats itself: decoding requests take one token per step, a
+prompt takes its chunks, a new request is admitted when budget is left, now and then a
+request finishes. Nothing in such a step needs the scheduler's general machinery
+(preemption, copy-on-write, forks, prefix-cache hits), so ``StretchPlanner`` works out
+step after step with integer bookkeeping only: what each step schedules (the numbers an
+executor's cost model reads), which requests it admits, which blocks it allocates in which
+order, which requests fill blocks, which sample and which finish. ``apply_stretch`` then
+applies the planned steps: tokens appended in bulk, admissions, block allocations, prefix
+commits and frees in exactly the order single steps make them. The state afterwards
+(block ids, free-queue order and prefix-cache contents included) is the one that many
+rounds of ``schedule`` and ``update_from_output`` leave.
+
+Decoders in front of the running list (in running order, before the first request that is
+still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
+block fill and finish; a request joins them as soon as everything in front of it decodes.
+The others are stepped one by one.
+
+A step is planned only when it is certain to be such a step: every running allocation fits
+in the free blocks (frees during the stretch are counted, conservatively when blocks are
+shared), every running decoder fits in the budget, no prompt needs a fork (``n > 1``), and
+the waiting head either stays out without being tried (no budget left, no seat, or a
+swapped head whose blocks are not free) or is a new request whose admission is certain: no
+stop tokens, its first chunk's blocks are free, and its prefix lookup cannot hit (no prefix
+cache, or a hash cache that holds nothing under its first block and no running request
+that could commit one). A radix lookup touches the tree, so it ends a stretch.
+
+Arrivals during a stretch reach the planner through ``arrive`` after the step they
+follow. When a request finishes and the caller asks (it may send requests then), that step
+is the last. Stop tokens are the caller's to check: it knows the tokens and may plan a
+shorter stretch again.
+
+The planner and the scheduler follow the same rules, one function each in
+``slotune.engine.rules``. The planner refuses (``refusal``) configurations and prefix
+caches its tests do not cover, and requests that ask for logprobs. ``check`` holds the
+checking mode (``SLOTUNE_CHECK_STRETCHES=1``): a shadow scheduler replays every stretch
+step by step and compares.
+
+Modules: ``plan`` (the named types of a plan), ``planner``, ``apply``, ``check``.
+"""
+
+from slotune.engine.stretch.apply import StretchResult, apply_stretch
+from slotune.engine.stretch.plan import PlannedRequest, PlannedStep, StretchPlan
+from slotune.engine.stretch.planner import StretchPlanner, refusal
+
+__all__ = [
+    "PlannedRequest",
+    "PlannedStep",
+    "StretchPlan",
+    "StretchPlanner",
+    "StretchResult",
+    "apply_stretch",
+    "refusal",
+]

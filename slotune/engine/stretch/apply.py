@@ -1,0 +1,134 @@
+"""Applying a planned stretch to the scheduler, exactly as its steps one by one would."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from slotune.engine.outputs import RequestOutput
+from slotune.engine.request import Request, RequestStatus
+from slotune.engine.scheduler import Scheduler, take_token
+from slotune.engine.stretch.plan import StretchPlan
+
+
+class StretchResult(NamedTuple):
+    """What ``apply_stretch`` did, per request and per step."""
+
+    outputs: list[RequestOutput]  # each sampling request's tokens, in running order
+    used_blocks: list[int]  # GPU blocks in use after each step's allocations
+    num_running: list[int]  # running requests after each step
+    num_waiting: list[int]  # waiting requests after each step (before its arrivals)
+
+
+def apply_stretch(
+    scheduler: Scheduler, plan: StretchPlan, tokens: list[list[int]]
+) -> StretchResult:
+    """Apply the planned steps at once, exactly as that many rounds of ``schedule`` and
+    ``update_from_output`` would. ``tokens[i]`` holds what request ``i`` of the plan
+    samples in its steps (``[]`` if none); only the last token of a request running at
+    the start may be a stop token, which ends it with the plan's last step. Finished
+    requests free their blocks step by step; their ids reach the executor with the next
+    ``schedule``.
+    """
+    kv = scheduler.kv_cache
+    members = plan.requests
+    requests = [m.request for m in members]
+    ids = [r.request_id for r in requests]
+    steps = plan.steps
+    last = plan.num_steps - 1
+    outputs: list[RequestOutput | None] = [None] * len(members)
+    ending: list[tuple[Request, RequestStatus]] = []
+    status_of: dict[int, RequestStatus] = {}
+
+    def take(i: int) -> None:
+        outputs[i] = _take_run(requests[i], tokens[i], ending)
+        if len(status_of) < len(ending):
+            status_of[i] = ending[-1][1]
+
+    for i in range(plan.num_start):
+        if tokens[i]:
+            take(i)
+    last_finishes = steps[last].finishes
+    stopped = [
+        i
+        for i, status in status_of.items()
+        if status is RequestStatus.FINISHED_STOPPED and i not in last_finishes
+    ]
+    if stopped:  # a stop token ends requests with the last step too
+        steps[last].finishes = sorted(last_finishes + stopped)
+    final = [m.start_computed + m.scheduled for m in members]
+    pool = kv.pool
+    uncommitted = kv.uncommitted
+    used: list[int] = []
+    running: list[int] = []
+    waiting: list[int] = []
+    num_running = len(scheduler.running)
+    # allocations wait and go in one batch before the next lookup or free: the free
+    # queue hands out the same blocks in the same order (frees only append to it)
+    pending: list[tuple[str, int]] = []
+    num_pending = 0
+    for j, step in enumerate(steps):
+        for i, n in step.allocs:
+            pending.append((ids[i], n))
+            num_pending += n
+        if pending and (step.admits or step.finishes):
+            kv.grow(pending)
+            pending = []
+            num_pending = 0
+        for i, n in step.admits:
+            _admit_planned(scheduler, plan, i, n, j)
+            if tokens[i]:
+                take(i)
+            num_running += 1
+        used.append(pool.num_used_blocks + num_pending)
+        for i in step.fills:
+            uncommitted[ids[i]] = requests[i]
+        for i in step.finishes:
+            req = requests[i]
+            status = status_of.get(i)
+            if status is None or members[i].last_sample != j:
+                raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to end")
+            req.num_computed_tokens = final[i]
+            scheduler.finish(req, status)
+            num_running -= 1
+        running.append(num_running)
+        waiting.append(len(scheduler.waiting))
+        for req in step.arrivals:
+            scheduler.add_request(req)
+    if pending:
+        kv.grow(pending)
+    for req, computed in zip(requests, final, strict=True):
+        req.num_computed_tokens = computed
+    scheduler.count_steps(plan.num_steps, max(s.num_tokens for s in steps))
+    if ending:
+        scheduler.drop_finished()
+    return StretchResult([o for o in outputs if o is not None], used, running, waiting)
+
+
+def _take_run(
+    req: Request, tokens: list[int], ending: list[tuple[Request, RequestStatus]]
+) -> RequestOutput:
+    """Append a stretch's sampled ``tokens`` to ``req`` and report them."""
+    if len(tokens) > 1:
+        head = tokens[:-1]
+        req.output_token_ids.extend(head)
+        req.all_token_ids.extend(head)
+    output = take_token(req, tokens[-1], ending)
+    output.new_token_ids = tokens
+    return output
+
+
+def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: int) -> None:
+    """Admit request ``i`` of the plan (the waiting head) with ``n`` tokens in step ``j``,
+    as ``Scheduler.schedule`` does when its lookup misses."""
+    req = plan.requests[i].request
+    if not scheduler.waiting or scheduler.waiting[0] is not req:
+        raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
+    kv = scheduler.kv_cache
+    for r in kv.uncommitted.values():  # the lookup commits them as before this step
+        r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
+    hit = kv.get_computed_blocks(req)
+    if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
+        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
+    req.num_computed_tokens = 0
+    req.num_cached_tokens = 0
+    scheduler.seat_head()

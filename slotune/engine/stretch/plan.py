@@ -1,0 +1,99 @@
+"""A stretch's plan: what each planned step does, and each request over the steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slotune.engine.request import Request
+
+Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
+Alloc = tuple[int, int]  # (request index, blocks) allocated in a step, in allocation order
+Admit = tuple[int, int]  # (request index, tokens) of a request admitted in a step
+
+
+@dataclass(slots=True)
+class PlannedStep:
+    """One step: the numbers an executor's cost model reads, then what the step changes.
+
+    Indices are into ``StretchPlan.requests``; lists of them are in running order.
+    """
+
+    num_tokens: int
+    num_prefill: int
+    num_samples: int
+    num_requests: int
+    num_decodes: int
+    context_sum: int  # KV tokens the decodes read together
+    chunks: list[Chunk]  # the requests taking more than one token, in batch order
+    allocs: list[Alloc]
+    admits: list[Admit]
+    fills: list[int]  # requests that filled a block
+    finishes: list[int]
+    arrivals: list[Request]  # requests arriving after it
+
+
+@dataclass(slots=True)
+class PlannedRequest:
+    """One request over the stretch: it samples one token in each step from
+    ``first_sample`` through ``last_sample`` (0-based; -1: it does not sample) and
+    computes ``scheduled`` tokens.
+
+    How far it has computed: one token per step from step ``agg_start`` (1-based; 0:
+    never) on, from ``agg_computed``; before that, ``progress`` as (step, computed after)
+    (None: no progress noted; the planner notes it only with a prefix cache).
+    """
+
+    request: Request
+    start_computed: int
+    scheduled: int = 0
+    first_sample: int = -1
+    last_sample: int = -1
+    agg_start: int = 0
+    agg_computed: int = 0
+    progress: list[tuple[int, int]] | None = None
+
+    @property
+    def num_sampled(self) -> int:
+        return self.last_sample - self.first_sample + 1 if self.first_sample >= 0 else 0
+
+    def computed_after(self, k: int) -> int:
+        """Its computed tokens after the first ``k`` steps."""
+        s = self.agg_start
+        if s and k >= s - 1:
+            return self.agg_computed + k - s + 1
+        computed = self.start_computed
+        for step, after in self.progress or ():
+            if step > k:
+                break
+            computed = after
+        return computed
+
+
+class StretchPlan:
+    """Planned ``steps``, and the ``requests`` they run: the running requests at the start
+    in running order, then the ones the stretch admits in admission order (so index order
+    is running order)."""
+
+    __slots__ = ("_index", "num_start", "requests", "steps")
+
+    def __init__(self, running: list[Request]) -> None:
+        self.requests = [PlannedRequest(r, r.num_computed_tokens) for r in running]
+        self.num_start = len(running)
+        self.steps: list[PlannedStep] = []
+        self._index: dict[str, int] | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    def index(self, request_id: str) -> int:
+        """The plan index of a request."""
+        if self._index is None:
+            self._index = {p.request.request_id: i for i, p in enumerate(self.requests)}
+        return self._index[request_id]
+
+    def admit(self, request: Request) -> int:
+        """A request admitted during the stretch; its index."""
+        self.requests.append(PlannedRequest(request, 0))
+        self._index = None
+        return len(self.requests) - 1
