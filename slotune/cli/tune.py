@@ -36,8 +36,9 @@ def tune(
         int | None,
         opt(
             "--num-requests",
-            "Requests per trial (default: 500, or the whole trace if shorter; 32 with --backend "
-            "engine); more come closer to steady state, slower.",
+            "Requests per trial, sent as a burst at the rate (default: a timed steady-state "
+            "run, see --duration; 32 with --backend engine or timestamps, 500 with only "
+            "--warmup/--cooldown).",
         ),
     ] = None,
     rate: Annotated[float | None, opt("--rate", "Poisson request rate (req/s).")] = None,
@@ -54,7 +55,14 @@ def tune(
     weights: Annotated[str | None, opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
     percentile: Annotated[float, opt("--percentile", "Percentile of the weighted score.")] = 99.0,
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
-    trials: Annotated[int, opt("--trials", "Finished trials the study should have.")] = 50,
+    trials: Annotated[
+        int | None,
+        opt(
+            "--trials",
+            "Finished trials the study should have (default: 12 with the default "
+            "steady-state runs, else 50).",
+        ),
+    ] = None,
     timeout: Annotated[float | None, opt("--timeout", "Stop new trials after N seconds.")] = None,
     request_timeout: Annotated[
         float | None,
@@ -68,15 +76,26 @@ def tune(
         opt(
             "--duration",
             "Steady state: each run sends at its rate for this many seconds (the trace cut "
-            "or repeated), instead of a number of requests.",
+            "or repeated), instead of a number of requests (default with the simulator on a "
+            "trace without timestamps: 30).",
         ),
     ] = None,
     warmup: Annotated[
-        float, opt("--warmup", "Leave requests arriving in the first N seconds out of scores.")
-    ] = 0.0,
+        float | None,
+        opt(
+            "--warmup",
+            "Leave requests arriving in the first N seconds out of scores (default with a "
+            "duration: 10, at most a third of it; else 0).",
+        ),
+    ] = None,
     cooldown: Annotated[
-        float, opt("--cooldown", "Leave requests arriving in the last N seconds out of scores.")
-    ] = 0.0,
+        float | None,
+        opt(
+            "--cooldown",
+            "Leave requests arriving in the last N seconds out of scores (default with a "
+            "duration: 3, at most a tenth of it; else 0).",
+        ),
+    ] = None,
     sampler: Annotated[
         str | None,
         opt("--sampler", "tpe | nsga2 | random | grid (default: tpe; nsga2 for pareto)."),
@@ -236,7 +255,7 @@ class _Display:
         self.live.start()
 
     def _timeout_note(self) -> None:
-        trials = self.options.trials
+        trials = self.ready.budget
         if self.options.timeout and self.finished < trials:
             _console.print(
                 f"--timeout {self.options.timeout:g}s reached: {self.finished} of {trials} "
@@ -271,7 +290,8 @@ def _print_plan(setup: Any, name: str, num_requests: int) -> None:
             if setup.load.burstiness == 1
             else (f"gamma, burstiness {setup.load.burstiness:g}")
         )
-        load = f"the request rate is searched per trial ({kind}, 2% steps)"
+        step = ((setup.ladder or {}).get("ratio", 1.02) - 1) * 100
+        load = f"the request rate is searched per trial ({kind}, {step:.0f}% steps)"
     if setup.load.duration_s is not None:
         load += (
             f", each run {setup.load.duration_s:g} s long (scored after a "
@@ -355,6 +375,8 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         _pct(best["metrics"].get("slo_attainment")),
         _pct(base["metrics"].get("slo_attainment")),
     )
+    table.add_row("failed (timed out)", _failed(best["metrics"]), _failed(base["metrics"]))
+    table.add_row("steady state reached", _steady(best["metrics"]), _steady(base["metrics"]))
     table.add_row(
         "weighted score (lower is better)", _num(best.get("score")), _num(base.get("score"))
     )
@@ -365,6 +387,19 @@ def _comparison_table(best: dict[str, Any]) -> Any:
             _num(base.get("goodput_rps")),
         )
     return table
+
+
+def _failed(metrics: dict[str, Any]) -> str:
+    from slotune.tuner.results import flat_metrics
+
+    if metrics.get("failed") is None:
+        return "n/a"
+    return f"{metrics['failed']} ({flat_metrics(metrics).get('timeouts', 0)})"
+
+
+def _steady(metrics: dict[str, Any]) -> str:
+    steady = (metrics.get("steady_state") or {}).get("steady")
+    return {True: "yes", False: "no"}.get(steady, "n/a")
 
 
 def _ms(v: float | None) -> str:

@@ -10,7 +10,7 @@ from slotune.reports import fmt
 from slotune.reports.best import CONFIG_FIELDS, section, slo_text
 from slotune.reports.diagnostics import Diagnostic
 from slotune.reports.html import Cell, command_block, definition_list, e, note, table
-from slotune.reports.trials import TABLE_METRICS, TrialsData
+from slotune.reports.trials import STEADY, TABLE_METRICS, TrialsData
 
 _PERCENTILES = ("p50", "p90", "p99")
 
@@ -154,7 +154,40 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
         else:
             cells = [show(stat(s, key)) for _, s in runs]
         rows.append([label, "—", *cells])
+    rows.append(["of which timed out", "—", *[fmt.num(timeouts(s)) for _, s in runs]])
+    rows.append(["scoring window", "—", *[window_text(s) for _, s in runs]])
+    rows.append(["steady state reached", "—", *[steady_cell(s) for _, s in runs]])
     return table(["metric", "SLO", *[label for label, _ in runs]], rows, css="metrics")
+
+
+def timeouts(summary: dict[str, Any]) -> int | None:
+    """Requests the client gave up on (None when the summary says nothing of failures)."""
+    if stat(summary, "failed") is None:
+        return None
+    from slotune.tuner.results import flat_metrics
+
+    return flat_metrics(summary).get("timeouts")
+
+
+def window_text(summary: dict[str, Any]) -> str:
+    """The arrivals a run's scores count: ``10–27 s of arrivals (1,234 requests)``."""
+    window = section(summary, "scoring_window")
+    start, end = stat(window, "start_s"), stat(window, "end_s")
+    if start is None or end is None:
+        return "the whole run" if summary else fmt.NA
+    return f"{start:g}–{end:g} s of arrivals ({fmt.num(stat(window, 'requests'))} requests)"
+
+
+def steady_cell(summary: dict[str, Any]) -> Cell:
+    """The run's steady-state check: yes, no (requests in flight kept growing), or n/a."""
+    steady = section(summary, "steady_state").get("steady")
+    return _flag_cell(steady if isinstance(steady, bool) else None)
+
+
+def _flag_cell(flag: bool | None) -> Cell:
+    if flag is None:
+        return Cell(fmt.NA, sort="")
+    return Cell("yes" if flag else "no", css="met" if flag else "missed", sort=int(flag))
 
 
 def _score(value: Any) -> str:
@@ -168,8 +201,13 @@ def _with_tuner_figures(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _notes(best: dict[str, Any]) -> str:
-    notes = best.get("notes")
-    if not isinstance(notes, list) or not notes:
+    stored = best.get("notes")
+    notes = [str(n) for n in stored] if isinstance(stored, list) else []
+    for label, run in (("recommended", best), ("vLLM defaults", section(best, "baseline"))):
+        check = section(section(run, "metrics"), "steady_state")
+        if check.get("steady") is False and check.get("note"):
+            notes.append(f"{label} run not in steady state: {check['note']}")
+    if not notes:
         return ""
     return '<ul class="notes">' + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
 
@@ -218,7 +256,16 @@ def trials_table_html(trials: TrialsData) -> str:
     if frame.empty:
         return note("No trials were stored.")
     metrics = [m for m in TABLE_METRICS if m in frame]
-    headers = ["trial", "state", "feasible", *trials.objective_names, *trials.param_names, *metrics]
+    steady = [STEADY] if STEADY in frame else []
+    headers = [
+        "trial",
+        "state",
+        "feasible",
+        *trials.objective_names,
+        *trials.param_names,
+        *metrics,
+        *steady,
+    ]
     rows = []
     for _, row in frame.iterrows():
         feasible = bool(row["feasible"])
@@ -239,6 +286,9 @@ def trials_table_html(trials: TrialsData) -> str:
         cells += [_value_cell(row.get(c)) for c in trials.value_columns]
         cells += [_value_cell(row.get(f"params_{p}")) for p in trials.param_names]
         cells += [_value_cell(row.get(m)) for m in metrics]
+        if steady:
+            flag = row.get(STEADY)
+            cells.append(_flag_cell(flag if isinstance(flag, bool) else None))
         rows.append(cells)
     caption = (
         f"{len(frame)} trials ({int((frame['state'] == 'COMPLETE').sum())} completed) from "
@@ -292,6 +342,7 @@ def provenance_items(
         ("trace", fmt.text(trace.get("name"))),
         ("trace statistics", _stats_text(section(trace, "stats"))),
         ("load", fmt.text(section(best, "load").get("description"))),
+        ("scoring", scoring_text(best)),
         ("SLO", fmt.text(slo_text(best))),
         ("attainment target", fmt.pct(best.get("attainment_target"))),
         ("objective", objective),
@@ -305,6 +356,21 @@ def provenance_items(
         ("recommended trial", fmt.text(best.get("trial"))),
         ("date", fmt.text(best.get("date"))),
     ]
+
+
+def scoring_text(best: dict[str, Any]) -> str:
+    """How runs were scored: their length, warm-up, cool-down and client timeout."""
+    load, scoring = section(best, "load"), section(best, "scoring")
+    duration = stat(load, "duration_s")
+    parts = [f"each run {duration:g} s of arrivals" if duration else "each run a request burst"]
+    warmup, cooldown = stat(scoring, "warmup_s"), stat(scoring, "cooldown_s")
+    if warmup or cooldown:
+        parts.append(
+            f"scored after a {warmup or 0:g} s warm-up, before a {cooldown or 0:g} s cool-down"
+        )
+    timeout = stat(scoring, "request_timeout_s")
+    parts.append(f"client timeout {timeout:g} s" if timeout else "no client timeout")
+    return "; ".join(parts) if scoring or load else fmt.NA
 
 
 def bench_summary_html(

@@ -29,7 +29,11 @@ TABLE_METRICS: tuple[str, ...] = (
     "tpot_ms_p99",
     "request_throughput",
     "num_preemptions",
+    "failed",
+    "timeouts",
 )
+STEADY = "steady"
+"""Column of the run's steady-state check: True, False, or missing (nothing to check)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,9 @@ class TrialsData:
         return self.frame[self.frame["state"] == "COMPLETE"]
 
 
-def flatten_metrics(metrics: Any) -> dict[str, float]:
-    """A trial's metrics (dict, or its JSON/repr text from a CSV) as flat numeric columns.
+def flatten_metrics(metrics: Any) -> dict[str, float | bool]:
+    """A trial's metrics (dict, or its JSON/repr text from a CSV) as flat numeric columns
+    and the ``steady`` flag.
 
     ``{"ttft_ms": {"p99": 1.0}, "goodput": 2.0}`` -> ``{"ttft_ms_p99": 1.0, "goodput": 2.0}``,
     by the tuner's own flattening (``slotune.tuner.results.flat_metrics``).
@@ -65,7 +70,11 @@ def flatten_metrics(metrics: Any) -> dict[str, float]:
         metrics = _parse_mapping(metrics)
     if not isinstance(metrics, dict):
         return {}
-    return {k: float(v) for k, v in flat_metrics(metrics).items() if is_number(v)}
+    flat = flat_metrics(metrics)
+    out: dict[str, float | bool] = {k: float(v) for k, v in flat.items() if is_number(v)}
+    if isinstance(flat.get(STEADY), bool):
+        out[STEADY] = flat[STEADY]
+    return out
 
 
 def _parse_mapping(text: str) -> Any:
@@ -186,6 +195,9 @@ def load_csv_trials(
     for col in TABLE_METRICS:
         if col not in frame and col in raw:
             frame[col] = pd.to_numeric(raw[col], errors="coerce")
+    if STEADY not in frame and STEADY in raw:
+        flags = {True: True, False: False, "True": True, "False": False}
+        frame[STEADY] = raw[STEADY].map(flags)
     if len(value_cols) == 1:
         names: tuple[str, ...] = (objective or "objective",)
     else:

@@ -16,6 +16,7 @@ from slotune.tuner.objectives import (
     RateLadder,
     RateSearch,
     attainment,
+    sustained_share,
     weighted_score,
 )
 from slotune.tuner.setup import TuneSetup
@@ -29,13 +30,16 @@ def config_key(config: EngineConfig) -> str:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One run's summary with the study's score and attainment of it."""
+    """One run's summary with the study's score and attainment of it; ``sustained``: the
+    share of the rate a timed run kept up with (1 when it settled; burst runs are not held
+    to it)."""
 
     rate: float | None
     summary: dict[str, Any]
     score: float
     attainment: float
     feasible: bool
+    sustained: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,11 @@ class GoodputResult:
     @property
     def value(self) -> float:
         """The objective: the rate found, or else the goodput (req/s meeting the SLO) at the
-        start rate, ``rate x attainment``, which is below any rate found there."""
+        start rate, ``rate x attainment`` (x the share of the rate a timed run kept up
+        with), which is below any rate found there."""
         if self.rate is not None:
             return self.rate
-        return (self.at.rate or 0.0) * self.at.attainment
+        return (self.at.rate or 0.0) * self.at.attainment * self.at.sustained
 
 
 class Evaluator:
@@ -73,7 +78,9 @@ class Evaluator:
         }
         self.trace = trace if trace is not None else load_setup_trace(setup)
         self.ladder = RateLadder.from_dict(setup.ladder) if setup.ladder else None
+        self.horizon_s = run_horizon_s(setup, self.slo, self.trace)
         self._cache: dict[tuple[str, float | None], Measurement] = {}
+        self._repeats: dict[int, Any] = {}
         self.runs = 0
 
     @property
@@ -87,11 +94,7 @@ class Evaluator:
         from slotune.workloads import run_engine, run_simulated
 
         arrivals = self.setup.load.arrivals(rate)
-        trace = (
-            self.trace
-            if arrivals.num_sessions is None
-            else self.trace.repeat_to(arrivals.num_sessions)
-        )
+        trace = self.trace if arrivals.num_sessions is None else self._repeated(arrivals)
         self.runs += 1
         if self.setup.backend == "engine":
             from slotune.engine import Engine
@@ -116,7 +119,16 @@ class Evaluator:
             timeout_s=self.setup.request_timeout_s,
             quantization=self.setup.quantization,
             ep=self.setup.ep,
+            horizon_s=self.horizon_s,
         )
+
+    def _repeated(self, arrivals: Any) -> Any:
+        """The trace repeated to the sessions of a timed run, kept for the next run at that
+        rate (trials meet at the best rate so far; the prompts' tokens are made once)."""
+        n = arrivals.num_sessions
+        if self._repeats.get(n) is None:
+            self._repeats = {n: self.trace.repeat_to(n)}
+        return self._repeats[n]
 
     def summarize(self, result: Any) -> dict[str, Any]:
         from slotune.workloads import summarize
@@ -151,10 +163,11 @@ class Evaluator:
             self.own_percentiles,
         )
         # a timed run that never settled measured a burst, not a rate the server holds
-        settled = self.setup.load.duration_s is None or (
-            (summary.get("steady_state") or {}).get("steady") is not False
-        )
-        return Measurement(rate, summary, score, att, att >= self.setup.attainment and settled)
+        timed = self.setup.load.duration_s is not None
+        sustained = sustained_share(summary, rate) if timed else 1.0
+        settled = not timed or (summary.get("steady_state") or {}).get("steady") is not False
+        feasible = att >= self.setup.attainment and settled
+        return Measurement(rate, summary, score, att, feasible, sustained)
 
     def goodput(
         self, config: EngineConfig, start_rung: int, *, exact: bool = False
@@ -177,6 +190,17 @@ class Evaluator:
         at = self.measure(config, ladder.rate(at_rung))
         rate = ladder.rate(rung) if rung is not None else None
         return GoodputResult(rate, rung, at, probes)
+
+
+def run_horizon_s(setup: TuneSetup, slo: Any, trace: Any) -> float | None:
+    """When a timed run may stop: its arrivals end at ``duration_s``, and a request still
+    in flight ``slo.longest_meeting_s`` after that (for the trace's longest output) can no
+    longer meet the SLO. Stopping there leaves every request's SLO verdict as it is and
+    spares the drain of an overloaded run's queue."""
+    if setup.load.duration_s is None or not len(trace):
+        return None
+    longest = slo.longest_meeting_s(max(r.output_len for r in trace.requests))
+    return None if longest is None else setup.load.duration_s + longest
 
 
 def load_setup_trace(setup: TuneSetup) -> Any:

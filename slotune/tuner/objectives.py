@@ -96,6 +96,17 @@ def attainment(summary: dict[str, Any]) -> float:
     return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
+def sustained_share(summary: dict[str, Any], rate: float | None) -> float:
+    """The share of the offered ``rate`` the server kept up with: 1 unless the run's
+    steady-state check saw the requests in flight grow, then 1 - their growth per second
+    / ``rate`` (what arrives and is not completed piles up)."""
+    steady = summary.get("steady_state") or {}
+    if steady.get("steady") is not False or not rate:
+        return 1.0
+    growth = steady.get("growth_per_s") or 0.0
+    return min(1.0, max(0.0, 1.0 - growth / rate))
+
+
 def attainment_violation(summary: dict[str, Any], target: float) -> float:
     """Optuna constraint value: ``target - attainment``, feasible when <= 0."""
     return target - attainment(summary)
@@ -113,6 +124,7 @@ class RateLadder:
     ratio: float = 1.02
     lowest: int = -400
     highest: int = 400
+    max_gallop: int = 800  # the exact search's longest step, in rungs
 
     def rate(self, k: int) -> float:
         return self.base * self.ratio**k
@@ -126,12 +138,14 @@ class RateLadder:
             "ratio": self.ratio,
             "lowest": self.lowest,
             "highest": self.highest,
+            "max_gallop": self.max_gallop,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, float]) -> RateLadder:
-        """The ladder ``to_dict`` wrote."""
-        return cls(data["base"], data["ratio"], int(data["lowest"]), int(data["highest"]))
+        """The ladder ``to_dict`` wrote (a study stored before ``max_gallop``: unlimited)."""
+        gallop = int(data.get("max_gallop", cls.max_gallop))
+        return cls(data["base"], data["ratio"], int(data["lowest"]), int(data["highest"]), gallop)
 
 
 @dataclass
@@ -142,8 +156,8 @@ class RateSearch:
     upward (1, 2, 4, ... rungs) and bisects, so an improvement or a tie is found exactly.
     When it misses, it cannot win, and the search stops after that one run (``run`` returns
     None; the objective then ranks the config by its goodput at that rate). ``exact`` (the
-    baseline, whose rate nobody knows yet) gallops 16, 32, 64, ... rungs either way and
-    bisects to the rung.
+    baseline, whose rate nobody knows yet) gallops 16, 32, 64, ... rungs (at most the
+    ladder's ``max_gallop``) either way and bisects to the rung.
     """
 
     feasible: Callable[[int], bool]
@@ -165,22 +179,28 @@ class RateSearch:
         return self._down(start, lo) if self.exact else None
 
     def _up(self, ok: int, hi: int) -> int:
-        step = 16 if self.exact else 1
+        step = self._first_step()
         while ok < hi:
             k = min(ok + step, hi)
             if not self.probe(k):
                 return self._bisect(ok, k)
-            ok, step = k, step * 2
+            ok, step = k, self._next_step(step)
         return ok
 
     def _down(self, bad: int, lo: int) -> int | None:
-        step = 16
+        step = self._first_step()
         while bad > lo:
             k = max(bad - step, lo)
             if self.probe(k):
                 return self._bisect(k, bad)
-            bad, step = k, step * 2
+            bad, step = k, self._next_step(step)
         return None
+
+    def _first_step(self) -> int:
+        return min(16, self.ladder.max_gallop) if self.exact else 1
+
+    def _next_step(self, step: int) -> int:
+        return min(step * 2, self.ladder.max_gallop) if self.exact else step * 2
 
     def _bisect(self, ok: int, bad: int) -> int:
         while bad - ok > 1:

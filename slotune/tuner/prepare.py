@@ -29,9 +29,34 @@ from slotune.tuner.study import (
 )
 
 DEFAULT_NUM_REQUESTS = {"sim": 500, "engine": 32}
-"""Requests per trial by default. Simulated: enough for a meaningful p99, few enough that
-the default 50-trial study finishes well under a minute on 2 cores. Real engine: every
-request is real compute on this machine."""
+"""Requests per trial when a run is a number of requests: the real engine's default (every
+request is real compute on this machine), and the simulator's with ``--warmup`` or
+``--cooldown`` but no ``--duration``, or on a trace with its own timestamps."""
+
+
+@dataclass(frozen=True)
+class SteadyRun:
+    """How long a simulated run sends at its rate, and the ends its scores leave out."""
+
+    duration_s: float
+    warmup_s: float
+    cooldown_s: float
+    rate_step: float  # the goodput search's ladder: each rate this much above the last
+    trials: int  # the study's default budget with these runs
+
+
+STEADY_DEFAULT = SteadyRun(
+    duration_s=30.0, warmup_s=10.0, cooldown_s=3.0, rate_step=1.05, trials=12
+)
+"""The simulator's default run at a rate: 30 s of arrivals (the trace repeated), scored
+after a 10 s warm-up (longer than most requests stay in the system, so the requests in
+flight have settled) and before a 3 s cool-down; the run's steady-state check decides
+whether the rate is held. Rates 5 % apart: finer than a 30 s run resolves. The least
+simulation whose ranking of configurations equals that of 60 s and 120 s runs
+(docs/BENCHMARKS.md, "Steady-state goodput"); with 12 trials (a run costs several bursts)
+the default tune stays well under a minute."""
+BURST_RATE_STEP = 1.02
+DEFAULT_TRIALS = 50
 DEFAULT_OUT_ROOT = Path("slotune-out")
 
 
@@ -68,12 +93,12 @@ class TuneOptions:
     weights: str | None = None
     percentile: float = 99.0
     attainment: float = 0.99
-    trials: int = 50
+    trials: int | None = None  # default: STEADY_DEFAULT's with the default run, else 50
     timeout: float | None = None
     request_timeout: float | None = None
     duration: float | None = None
-    warmup: float = 0.0
-    cooldown: float = 0.0
+    warmup: float | None = None  # default: STEADY_DEFAULT's with the default run, else 0
+    cooldown: float | None = None
     sampler: str | None = None
     seed: int = 0
     search: str | None = None
@@ -94,6 +119,7 @@ _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
 
 @dataclass(frozen=True)
 class Prepared:
+    options: TuneOptions  # with the defaults that depend on the trace settled
     setup: TuneSetup
     space: SearchSpace
     trace: Any
@@ -103,6 +129,7 @@ class Prepared:
 
 def check_options(o: TuneOptions) -> None:
     """Checks that need nothing loaded."""
+    warmup, cooldown = o.warmup or 0.0, o.cooldown or 0.0
     if o.backend not in ("sim", "engine"):
         raise TuneInputError(
             "backend", f"{{backend}}: unknown backend {o.backend!r}; use sim or engine"
@@ -125,7 +152,7 @@ def check_options(o: TuneOptions) -> None:
         )
     checks = [
         (o.tp >= 1, f"{{tp}} must be at least 1 (got {o.tp})"),
-        (o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),
+        (o.trials is None or o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),
         (o.n_jobs >= 1, f"{{n_jobs}} must be at least 1 (got {o.n_jobs})"),
         (o.heartbeat >= 1, f"{{heartbeat}} must be at least 1 second (got {o.heartbeat})"),
         (
@@ -142,11 +169,11 @@ def check_options(o: TuneOptions) -> None:
             f"{{duration}} must be positive seconds (got {o.duration})",
         ),
         (
-            math.isfinite(o.warmup + o.cooldown) and min(o.warmup, o.cooldown) >= 0,
-            f"{{warmup}} and {{cooldown}} must be >= 0 seconds (got {o.warmup:g}, {o.cooldown:g})",
+            math.isfinite(warmup + cooldown) and min(warmup, cooldown) >= 0,
+            f"{{warmup}} and {{cooldown}} must be >= 0 seconds (got {warmup:g}, {cooldown:g})",
         ),
         (
-            o.duration is None or o.warmup + o.cooldown < o.duration,
+            o.duration is None or warmup + cooldown < o.duration,
             "{warmup} and {cooldown} together must be shorter than {duration}",
         ),
         (
@@ -205,6 +232,7 @@ def prepare(o: TuneOptions) -> Prepared:
         )
     except (ValueError, OSError) as e:
         raise TuneInputError("trace", f"{{trace}}: {e}") from None
+    o = with_run_length(o, trace)
     if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
     where = f"{{search}} {o.search}" if o.search else "search space"
@@ -239,7 +267,11 @@ def prepare(o: TuneOptions) -> Prepared:
         and objective != "goodput"
     )
     needs_ladder = objective in ("goodput", "pareto") or reference_from_baseline
-    ladder = RateLadder(base=o.rate or load.native_rate or 1.0) if needs_ladder else None
+    base = o.rate or load.native_rate or 1.0
+    if o.duration is None:
+        ladder = RateLadder(base=base, ratio=BURST_RATE_STEP)
+    else:  # a step of 8 rungs (48 %): no run far above what a server holds, each a long one
+        ladder = RateLadder(base=base, ratio=STEADY_DEFAULT.rate_step, max_gallop=8)
     notes = []
     if objective == "goodput" and o.rate is not None:
         notes.append(f"--rate {o.rate:g} starts the goodput search; the searched rate varies")
@@ -265,17 +297,45 @@ def prepare(o: TuneOptions) -> Prepared:
         trace_format=o.format,
         num_requests=len(trace),
         request_timeout_s=o.request_timeout,
-        warmup_s=o.warmup,
-        cooldown_s=o.cooldown,
+        warmup_s=o.warmup or 0.0,
+        cooldown_s=o.cooldown or 0.0,
         seed=o.seed,
         sampler=o.sampler or ("nsga2" if objective == "pareto" else "tpe"),
-        ladder=ladder.to_dict() if ladder else None,
+        ladder=ladder.to_dict() if needs_ladder else None,
         notes=tuple(notes),
         trace_digest=trace_digest(trace),
         quantization=o.quantization,
         ep=o.ep,
     )
-    return Prepared(setup, space, trace, gpu, reference_from_baseline)
+    return Prepared(o, setup, space, trace, gpu, reference_from_baseline)
+
+
+def with_run_length(o: TuneOptions, trace: Any) -> TuneOptions:
+    """The options with the run's length, scoring window and trial budget settled. A
+    simulated run at a rate (given or searched) on a trace without timestamps is by
+    default a timed steady-state run (``STEADY_DEFAULT``, with its trial budget); a
+    warm-up or cool-down left unset is then STEADY_DEFAULT's, capped to a third (a
+    tenth) of the duration, and else none."""
+    steady = (
+        o.backend == "sim"
+        and o.num_requests is None
+        and o.duration is None
+        and o.concurrency is None
+        and o.warmup is None
+        and o.cooldown is None
+        and not trace.has_timestamps
+    )
+    duration = STEADY_DEFAULT.duration_s if steady else o.duration
+    trials = o.trials or (STEADY_DEFAULT.trials if steady else DEFAULT_TRIALS)
+    if duration is None:
+        return replace(o, warmup=o.warmup or 0.0, cooldown=o.cooldown or 0.0, trials=trials)
+    warmup = min(STEADY_DEFAULT.warmup_s, duration / 3) if o.warmup is None else o.warmup
+    cooldown = min(STEADY_DEFAULT.cooldown_s, duration / 10) if o.cooldown is None else o.cooldown
+    if not warmup + cooldown < duration:
+        raise TuneInputError(
+            "warmup", "{warmup} and {cooldown} together must be shorter than {duration}"
+        )
+    return replace(o, duration=duration, warmup=warmup, cooldown=cooldown, trials=trials)
 
 
 def _check_hardware(o: TuneOptions) -> Any | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slotune.tuner.objectives import PENALTY_SCORE
+from slotune.workloads.runner.timeouts import TIMEOUT_ERROR
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,9 @@ def trials_frame(study: Any) -> Any:
 
 
 def flat_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run summary's numbers as flat columns (``ttft_ms_p99``, ``failed``, ...), plus
+    ``steady`` (the steady-state check: True, False, or absent when it had nothing to
+    check) and ``timeouts`` (requests the client gave up on)."""
     out: dict[str, Any] = {}
     for key, value in summary.items():
         if isinstance(value, dict):
@@ -125,6 +129,11 @@ def flat_metrics(summary: dict[str, Any]) -> dict[str, Any]:
                     out[f"{key}_{stat}"] = v
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = value
+    steady = (summary.get("steady_state") or {}).get("steady")
+    if isinstance(steady, bool):
+        out["steady"] = steady
+    if "failed" in summary:
+        out["timeouts"] = int((summary.get("errors") or {}).get(TIMEOUT_ERROR, 0))
     return out
 
 
@@ -220,6 +229,12 @@ def write_outputs(
         "load": {
             "rate": rate,
             "description": replace(setup.load, rate=rate).describe(),
+            "duration_s": setup.load.duration_s,
+        },
+        "scoring": {
+            "warmup_s": setup.warmup_s,
+            "cooldown_s": setup.cooldown_s,
+            "request_timeout_s": setup.request_timeout_s,
         },
         "slo": setup.slo,
         "slo_targets": dict(evaluator.targets_ms),

@@ -145,16 +145,28 @@ def create(
 
 def _enqueue_baseline(study: Any, setup: TuneSetup, baseline: dict[str, Any]) -> None:
     """vLLM's defaults are the first trial when the space holds them: the tuner then never
-    recommends worse than the baseline, and the run is already cached."""
+    recommends worse than the baseline, and the run is already cached. A study of timed
+    (steady-state) runs, whose few trials each cost several bursts, then tries the defaults
+    with every other KV cache format the space holds: the knob that moves a server's
+    capacity most, which a short random start-up rarely pairs with good batch settings."""
+    from dataclasses import replace
+
     from slotune.engine.config import EngineConfig
 
     if setup.sampler == "grid":
         return
-    params = SearchSpace.from_dict(setup.space).params_for(
-        EngineConfig.from_dict(baseline["config"])
-    )
-    if params is not None:
-        study.enqueue_trial(params, user_attrs={"baseline": True})
+    space = SearchSpace.from_dict(setup.space)
+    config = EngineConfig.from_dict(baseline["config"])
+    params = space.params_for(config)
+    if params is None:
+        return
+    study.enqueue_trial(params, user_attrs={"baseline": True})
+    if setup.load.duration_s is None:
+        return
+    for dtype in space.params["kv_cache_dtype"].values or ():
+        neighbour = space.params_for(replace(config, kv_cache_dtype=dtype))
+        if dtype != config.kv_cache_dtype and neighbour is not None:
+            study.enqueue_trial(neighbour)
 
 
 def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:

@@ -132,6 +132,7 @@ def tune(
     elif option_fields:
         raise TypeError("tune() takes TuneOptions or its fields as keywords, not both")
     prepared = prepare(options)
+    options = prepared.options
     place = place_study(options, prepared.setup.objective)
     return _Run(options, prepared, place, on_event or _ignore).run(report)
 

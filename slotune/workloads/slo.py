@@ -51,6 +51,17 @@ class SLO:
         t = self.get(metric)
         return None if t is None else t.threshold_s
 
+    def longest_meeting_s(self, output_tokens: int) -> float | None:
+        """The longest a request of ``output_tokens`` tokens can take (arrival to last
+        token) and still meet every target; None when the targets set no such bound."""
+        bounds = []
+        if (e2e := self.threshold_s("e2e")) is not None:
+            bounds.append(e2e)
+        gaps = [g for g in (self.threshold_s("tpot"), self.threshold_s("itl")) if g is not None]
+        if (ttft := self.threshold_s("ttft")) is not None and (gaps or output_tokens <= 1):
+            bounds.append(ttft + min(gaps, default=0.0) * max(output_tokens - 1, 0))
+        return min(bounds, default=None)
+
     def __str__(self) -> str:
         return ",".join(str(t) for t in self.targets)
 

@@ -10,7 +10,8 @@ A run in steady state has as many requests in flight at the end of its window as
 start. ``steady_state`` samples the requests in flight (arrived, not yet finished or
 failed) across the window and compares the mean of its last third with its first third:
 growth beyond ``max(2, 5 % of the window's arrivals)`` means the server fell behind and
-the latencies measured depend on how long the run was, not on the server. With load
+the latencies measured depend on how long the run was, not on the server; the growth per
+second is then how far the offered rate exceeds what the server completes. With load
 stages the check runs on each stage's part of the window (by Little's law a higher rate
 holds more requests in flight at the same latency, so a step up is no growth).
 """
@@ -116,6 +117,7 @@ def _check(result: RunResult, window: ScoringWindow) -> dict[str, Any]:
     counts = in_flight(result, times)
     third = _SAMPLES // 3
     start, end = float(counts[:third].mean()), float(counts[-third:].mean())
+    apart_s = float(times[-third:].mean() - times[:third].mean())
     arrivals = int(window.mask(result).sum())
     # a stable queue's in-flight count fluctuates like a Poisson count: growth within two
     # of its standard deviations (2·sqrt(n)) is noise, not a queue building up
@@ -126,6 +128,7 @@ def _check(result: RunResult, window: ScoringWindow) -> dict[str, Any]:
         "in_flight_start": start,
         "in_flight_end": end,
         "growth": end - start,
+        "growth_per_s": (end - start) / apart_s,
         "allowed_growth": allowed,
     }
     if not steady:

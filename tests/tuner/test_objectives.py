@@ -88,8 +88,10 @@ def test_weights_must_sum_positive_and_name_slo_metrics() -> None:
         resolve_weights({"e2e": 1.0}, ["ttft", "tpot"])
 
 
-def threshold_search(best_rung: int, start: int, exact: bool = False) -> tuple[int | None, int]:
-    ladder = RateLadder(base=1.0)
+def threshold_search(
+    best_rung: int, start: int, exact: bool = False, max_gallop: int = 800
+) -> tuple[int | None, int]:
+    ladder = RateLadder(base=1.0, max_gallop=max_gallop)
     calls = []
 
     def feasible(k: int) -> bool:
@@ -99,6 +101,7 @@ def threshold_search(best_rung: int, start: int, exact: bool = False) -> tuple[i
     search = RateSearch(feasible, ladder, exact=exact)
     found = search.run(start)
     assert len(calls) == len(set(calls)), "a rung was simulated twice"
+    assert all(k <= max(best_rung, start) + max_gallop for k in calls), "ran far above"
     return found, len(calls)
 
 
@@ -121,6 +124,13 @@ def test_exact_search_finds_the_rung_both_ways() -> None:
         found, _ = threshold_search(best, start=0, exact=True)
         assert found == best
     assert threshold_search(-1000, start=0, exact=True)[0] is None
+
+
+def test_a_capped_gallop_never_runs_far_above_the_answer() -> None:
+    for best in (-90, -3, 0, 12, 31, 200):
+        found, runs = threshold_search(best, start=0, exact=True, max_gallop=8)
+        assert found == best
+        assert runs <= abs(best) // 8 + 5  # one run per 8 rungs, then a bisection of 8
 
 
 def test_ladder_rates() -> None:

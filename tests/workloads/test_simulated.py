@@ -141,3 +141,22 @@ def test_timeouts_are_the_same_with_and_without_stretches() -> None:
     a, b = (r.requests for r in runs)
     assert a["error"].tolist() == b["error"].tolist()
     assert a["token_times"].tolist() == b["token_times"].tolist()
+
+
+def test_a_horizon_stops_the_run_and_fails_what_is_in_flight() -> None:
+    trace = load_trace("sharegpt-like", num_requests=300)
+    cfg = EngineConfig(max_num_batched_tokens=512, max_num_seqs=16)
+    spec = ArrivalSpec(rate=40)
+    full = run_simulated(cfg, trace, arrivals=spec).requests
+    cut = run_simulated(cfg, trace, arrivals=spec, horizon_s=8.0)
+    df = cut.requests
+    unfinished = df["error"] == "unfinished when the run ended"
+    assert unfinished.sum() > 0 and (full["finish_time"][unfinished] > 8.0).all()
+    assert (df["finish_time"][unfinished] >= 8.0).all()
+    assert (df["output_tokens"] == [len(ts) for ts in df["token_times"]]).all()
+    sent = df["arrival_time"].notna()
+    assert (full["arrival_time"][~sent] > 8.0).all(), "only arrivals after the stop go unsent"
+    done = sent & ~unfinished
+    for column in ("arrival_time", "finish_time", "token_times"):
+        assert df[column][done].tolist() == full[column][done].tolist()
+    assert cut.duration_s < full["finish_time"].max()

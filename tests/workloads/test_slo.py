@@ -39,3 +39,22 @@ def test_malformed_slo_says_what_and_what_is_expected(text: str, fragment: str) 
     assert fragment in message
     assert "expected e.g. ttft=300ms,tpot=50ms" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens", "longest"),
+    [
+        ("ttft=300ms,tpot=50ms", 101, 0.3 + 100 * 0.05),
+        ("ttft=300ms,tpot=50ms,itl=20ms", 11, 0.3 + 10 * 0.02),
+        ("ttft=1s,tpot=50ms,e2e=2s", 101, 2.0),
+        ("ttft=300ms", 1, 0.3),
+        ("ttft=300ms", 100, None),  # the tokens after the first have no bound
+        ("tpot=50ms", 100, None),
+    ],
+)
+def test_longest_time_a_request_meeting_the_slo_takes(
+    text: str, tokens: int, longest: float | None
+) -> None:
+    assert parse_slo(text).longest_meeting_s(tokens) == (
+        None if longest is None else pytest.approx(longest)
+    )

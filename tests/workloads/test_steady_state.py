@@ -184,6 +184,7 @@ def test_steady_state_below_at_and_above_capacity(
         growth_per_s = (load - 1) / SERVICE_S
         window_thirds = 2 / 3 * 20.0 * (1 - 2 / 60)  # between the thirds' centres
         assert check["growth"] == pytest.approx(growth_per_s * window_thirds, rel=0.15)
+        assert check["growth_per_s"] == pytest.approx(growth_per_s, rel=0.15)
         assert "never settled" in check["note"]
 
 

@@ -24,7 +24,12 @@ from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher
 from slotune.workloads.runner.record import Recorder
-from slotune.workloads.runner.timeouts import TIMEOUT_ERROR, Deadlines, earliest
+from slotune.workloads.runner.timeouts import (
+    TIMEOUT_ERROR,
+    UNFINISHED_ERROR,
+    Deadlines,
+    earliest,
+)
 from slotune.workloads.trace import Trace
 
 if TYPE_CHECKING:
@@ -130,6 +135,7 @@ def run_simulated(
     timeout_s: float | None = None,
     quantization: str | None = None,
     ep: int = 1,
+    horizon_s: float | None = None,
 ) -> RunResult:
     """Replay ``trace`` through the simulated engine on a virtual clock (``quantization``
     overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
@@ -140,7 +146,9 @@ def run_simulated(
     planned in advance at once (``Engine.run_stretch``); the result is identical either
     way, only faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
-    ``runner.timeouts``); None waits for ever.
+    ``runner.timeouts``); None waits for ever. ``horizon_s``: the run ends at this time
+    (engine clock); requests still in flight then fail as unfinished, those not yet sent
+    stay unsent.
     """
     from slotune.engine.engine import Engine
     from slotune.engine.sim import SimExecutor
@@ -161,6 +169,7 @@ def run_simulated(
             client_latency_s=stack.request_latency_s,
             # the client's clock runs request_latency_s ahead of the engine's
             timeout_s=None if timeout_s is None else max(timeout_s - stack.request_latency_s, 1e-9),
+            horizon_s=horizon_s,
             schedule_ahead=stack.schedule_ahead,
         )
     return result.with_request_latency(stack.request_latency_s, stack.name)
@@ -210,6 +219,7 @@ def drive_engine(
     stretches: bool = False,
     client_latency_s: float = 0.0,
     timeout_s: float | None = None,
+    horizon_s: float | None = None,
     schedule_ahead: bool = False,
 ) -> RunResult:
     """The loop of both clocks. ``stretches`` need a virtual clock: a stretch of steps
@@ -220,7 +230,8 @@ def drive_engine(
     are aborted. With ``schedule_ahead`` (a scheduler that plans each step while the one
     before runs, as vLLM V1's async scheduling does) a request that arrives while the
     engine is busy joins after the step that starts after it arrived, not the one it
-    arrived in; an idle engine takes it at once."""
+    arrived in; an idle engine takes it at once. At ``horizon_s`` (or the first step end
+    after it) the run stops: what is still in flight fails as unfinished."""
     if stretches and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: stretches need a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
@@ -283,6 +294,10 @@ def drive_engine(
     step_start: float | None = None  # of the last step run, while the engine stays busy
     while True:
         now = clock.now()
+        if horizon_s is not None and now >= horizon_s:
+            for i in rec.pending():
+                end(i, now, error=UNFINISHED_ERROR, output_tokens=len(token_times[i]))
+            break
         busy = schedule_ahead and step_start is not None and engine.has_unfinished_requests()
         for request in due(step_start if busy and step_start is not None else now):
             engine.enqueue(request)

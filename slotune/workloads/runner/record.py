@@ -37,6 +37,14 @@ class Recorder:
         self.prompt_tokens[i] = prompt_tokens
         self.error[i] = None
 
+    def pending(self) -> list[int]:
+        """Requests sent and not yet ended."""
+        return [
+            i
+            for i, (error, finish) in enumerate(zip(self.error, self.finish, strict=True))
+            if error is None and math.isnan(finish)
+        ]
+
     def tokens(self, i: int, now: float, count: int = 1) -> None:
         if count == 1:
             self.token_times[i].append(now)

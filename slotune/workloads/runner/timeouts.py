@@ -13,6 +13,8 @@ import heapq
 import math
 
 TIMEOUT_ERROR = "timeout"
+UNFINISHED_ERROR = "unfinished when the run ended"
+"""A request still in flight at a run's horizon (``run_simulated(horizon_s=...)``)."""
 
 
 def check_timeout(timeout_s: float | None) -> float | None:
