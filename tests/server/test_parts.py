@@ -156,8 +156,13 @@ def test_health_fails_while_a_step_is_stuck() -> None:
         body = {"prompt": "hi", "max_tokens": 2, "stream": True}
         thread = threading.Thread(target=call, args=(server, "/v1/completions", body))
         thread.start()
-        time.sleep(0.5)
+        # The step starts once the request is in and reports stuck 0.2 s later; poll rather
+        # than sleep a fixed time, which a loaded CI machine can outrun.
+        deadline = time.monotonic() + 10
         status, data, _ = call(server, "/health")
+        while status == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status, data, _ = call(server, "/health")
         assert status == 503 and "stuck" in data["status"]
         hanging.release.set()
         thread.join(10)
