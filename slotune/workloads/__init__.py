@@ -14,6 +14,7 @@ summary = summarize(result, slo, warmup_s=20, cooldown_s=5, stages=arrivals.stag
 summary["steady_state"]["steady"]
 """
 
+from slotune.engine.tokenizer import ByteTokenizer
 from slotune.workloads.arrivals import ArrivalSpec, Stage, arrival_times, parse_stages
 from slotune.workloads.generators import (
     AgentParams,
@@ -34,7 +35,7 @@ from slotune.workloads.result import RunResult
 from slotune.workloads.runner import run_engine, run_http, run_simulated
 from slotune.workloads.slo import SLO, SLOTarget, parse_slo
 from slotune.workloads.steady import ScoringWindow, steady_state
-from slotune.workloads.tokenizer import ByteTokenizer, get_tokenizer
+from slotune.workloads.tokenizer import get_tokenizer
 from slotune.workloads.trace import Trace, TraceRequest, default_max_model_len
 
 __all__ = [

@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from slotune.engine.tokenizer import ByteTokenizer
+
 
 class Tokenizer(Protocol):
     name: str
@@ -23,18 +25,6 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
-
-
-class ByteTokenizer:
-    """One token per UTF-8 byte; ``decode`` replaces invalid byte sequences."""
-
-    name = "byte-level (1 token per UTF-8 byte)"
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, token_ids: list[int]) -> str:
-        return bytes(t & 0xFF for t in token_ids).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:

@@ -29,8 +29,8 @@ def check_kv_cache(engine: Engine) -> None:
     assert len(free) + sum(1 for b in pool.blocks if b.ref_cnt > 0) == pool.num_blocks
     queued = pool.free_queue.blocks()
     assert len(queued) == pool.free_queue.num_free_blocks
-    assert all(b.ref_cnt == 0 and b.radix_node is None for b in queued)
-    kept = [b for b in free if b.radix_node is not None]
+    assert all(b.ref_cnt == 0 and b.kept_by is None for b in queued)
+    kept = [b for b in free if b.kept_by is not None]
     assert len(kept) + len(queued) == len(free)
     cache = kv.cache
     if engine.config.prefix_caching == "radix":

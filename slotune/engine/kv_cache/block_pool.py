@@ -2,16 +2,18 @@
 
 A block's ``ref_cnt`` is the number of request block tables that hold it; the prefix cache
 holding a block does not count. Unreferenced blocks are free: either in the free queue
-(hash kind: a cached block keeps its hash there until it is reused, as in vLLM) or, for the
-radix kind, still inside the tree until it evicts them (leaves only, least recently used).
+(a cache may leave its key on a block there until the block is reused, as vLLM does) or
+kept by the cache (``kept_by`` set) until the pool asks it to evict them. The pool sees the
+cache only through :class:`BlockKeeper`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from slotune.engine.kv_cache.prefix_cache import PrefixCache
+
+class BlockStateError(RuntimeError):
+    """A block's reference count or cache membership broke the pool's invariants."""
 
 
 class KVCacheBlock:
@@ -21,24 +23,24 @@ class KVCacheBlock:
         "block_hash",
         "block_id",
         "block_key",
+        "kept_by",
         "next_free",
         "prev_free",
-        "radix_node",
         "ref_cnt",
     )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: int | None = None  # hash-cache: the hash of its key while cached
-        self.block_key: object | None = None  # hash-cache: its key while cached
-        self.radix_node: object | None = None  # radix-tree node while cached
+        self.block_hash: int | None = None  # the hash of its cache key while cached
+        self.block_key: object | None = None  # its cache key while cached
+        self.kept_by: object | None = None  # the cache's record while it keeps the block
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
 
     @property
     def is_cached(self) -> bool:
-        return self.block_hash is not None or self.radix_node is not None
+        return self.block_hash is not None or self.kept_by is not None
 
     def __repr__(self) -> str:
         return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.is_cached})"
@@ -70,8 +72,10 @@ class FreeKVCacheBlockQueue:
         if block is self._tail or block is None:
             raise IndexError("FreeKVCacheBlockQueue.popleft: no free block")
         nxt = block.next_free
+        if nxt is None:
+            raise BlockStateError(f"free block {block.block_id} is unlinked")
         self._head.next_free = nxt
-        nxt.prev_free = self._head  # type: ignore[union-attr]
+        nxt.prev_free = self._head
         block.prev_free = block.next_free = None
         self.num_free_blocks -= 1
         return block
@@ -85,12 +89,16 @@ class FreeKVCacheBlockQueue:
         out = []
         block = self._head.next_free
         for _ in range(n):
+            if block is None:
+                raise BlockStateError("FreeKVCacheBlockQueue.popleft_n: the list is broken")
             out.append(block)
-            nxt = block.next_free  # type: ignore[union-attr]
-            block.prev_free = block.next_free = None  # type: ignore[union-attr]
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
             block = nxt
+        if block is None:
+            raise BlockStateError("FreeKVCacheBlockQueue.popleft_n: the list is broken")
         self._head.next_free = block
-        block.prev_free = self._head  # type: ignore[union-attr]
+        block.prev_free = self._head
         self.num_free_blocks -= n
         return out
 
@@ -105,7 +113,9 @@ class FreeKVCacheBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         last = self._tail.prev_free
-        last.next_free = block  # type: ignore[union-attr]
+        if last is None:
+            raise BlockStateError("FreeKVCacheBlockQueue.append: the list is broken")
+        last.next_free = block
         block.prev_free = last
         block.next_free = self._tail
         self._tail.prev_free = block
@@ -114,11 +124,13 @@ class FreeKVCacheBlockQueue:
     def extend(self, blocks: list[KVCacheBlock]) -> None:
         """Append the blocks in order, linked in one pass."""
         last = self._tail.prev_free
+        if last is None:
+            raise BlockStateError("FreeKVCacheBlockQueue.extend: the list is broken")
         for block in blocks:
-            last.next_free = block  # type: ignore[union-attr]
+            last.next_free = block
             block.prev_free = last
             last = block
-        last.next_free = self._tail  # type: ignore[union-attr]
+        last.next_free = self._tail
         self._tail.prev_free = last
         self.num_free_blocks += len(blocks)
 
@@ -135,10 +147,38 @@ class FreeKVCacheBlockQueue:
         return out
 
 
+class BlockKeeper(Protocol):
+    """What the pool needs from the prefix cache over its blocks.
+
+    A keeper may keep unreferenced blocks out of the free queue: it marks them with
+    ``kept_by`` and counts them in ``num_evictable``; the pool hands such a block back to
+    it when it gains its first reference or loses its last one.
+    """
+
+    num_evictable: int
+    """Unreferenced blocks the keeper holds outside the free queue."""
+
+    def forget_all(self, blocks: list[KVCacheBlock]) -> None:
+        """The pool reuses these free blocks (fresh from its queue) for new content."""
+        ...
+
+    def acquire(self, block: KVCacheBlock) -> None:
+        """A block it keeps (``kept_by`` set) gains its first reference."""
+        ...
+
+    def release(self, block: KVCacheBlock) -> None:
+        """A block it keeps (``kept_by`` set) lost its last reference."""
+        ...
+
+    def evict(self, n: int) -> list[KVCacheBlock]:
+        """Drop up to ``n`` unreferenced kept blocks and return them to be freed."""
+        ...
+
+
 class BlockPool:
     """All GPU blocks, their reference counts and the prefix cache (if any) over them."""
 
-    def __init__(self, num_blocks: int, cache: PrefixCache | None = None) -> None:
+    def __init__(self, num_blocks: int, cache: BlockKeeper | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"BlockPool: num_blocks must be at least 1 (got {num_blocks})")
         self.num_blocks = num_blocks
@@ -180,10 +220,11 @@ class BlockPool:
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Take one more reference on each block (a prefix-cache hit or a fork)."""
         queue = self.free_queue
+        cache = self.cache
         for block in blocks:
             if block.ref_cnt == 0:
-                if block.radix_node is not None:
-                    self.cache.acquire(block)  # type: ignore[union-attr]
+                if cache is not None and block.kept_by is not None:
+                    cache.acquire(block)
                 else:
                     queue.remove(block)
             block.ref_cnt += 1
@@ -191,14 +232,15 @@ class BlockPool:
     def free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """Drop one reference from each block, in the given order (the first is evicted first)."""
         freed = []
+        cache = self.cache
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.radix_node is not None:
-                    self.cache.release(block)  # type: ignore[union-attr]
+                if cache is not None and block.kept_by is not None:
+                    cache.release(block)
                 else:
                     freed.append(block)
             elif block.ref_cnt < 0:
-                raise RuntimeError(f"BlockPool.free_blocks: block {block.block_id} freed twice")
+                raise BlockStateError(f"BlockPool.free_blocks: block {block.block_id} freed twice")
         if freed:
             self.free_queue.extend(freed)

@@ -23,10 +23,15 @@ logged: nothing in the group could win a key that a reused block gave up.
 
 from __future__ import annotations
 
-from slotune.engine.kv_cache.block_pool import KVCacheBlock
+from collections.abc import Sequence
+from typing import cast
+
+from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
 
 Key = tuple[object, tuple[int, ...]]
+Commit = tuple[list[int], Sequence[KVCacheBlock | None], int]
+"""A logged commit: token ids, the blocks (None: reused unlogged) and the first's index."""
 
 
 class _Group:
@@ -38,9 +43,12 @@ class _Group:
         self.h0 = h0
         self.key0 = key0
         self.live = 0  # logged blocks not reused since
-        # (token ids, blocks, index of the first) per commit; a bare block when reused
-        self.log: list[tuple[list[int], list[KVCacheBlock], int] | KVCacheBlock] = []
-        self.members: list[tuple[list[object], list[int]]] = []  # (state, token ids)
+        self.log: list[Commit | KVCacheBlock] = []  # a bare block when reused
+        self.members: list[tuple[HashState, list[int]]] = []  # (state, token ids)
+
+
+HashState = list[int | _Group]
+"""A request's chained block hashes; a dormant group's request holds the group instead."""
 
 
 def _first_key(token_ids: list[int], bs: int) -> Key:
@@ -76,13 +84,15 @@ class HashPrefixCache:
             self._replay(group)
         return len(self._blocks)
 
-    def new_state(self) -> list[object]:
+    def new_state(self) -> HashState:
         return []
 
-    def copy_state(self, state: object) -> list[object]:
-        if state and type(state[0]) is _Group:  # type: ignore[index]
-            self._replay(state[0])  # type: ignore[index]
-        return list(state)  # type: ignore[call-overload]
+    def copy_state(self, state: HashState) -> HashState:
+        if state:
+            first = state[0]
+            if type(first) is _Group:
+                self._replay(first)
+        return list(state)
 
     def first_block_hash(self, token_ids: list[int]) -> int:
         """The hash a lookup of ``token_ids`` starts from (given a full first block)."""
@@ -93,11 +103,11 @@ class HashPrefixCache:
         first block, or a dormant group it would replay. False: it misses, changing nothing."""
         return first_hash in self._blocks or first_hash in self._dormant
 
-    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], list[int]]:
+    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], HashState]:
         bs = self.block_size
         lookup = self._blocks.get
         blocks: list[KVCacheBlock] = []
-        hashes: list[int] = []
+        hashes: HashState = []
         parent: object = None
         for i in range(max_blocks):
             key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
@@ -115,9 +125,13 @@ class HashPrefixCache:
         return blocks, hashes
 
     def commit(
-        self, state: object, token_ids: list[int], blocks: list[KVCacheBlock], num_full_blocks: int
-    ) -> tuple[list[int], list[Replacement]]:
-        hashes: list = state  # type: ignore[type-arg]
+        self,
+        state: HashState,
+        token_ids: list[int],
+        blocks: list[KVCacheBlock],
+        num_full_blocks: int,
+    ) -> tuple[HashState, list[Replacement]]:
+        hashes = state
         first = len(hashes)
         if first >= num_full_blocks:
             return hashes, []
@@ -136,16 +150,18 @@ class HashPrefixCache:
                     self._log(group, hashes, token_ids, blocks, 0, num_full_blocks)
                     return hashes, []
                 self._replay(group)  # two first blocks share a hash: hash both eagerly
-        elif type(hashes[0]) is _Group:
-            self._log(hashes[0], hashes, token_ids, blocks, first, num_full_blocks)
-            return hashes, []
+        else:
+            group0 = hashes[0]
+            if type(group0) is _Group:
+                self._log(group0, hashes, token_ids, blocks, first, num_full_blocks)
+                return hashes, []
         self._commit_eager(hashes, token_ids, blocks, first, num_full_blocks)
         return hashes, []
 
     def _log(
         self,
         group: _Group,
-        hashes: list[object],
+        hashes: HashState,
         token_ids: list[int],
         blocks: list[KVCacheBlock],
         first: int,
@@ -160,7 +176,7 @@ class HashPrefixCache:
 
     def _commit_eager(
         self,
-        hashes: list[object],
+        hashes: HashState,
         token_ids: list[int],
         blocks: list[KVCacheBlock],
         first: int,
@@ -182,8 +198,9 @@ class HashPrefixCache:
     def _second_member(group: _Group) -> None:
         """From now on reuse is logged; drop the blocks the first request lost unlogged."""
         group.log = [
-            (token_ids, [b if b.block_key is group else None for b in logged], first)  # type: ignore[union-attr,misc]
-            for token_ids, logged, first in group.log  # type: ignore[misc]
+            (c[0], [b if b is not None and b.block_key is group else None for b in c[1]], c[2])
+            for c in group.log
+            if type(c) is tuple  # all of them: with one request, reuse is not logged
         ]
 
     def _replay(self, group: _Group) -> None:
@@ -207,9 +224,9 @@ class HashPrefixCache:
                         owner[h] = (block, key)
                         registered[id(block)] = h
             else:
-                h = registered.pop(id(event), None)
-                if h is not None:
-                    del owner[h]
+                owned = registered.pop(id(event), None)
+                if owned is not None:
+                    del owner[owned]
         kept = []  # logged blocks not reused since (whether logged or not: one request)
         for event in group.log:
             if type(event) is tuple:
@@ -242,7 +259,7 @@ class HashPrefixCache:
                 del cached[h]
                 block.block_hash = block.block_key = None
             else:  # logged in its dormant group
-                group: _Group = key  # type: ignore[assignment]
+                group = cast(_Group, key)
                 block.block_key = None
                 group.live -= 1
                 if not group.live:
@@ -253,10 +270,10 @@ class HashPrefixCache:
                     group.log.append(block)
 
     def acquire(self, block: KVCacheBlock) -> None:
-        raise AssertionError("hash-cached blocks live in the free queue")
+        raise BlockStateError(f"block {block.block_id}: the hash cache keeps no blocks")
 
     def release(self, block: KVCacheBlock) -> None:
-        raise AssertionError("hash-cached blocks live in the free queue")
+        raise BlockStateError(f"block {block.block_id}: the hash cache keeps no blocks")
 
     def evict(self, n: int) -> list[KVCacheBlock]:
         return []

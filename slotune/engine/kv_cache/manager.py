@@ -13,16 +13,31 @@ are handed back to the scheduler, which lists them in its output for the executo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from slotune.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
-from slotune.engine.kv_cache.prefix_cache import PrefixCache, make_prefix_cache
+from slotune.engine.kv_cache.hash_cache import HashPrefixCache
+from slotune.engine.kv_cache.prefix_cache import PrefixCache
+from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
 from slotune.engine.request import Request
 
 BlockCopy = tuple[int, int]
 
 
+def make_prefix_cache(kind: str, block_size: int) -> PrefixCache[Any] | None:
+    """The prefix cache ``prefix_caching`` names: ``none``, ``hash`` or ``radix``."""
+    if kind == "none":
+        return None
+    if kind == "hash":
+        return HashPrefixCache(block_size)
+    if kind == "radix":
+        return RadixPrefixCache(block_size)
+    raise ValueError(f"prefix_caching: must be one of ('none', 'hash', 'radix') (got {kind!r})")
+
+
 class RequestBlocks:
-    """One request's GPU blocks. ``block_ids`` is the live table executors read."""
+    """One request's GPU blocks. ``block_ids`` is the live table executors read;
+    ``cache_state`` is the prefix cache's own record of the request (None without one)."""
 
     __slots__ = ("block_ids", "blocks", "cache_state", "num_slots")
 
@@ -48,7 +63,7 @@ class KVCacheManager:
         self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, prefix_caching: str
     ) -> None:
         self.block_size = block_size
-        self.cache: PrefixCache | None = make_prefix_cache(prefix_caching, block_size)
+        self.cache: PrefixCache[Any] | None = make_prefix_cache(prefix_caching, block_size)
         self.pool = BlockPool(num_gpu_blocks, self.cache)
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu: list[int] = list(range(num_cpu_blocks - 1, -1, -1))

@@ -7,19 +7,23 @@ granularity); when it commits a block the tree already holds, it switches to the
 block, so every referenced block's ancestors are referenced too. Hence unreferenced cached
 blocks always form the tails of subtrees, and evicting least-recently-used leaves, tail
 block first, can reach every one of them. Those blocks stay out of the pool's free queue
-(``num_evictable`` counts them) until the pool asks the tree to evict.
+(``num_evictable`` counts them; ``kept_by`` is their node) until the pool asks the tree to
+evict.
 """
 
 from __future__ import annotations
 
 import heapq
+from typing import cast
 
-from slotune.engine.kv_cache.block_pool import KVCacheBlock
+from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
 
 
 class RadixNode:
-    """An edge of ``len(blocks)`` blocks; ``start`` is the block index where it begins."""
+    """An edge of ``len(blocks)`` blocks; ``start`` is the block index where it begins.
+
+    Only the root has no parent, and the root holds no blocks."""
 
     __slots__ = ("alive", "blocks", "children", "last_access", "parent", "start", "tokens")
 
@@ -31,6 +35,14 @@ class RadixNode:
         self.blocks: list[KVCacheBlock] = []
         self.last_access = 0
         self.alive = True
+
+
+def _parent(node: RadixNode) -> RadixNode:
+    """The parent of a node that is not the root."""
+    parent = node.parent
+    if parent is None:
+        raise BlockStateError("the radix tree's root has no parent")
+    return parent
 
 
 RadixState = tuple[RadixNode, int]
@@ -50,8 +62,8 @@ class RadixPrefixCache:
     def new_state(self) -> RadixState:
         return (self.root, 0)
 
-    def copy_state(self, state: object) -> RadixState:
-        return state  # type: ignore[return-value]
+    def copy_state(self, state: RadixState) -> RadixState:
+        return state
 
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], RadixState]:
         bs = self.block_size
@@ -84,14 +96,18 @@ class RadixPrefixCache:
         return blocks, (end, depth)
 
     def commit(
-        self, state: object, token_ids: list[int], blocks: list[KVCacheBlock], num_full_blocks: int
+        self,
+        state: RadixState,
+        token_ids: list[int],
+        blocks: list[KVCacheBlock],
+        num_full_blocks: int,
     ) -> tuple[RadixState, list[Replacement]]:
-        node, depth = state  # type: ignore[misc]
+        node, depth = state
         if depth >= num_full_blocks:
-            return state, []  # type: ignore[return-value]
+            return state, []
         root = self.root
         while node is not root and depth <= node.start:
-            node = node.parent  # the node was split since; the position is in an ancestor
+            node = _parent(node)  # the node was split since; the position is in an ancestor
         bs = self.block_size
         self._clock += 1
         now = self._clock
@@ -120,7 +136,7 @@ class RadixPrefixCache:
             node.tokens.extend(key)
             node.blocks.append(block)
             node.last_access = now
-            block.radix_node = node
+            block.kept_by = node
         return (node, num_full_blocks), replaced
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
@@ -129,19 +145,19 @@ class RadixPrefixCache:
         ``node`` keeps its identity (and the suffix), so states that point at it stay valid.
         """
         bs = self.block_size
-        parent = node.parent
+        parent = _parent(node)
         prefix = RadixNode(parent, node.start)
         prefix.tokens = node.tokens[: k * bs]
         prefix.blocks = node.blocks[:k]
         prefix.last_access = node.last_access
-        parent.children[tuple(node.tokens[:bs])] = prefix  # type: ignore[union-attr]
+        parent.children[tuple(node.tokens[:bs])] = prefix
         node.tokens = node.tokens[k * bs :]
         node.blocks = node.blocks[k:]
         node.start += k
         node.parent = prefix
         prefix.children[tuple(node.tokens[:bs])] = node
         for block in prefix.blocks:
-            block.radix_node = prefix
+            block.kept_by = prefix
         return prefix
 
     def forget_all(self, blocks: list[KVCacheBlock]) -> None:
@@ -152,7 +168,7 @@ class RadixPrefixCache:
 
     def release(self, block: KVCacheBlock) -> None:
         self.num_evictable += 1
-        node: RadixNode = block.radix_node  # type: ignore[assignment]
+        node = cast(RadixNode, block.kept_by)
         if not node.children:
             self._push(node)
 
@@ -194,14 +210,14 @@ class RadixPrefixCache:
             while blocks and blocks[-1].ref_cnt == 0 and len(out) < n:
                 block = blocks.pop()
                 del node.tokens[-bs:]
-                block.radix_node = None
+                block.kept_by = None
                 out.append(block)
                 self.num_evictable -= 1
             if blocks:
                 if blocks[-1].ref_cnt == 0:
                     self._push(node)
                 continue
-            parent: RadixNode = node.parent  # type: ignore[assignment]
+            parent = _parent(node)
             del parent.children[key]
             node.alive = False
             if parent is not self.root and not parent.children and parent.blocks[-1].ref_cnt == 0:

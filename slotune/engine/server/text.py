@@ -2,9 +2,9 @@
 
 A real checkpoint is served with its own ``tokenizer.json`` (through ``tokenizers``). The
 simulated engine has no text: its sampled tokens are hashes. It is served with
-:class:`SimTextTokenizer`, which encodes prompts byte-level (slotune.workloads'
-``ByteTokenizer``, so a trace's synthetic ids sent as text keep their lengths) and shows
-each sampled token as one printable ASCII character, so that every token streams as one
+:class:`SimTextTokenizer`, which encodes prompts byte-level (``ByteTokenizer``, also the
+workloads' ``bytes`` tokenizer, so a trace's synthetic ids sent as text keep their lengths)
+and shows each sampled token as one printable ASCII character, so that every token streams as one
 visible chunk, as a client timing tokens needs. A checkpoint without ``tokenizer.json`` is
 served the same way.
 """
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from slotune.workloads.tokenizer import ByteTokenizer
+from slotune.engine.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerModel

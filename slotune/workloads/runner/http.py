@@ -16,11 +16,12 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
+from slotune.engine.tokenizer import ByteTokenizer
 from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher, Release
 from slotune.workloads.runner.record import Recorder
-from slotune.workloads.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
+from slotune.workloads.tokenizer import Tokenizer, get_tokenizer
 from slotune.workloads.trace import Trace
 
 Endpoint = Literal["completions", "chat"]
