@@ -186,9 +186,9 @@ def allocate_kv_cache(
     quantized cache decodes to zeros (zero codes, zero points)."""
     if kv_cache_dtype == "auto":
         new = torch.zeros if zeroed else torch.empty
-        return tuple(  # type: ignore[return-value]
-            new(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in "kv"
-        )
+        keys = new(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        values = new(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        return keys, values
     key, value = KV_SCHEMES[kv_cache_dtype]
     return (
         QuantizedCache(key, shape, dtype, device, pin_memory, zeroed),
