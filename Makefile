@@ -38,9 +38,9 @@ bench-baseline: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
-# mypy over slotune/ ([tool.mypy] in pyproject.toml). Not yet part of lint: packages other
-# than calibration/, engine/sim/ and tuner/ still have errors to fix.
+# mypy over slotune/ ([tool.mypy] in pyproject.toml).
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

@@ -308,7 +308,7 @@ def _run(
                 trace,
                 arrivals,
                 model=model,
-                endpoint=endpoint,  # type: ignore[arg-type]
+                endpoint=endpoint,
                 seed=seed,
                 tokenizer=tokenizer,
                 progress=on_progress,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TypedDict
 
 import typer
 from rich.console import Console
@@ -12,13 +13,45 @@ from slotune.cli.app import app
 from slotune.cli.common import fail
 
 
+class _GpuRow(TypedDict):
+    name: str
+    description: str
+    memory_gib: float
+    hbm_gbps: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+    host_link_gbps: float
+    interconnect_gbps: float
+    interconnect: str
+    profile: str
+    source: str
+
+
+class _ModelRow(TypedDict):
+    name: str
+    layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    experts: str | None
+    params_b: float
+    active_params_b: float
+    weight_dtype: str
+    expert_weight_dtype: str | None
+    weights_gb: float
+    kv_kib_per_token: float
+
+
 @app.command()
 def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the GPUs the simulator knows, with their datasheet figures."""
     from slotune.calibration.readers import DERIVED_FROM
     from slotune.engine.sim.hardware import GPUS
 
-    rows = []
+    rows: list[_GpuRow] = []
     for g in GPUS.values():
         base = DERIVED_FROM.get(g.name)
         rows.append(
@@ -67,7 +100,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """List the models the simulator knows (any HF config.json path works too)."""
     from slotune.engine.sim.models import MODELS
 
-    rows = [
+    rows: list[_ModelRow] = [
         {
             "name": m.name,
             "layers": m.num_layers,
@@ -179,6 +212,9 @@ def estimate(
     except ValueError as e:
         fail(str(e))
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
+    per_layer_ms = {k: round(v * 1e3, 6) for k, v in b.per_layer.items()}
+    per_step_ms = {k: round(v * 1e3, 6) for k, v in b.per_step.items()}
+    step_ms = round(b.total * 1e3, 6)
     result = {
         "gpu": profile.gpu.name,
         "stack": cm.stack.name,
@@ -194,9 +230,9 @@ def estimate(
         "expert_weight_dtype": None if spec.moe is None else spec.expert_weight_format.name,
         "ep": ep,
         "num_layers": spec.num_layers,
-        "per_layer_ms": {k: round(v * 1e3, 6) for k, v in b.per_layer.items()},
-        "per_step_ms": {k: round(v * 1e3, 6) for k, v in b.per_step.items()},
-        "step_ms": round(b.total * 1e3, 6),
+        "per_layer_ms": per_layer_ms,
+        "per_step_ms": per_step_ms,
+        "step_ms": step_ms,
     }
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -208,10 +244,10 @@ def estimate(
     table.add_column("op")
     table.add_column("ms per layer", justify="right")
     table.add_column(f"ms × {spec.num_layers} layers", justify="right")
-    for op, ms in result["per_layer_ms"].items():
+    for op, ms in per_layer_ms.items():
         table.add_row(op, f"{ms:.4f}", f"{ms * spec.num_layers:.3f}")
-    for op, ms in result["per_step_ms"].items():
+    for op, ms in per_step_ms.items():
         if op != "layers":
             table.add_row(op, "", f"{ms:.3f}")
-    table.add_row("[bold]step[/bold]", "", f"[bold]{result['step_ms']:.3f}[/bold]")
+    table.add_row("[bold]step[/bold]", "", f"[bold]{step_ms:.3f}[/bold]")
     Console().print(table)

@@ -399,7 +399,9 @@ def _failed(metrics: dict[str, Any]) -> str:
 
 def _steady(metrics: dict[str, Any]) -> str:
     steady = (metrics.get("steady_state") or {}).get("steady")
-    return {True: "yes", False: "no"}.get(steady, "n/a")
+    if isinstance(steady, bool):
+        return "yes" if steady else "no"
+    return "n/a"
 
 
 def _ms(v: float | None) -> str:

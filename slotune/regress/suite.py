@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import yaml
 
@@ -236,6 +236,10 @@ def _build(
     )
 
 
+@overload
+def _path_or_name(value: str, base: Path) -> str: ...
+@overload
+def _path_or_name(value: None, base: Path) -> None: ...
 def _path_or_name(value: str | None, base: Path) -> str | None:
     """A file relative to the suite, when it exists there; else the value as given (a
     bundled trace name, or a path the loader will report)."""

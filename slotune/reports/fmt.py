@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, TypeGuard
 
 NA = "n/a"
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
     """A finite real number, numpy scalars included, booleans excluded."""
     return (
         isinstance(value, numbers.Real)

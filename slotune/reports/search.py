@@ -213,9 +213,9 @@ def _coords(series: pd.Series) -> tuple[np.ndarray, dict[str, object]]:
         labels = sorted({str(v) for v in series}, key=_natural)
         index = {label: i for i, label in enumerate(labels)}
         pos = np.array([index[str(v)] for v in series], dtype=float)
-        span = max(len(labels) - 1, 1)
-        axis = {"tickvals": [i / span for i in range(len(labels))], "ticktext": labels}
-        return pos / span, axis
+        last = max(len(labels) - 1, 1)
+        axis = {"tickvals": [i / last for i in range(len(labels))], "ticktext": labels}
+        return pos / last, axis
     log = _is_log(values)
     scaled = np.log(values) if log else values
     low, high = scaled.min(), scaled.max()

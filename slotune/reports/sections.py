@@ -107,7 +107,7 @@ def recommendation_sentence(best: dict[str, Any]) -> str:
 
 
 def _config_table(config: dict[str, Any], baseline: dict[str, Any]) -> str:
-    rows = []
+    rows: list[list[Cell | str]] = []
     for key in _config_keys(config, baseline):
         ours, theirs = config.get(key), baseline.get(key)
         css = "changed" if baseline and ours != theirs else ""
@@ -142,18 +142,13 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
         ("output throughput (tok/s)", "output_throughput", fmt.num),
         ("preemptions", "num_preemptions", fmt.num),
         ("prefix-cache hit rate", "prefix_cache_hit_rate", fmt.pct),
-        ("completed / failed", None, None),
     )
     for label, key, show in scalars:
         if key in ("goodput_rps", "score") and all(stat(s, key) is None for _, s in runs):
             continue
-        if key is None:
-            cells = [
-                f"{fmt.num(stat(s, 'completed'))} / {fmt.num(stat(s, 'failed'))}" for _, s in runs
-            ]
-        else:
-            cells = [show(stat(s, key)) for _, s in runs]
-        rows.append([label, "—", *cells])
+        rows.append([label, "—", *[show(stat(s, key)) for _, s in runs]])
+    completed = [f"{fmt.num(stat(s, 'completed'))} / {fmt.num(stat(s, 'failed'))}" for _, s in runs]
+    rows.append(["completed / failed", "—", *completed])
     rows.append(["of which timed out", "—", *[fmt.num(timeouts(s)) for _, s in runs]])
     rows.append(["scoring window", "—", *[window_text(s) for _, s in runs]])
     rows.append(["steady state reached", "—", *[steady_cell(s) for _, s in runs]])
@@ -196,7 +191,7 @@ def _score(value: Any) -> str:
 
 def _with_tuner_figures(result: dict[str, Any]) -> dict[str, Any]:
     """A run's summary plus the tuner's per-configuration figures stored beside it."""
-    extra = {k: result[k] for k in ("goodput_rps", "score") if k in result}
+    extra: dict[str, Any] = {k: result[k] for k in ("goodput_rps", "score") if k in result}
     return {**section(result, "metrics"), **extra}
 
 

@@ -126,6 +126,12 @@ class Prepared:
     gpu: Any | None
     reference_from_baseline: bool
 
+    @property
+    def trials(self) -> int:
+        """The trial budget, which ``with_run_length`` always settles."""
+        assert self.options.trials is not None
+        return self.options.trials
+
 
 def check_options(o: TuneOptions) -> None:
     """Checks that need nothing loaded."""

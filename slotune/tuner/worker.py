@@ -188,14 +188,15 @@ class Worker:
 
     @contextlib.contextmanager
     def _beating(self, trial: Any) -> Iterator[None]:
-        if self.heartbeat is None:
+        heartbeat = self.heartbeat
+        if heartbeat is None:
             yield
             return
         trial_id = self._trial_id(trial)
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(self.heartbeat.interval):  # type: ignore[union-attr]
+            while not stop.wait(heartbeat.interval):
                 with contextlib.suppress(Exception):  # an outage: the next beat retries
                     self.storage.record_heartbeat(trial_id)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.prepare import (
@@ -32,6 +32,9 @@ from slotune.tuner.prepare import (
 )
 from slotune.tuner.setup import TuneSetup
 from slotune.tuner.storage import StudyError
+
+if TYPE_CHECKING:
+    from slotune.tuner.study import Joined
 
 
 class Stage(Enum):
@@ -165,15 +168,15 @@ class _Run:
         if not joined.created:
             from slotune.tuner.evaluate import Evaluator
 
-            studies.set_budget(study, self.options.trials)
+            studies.set_budget(study, self.prepared.trials)
             self.evaluator = Evaluator(setup, self.prepared.trace)
-        budget, grid_size = self.options.trials, None
+        budget, grid_size = self.prepared.trials, None
         if setup.sampler == "grid":
             from slotune.tuner.space import SearchSpace
 
             space = SearchSpace.from_dict(setup.space)
             grid_size = studies.enqueue_grid(
-                study, space, setup.seed, self.options.trials, url=self.place.storage
+                study, space, setup.seed, self.prepared.trials, url=self.place.storage
             )
             budget = min(budget, grid_size)
         start = studies.count_finished(study)
@@ -195,7 +198,7 @@ class _Run:
             self._optimize(study, setup, baseline, start, budget, seed)
         return self._finish(study, setup, baseline, joined.created, budget, report)
 
-    def _create_or_join(self) -> Any:
+    def _create_or_join(self) -> Joined:
         from slotune.tuner import study as studies
 
         def baseline() -> tuple[TuneSetup, dict[str, Any]]:
@@ -210,7 +213,7 @@ class _Run:
                 self.place.name,
                 self.prepared.setup,
                 baseline,
-                trials=self.options.trials,
+                trials=self.prepared.trials,
                 heartbeat=self.options.heartbeat,
             )
         except KeyboardInterrupt:

@@ -148,7 +148,7 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
         # show one (the same text again, so vLLM's prefix cache holds all of it), else
         # its own; the system prompt of its group shared in front either way.
         prompt_key = groups + (pool[i] if pool[i] >= 0 else len(rows) + i)
-        segments = None
+        segments: tuple[tuple[int, int], ...] | None = None
         if groups and 0 < system_len < prompt_len:
             group = (pool[i] if pool[i] >= 0 else i) % groups
             segments = ((group, system_len), (prompt_key, prompt_len - system_len))
@@ -166,8 +166,12 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
         m = by_index.get(idx)
         good = m is not None and not m.get("has_error") and not row.get("has_error")
         ok.append(good)
-        ttft.append(float(m["ttft_s"]) if good else np.nan)
-        e2e.append(float(m["e2e_s"]) if good else np.nan)
+        if good and m is not None:
+            ttft.append(float(m["ttft_s"]))
+            e2e.append(float(m["e2e_s"]))
+        else:
+            ttft.append(np.nan)
+            e2e.append(np.nan)
     stages, t = [], 0.0
     for s in profile.get("load", {}).get("stages", []) if profile else []:
         stages.append((t, t + float(s["duration"])))

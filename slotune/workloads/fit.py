@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ PROFILE_BINS = 24
 MAX_GROUPS = 256
 
 
-def _quantiles(values: list[float] | np.ndarray) -> list[float] | None:
+def _quantiles(values: Sequence[float] | np.ndarray) -> list[float] | None:
     v = np.asarray(values, dtype=float)
     return None if len(v) == 0 else [round(float(x), 4) for x in np.quantile(v, QUANTILES)]
 
@@ -117,7 +118,7 @@ def cumulative_rate(
 
 def _fit_sessions(trace: Trace, roots: list[int]) -> dict[str, Any]:
     reqs = trace.requests
-    flow = {}
+    flow: dict[str, int] = {}
     for i, r in enumerate(reqs):
         flow[r.request_id] = i if r.parent_id is None else flow[r.parent_id]
     turns = Counter(flow[r.request_id] for r in reqs)

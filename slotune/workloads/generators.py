@@ -162,6 +162,7 @@ def agent_sessions(params: AgentParams = AgentParams(), *, seed: int = 0) -> Tra
         latency = rng.lognormal(mu, params.tool_latency_sigma, size=num_turns)
         context = params.system_prompt_len + params.tools_len + task
         parent: str | None = None
+        segments: tuple[tuple[int, int], ...]
         for t in range(num_turns):
             if t == 0:
                 segments = (
@@ -269,7 +270,7 @@ def inference_perf_shared_prefix(
     """Users in trace order shuffled with the seed (inference-perf shuffles them too)."""
     rng = np.random.default_rng(seed)
     keys = _Keys()
-    users = []
+    users: list[tuple[int, int, int, list[int]]] = []
     for _ in range(params.num_groups):
         system = keys.new()
         questions = params.question_len.sample(rng, params.num_prompts_per_group)
@@ -283,7 +284,9 @@ def inference_perf_shared_prefix(
         system, question, q, answers = users[u]
         parent: str | None = None
         for turn, answer in enumerate(answers):
-            segments = ((system, params.system_prompt_len),) if turn == 0 else ()
+            segments: tuple[tuple[int, int], ...] = (
+                ((system, params.system_prompt_len),) if turn == 0 else ()
+            )
             segments += ((question, q),)
             rid = f"ip{n}-t{turn}" if params.multi_turn else f"ip{n}"
             reqs.append(

@@ -21,7 +21,7 @@ def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: expected a number, got {value!r}")
     if isinstance(value, int):
-        return value  # type: ignore[return-value]  # keep big ints exact for the checks below
+        return value  # keep big ints exact for the checks below
     if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value!r}")
     return value

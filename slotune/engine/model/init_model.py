@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
 from slotune.engine.model.corpus import corpus
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
@@ -88,7 +92,7 @@ def random_weights(preset: Preset, seed: int, std: float = 0.02) -> dict[str, to
     return weights
 
 
-def train_tokenizer(vocab_size: int):  # -> tokenizers.Tokenizer
+def train_tokenizer(vocab_size: int) -> Tokenizer:
     """A byte-level BPE tokenizer trained on the built-in corpus (round-trips any text)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -151,12 +151,15 @@ class QuantizedCache:
         code_dtype = torch.int8 if quant.fmt == "int8" else torch.uint8
         code_dim = dim // 2 if quant.fmt == "int4" else dim
         new = torch.zeros if zeroed else torch.empty
-        opts = dict(device=device, pin_memory=pin_memory)
-        self.codes = new((layers, blocks, block_size, heads, code_dim), dtype=code_dtype, **opts)
+
+        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return new(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+
+        self.codes = alloc((layers, blocks, block_size, heads, code_dim), code_dtype)
         scale_shape = (layers, blocks, *_scale_shape(quant, block_size, heads, dim))
         scale_dtype = _SCALE_DTYPES[quant.scale_bytes]
-        self.scale = new(scale_shape, dtype=scale_dtype, **opts)
-        self.zero = new(scale_shape, dtype=scale_dtype, **opts) if quant.asymmetric else None
+        self.scale = alloc(scale_shape, scale_dtype)
+        self.zero = alloc(scale_shape, scale_dtype) if quant.asymmetric else None
 
     def __getitem__(self, layer: int) -> QuantizedLayer:
         zero = None if self.zero is None else self.zero[layer]
@@ -183,9 +186,9 @@ def allocate_kv_cache(
     quantized cache decodes to zeros (zero codes, zero points)."""
     if kv_cache_dtype == "auto":
         new = torch.zeros if zeroed else torch.empty
-        return tuple(  # type: ignore[return-value]
-            new(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in "kv"
-        )
+        keys = new(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        values = new(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+        return keys, values
     key, value = KV_SCHEMES[kv_cache_dtype]
     return (
         QuantizedCache(key, shape, dtype, device, pin_memory, zeroed),

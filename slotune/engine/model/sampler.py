@@ -63,7 +63,9 @@ class Sampler:
         top = _top_logprobs(logprobs, rows)
         results = []
         for i, row in enumerate(rows):
-            drawn = tokens[i] if tokens[i] is not None else self._draw(logits[i], row)
+            drawn = tokens[i]
+            if drawn is None:
+                drawn = self._draw(logits[i], row)
             results.append(Sampled(drawn, logprobs[i, drawn].tolist(), top.get(i)))
         return results
 

@@ -88,7 +88,7 @@ def prefill_attention_seconds(
 
 
 def decode_kv_seconds_per_token(
-    p: AttentionProfile, bw: float, kv_bytes_per_token: int, block_size: int
+    p: AttentionProfile, bw: float, kv_bytes_per_token: float, block_size: int
 ) -> float:
     """Seconds per context token read by decode attention at ``block_size``."""
     return (

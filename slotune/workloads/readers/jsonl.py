@@ -12,6 +12,7 @@ from slotune.workloads.trace import Trace, TraceRequest, request_from_json
 
 def read_slotune_jsonl(path: Path, tokenizer: Tokenizer, default_seed: int) -> Trace:
     """The header's seed (if any) fixes synthetic tokens; otherwise ``default_seed``."""
+    dropped: dict[str, int]
     name, trace_seed, dropped, source = path.stem, default_seed, {}, ""
     requests: list[TraceRequest] = []
     seen: set[str] = set()

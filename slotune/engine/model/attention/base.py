@@ -43,8 +43,8 @@ class AttentionBackend(Protocol):
     def forward(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
@@ -65,6 +65,14 @@ def write_kv_cache(
         k_cache.write(k, slot_mapping)
         v_cache.write(v, slot_mapping)
         return
+    k_cache, v_cache = plain_layers(k_cache, v_cache)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def plain_layers(k_cache: KVLayer, v_cache: KVLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's keys and values as tensors, for the code that reads no quantized cache."""
+    if isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor):
+        return k_cache, v_cache
+    raise TypeError("this attention backend reads an unquantized KV cache only")

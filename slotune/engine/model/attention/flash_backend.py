@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from slotune.engine.model.attention.base import AttentionMetadata
+from slotune.engine.model.attention.base import AttentionMetadata, plain_layers
+from slotune.engine.model.kv_cache import KVLayer
 
 FLASH_BLOCK_MULTIPLE = 256
 
@@ -44,11 +45,12 @@ class FlashAttention:
     def forward(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        k_cache, v_cache = plain_layers(k_cache, v_cache)
         # With seqlen_q < seqlen_k flash-attn aligns the causal mask bottom-right, which is
         # exactly "each query sees its context up to its own position".
         return self._varlen(

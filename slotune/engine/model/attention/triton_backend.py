@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from slotune.engine.model.attention.base import AttentionMetadata
+from slotune.engine.model.attention.base import AttentionMetadata, plain_layers
+from slotune.engine.model.kv_cache import KVLayer
 
 
 @triton.jit
@@ -109,11 +110,12 @@ class TritonAttention:
     def forward(
         self,
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVLayer,
+        v_cache: KVLayer,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        k_cache, v_cache = plain_layers(k_cache, v_cache)
         q_heads, head_dim = q.shape[1:]
         _, block_size, kv_heads, _ = k_cache.shape
         if block_size < 16 or block_size & (block_size - 1):
