@@ -1,4 +1,4 @@
-"""The column-wise Azure reader gives exactly the row-by-row reader's trace."""
+"""Fast paths give what the plain ones give: the column-wise Azure reader, token drawing."""
 
 from __future__ import annotations
 
@@ -63,3 +63,14 @@ def test_odd_files_take_the_row_path(tmp_path: Path, content: str) -> None:
     path = tmp_path / "azure.csv"
     path.write_text(content)
     assert _read_azure_fast(path, 0) is None
+
+
+def test_synthetic_tokens_keep_the_int64_stream() -> None:
+    from slotune.workloads.trace import TOKEN_ID_HIGH, TOKEN_ID_LOW, synthetic_tokens
+
+    for key, n in [(0, 1), (1, 17), (7, 4099), (123, 20000)]:
+        rng = np.random.default_rng([5, 1, key])
+        assert (
+            synthetic_tokens(5, 1, key, n)
+            == rng.integers(TOKEN_ID_LOW, TOKEN_ID_HIGH, size=n).tolist()
+        )
