@@ -20,10 +20,11 @@ Cases (llama-2-7b on a100-80g, 512-token budget; each run in a fresh process):
 - ``help`` / ``bench-help``: start-up of ``slotune --help`` and ``slotune bench --help``.
 
 Replay cases time ``run_simulated`` on the loaded trace with the prompt tokens drawn
-inside it (``cpu_s``: process time, less disturbed than wall time on a shared machine);
-process cases time the child process (wall, and its CPU). ``--base REV`` runs the same
-cases on a checkout of another commit (a ``git worktree`` under the temp folder), each
-repeat interleaving the two trees, and prints min, median and their ratios (this / base).
+inside it; process cases time the child process. The table compares CPU seconds
+(``cpu_s``: far less disturbed than wall time on a shared machine; wall is in the JSON
+lines). ``--base REV`` runs the same cases on a checkout of another commit (a ``git
+worktree`` under the temp folder), each repeat interleaving the two trees, and prints
+min, median and their ratios (this / base).
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def main() -> None:
     print("| case | time | this: min / median | base: min / median | ratio min | ratio median |")
     print("|---|---|---:|---:|---:|---:|")
     for case in args.cases:
-        key = "cpu_s" if case in REPLAYS else "wall_s"
+        key = "cpu_s"
         lo, med = summarize(runs[case, "this"], key)
         row = f"| {case} | {key} | {lo:.3f} / {med:.3f} |"
         if args.base:
@@ -233,8 +234,8 @@ def main() -> None:
         print(row)
     if "whole-azure" in args.cases and "azure-above" in args.cases:
         for name in trees:
-            whole = summarize(runs["whole-azure", name], "wall_s")
-            replay = summarize(runs["azure-above", name], "wall_s")
+            whole = summarize(runs["whole-azure", name], "cpu_s")
+            replay = summarize(runs["azure-above", name], "cpu_s")
             print(
                 f"{name}: whole process / replay of the loaded trace (min, median): "
                 f"{whole[0] / replay[0]:.2f}, {whole[1] / replay[1]:.2f}"
