@@ -1,29 +1,70 @@
-"""Simulator speed: wall seconds to replay a conversation-like trace on a simulated GPU.
+"""Simulator speed: seconds to replay traces on a simulated GPU, and to run the CLI on one.
 
-    .venv/bin/python benchmarks/sim_speed.py            # 1,000 and 10,000 requests
-    .venv/bin/python benchmarks/sim_speed.py --requests 1000 --rate 4
-    .venv/bin/python benchmarks/sim_speed.py --stretches on off   # both, side by side
-    .venv/bin/python benchmarks/sim_speed.py --stretches on off --repeats 5   # min, median
+    .venv/bin/python benchmarks/sim_speed.py                      # every case, once
+    .venv/bin/python benchmarks/sim_speed.py --repeats 3 --base main   # against main, interleaved
+    .venv/bin/python benchmarks/sim_speed.py --cases azure-at whole-azure --requests 2000
+    .venv/bin/python benchmarks/sim_speed.py --stretches off      # replays without stretches
 
-The trace has log-normal lengths with means of about 1,150 prompt and 220 output tokens
-(conversation turns with their history), Poisson arrivals at 4 req/s; llama-2-7b on
-a100-80g with a 512-token budget. The timed part is the whole replay through
-``run_simulated`` (engine, scheduler, KV manager, cost model, runner bookkeeping); building
-the trace is not timed, nor is drawing its prompt tokens (``trace_tokens_s``: cached on the
-trace, so a tuner running it hundreds of times pays it once).
-Each size runs in a fresh process, so start-up (imports) is reported separately; ``cpu_s``
-(process time) is less disturbed than ``wall_s`` when other work shares the cores.
+Cases (llama-2-7b on a100-80g, 512-token budget; each run in a fresh process):
+
+- ``synthetic``: the conversation-like trace (log-normal lengths, means about 1,150 prompt
+  and 220 output tokens, at most 4,096 in all), Poisson 4 req/s.
+- ``azure-below`` / ``azure-at`` / ``azure-above``: an Azure-format CSV (``TIMESTAMP,
+  ContextTokens, GeneratedTokens``) generated to match the published statistics of the Azure
+  LLM inference conversation trace (context median about 1,020 and p90 about 4,000 tokens,
+  up to 14,000; output median about 130; it is not the real file), read with the azure
+  reader, replayed at Poisson 2, 3 and 5 req/s: below, at and above this setup's capacity
+  (about 3.2 req/s: the last one queues and preempts).
+- ``whole-azure``: the whole ``slotune bench --format azure ... --rate 5 --json`` process
+  on that file (imports, reading, drawing tokens, replay, summary).
+- ``help`` / ``bench-help``: start-up of ``slotune --help`` and ``slotune bench --help``.
+
+Replay cases time ``run_simulated`` on the loaded trace with the prompt tokens drawn
+inside it; process cases time the child process. The table compares CPU seconds
+(``cpu_s``: far less disturbed than wall time on a shared machine; wall is in the JSON
+lines). ``--base REV`` runs the same cases on a checkout of another commit (a ``git
+worktree`` under the temp folder), each repeat interleaving the two trees, and prints
+min, median and their ratios (this / base).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from datetime import datetime, timedelta
+from pathlib import Path
 
 GPU, MODEL, BUDGET = "a100-80g", "llama-2-7b", 512
+REPLAYS = {"synthetic": 4.0, "azure-below": 2.0, "azure-at": 3.0, "azure-above": 5.0}
+PROCESSES = ("whole-azure", "help", "bench-help")
+CASES = (*REPLAYS, *PROCESSES)
+WHOLE_RATE = 5.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_azure_csv(path: Path, num_requests: int, seed: int = 0) -> Path:
+    """An Azure-format conversation trace matching the published statistics (not the file)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ctx = np.clip(np.round(rng.lognormal(np.log(1020), 1.066, num_requests)), 2, 14000)
+    gen = np.clip(np.round(rng.lognormal(np.log(130), 1.0, num_requests)), 1, 2000)
+    times = np.cumsum(rng.exponential(1 / 5.4, num_requests))
+    start = datetime(2023, 11, 16, 18, 15, 46)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        rows = zip(times.tolist(), ctx.astype(int).tolist(), gen.astype(int).tolist(), strict=True)
+        for t, c, g in rows:
+            d = start + timedelta(seconds=t)
+            f.write(f"{d:%Y-%m-%d %H:%M:%S}.{d.microsecond:06d}0,{c},{g}\n")
+    return path
 
 
 def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -40,94 +81,170 @@ def conversation_trace(num_requests: int, seed: int = 0):  # type: ignore[no-unt
     )
 
 
-def run_one(num_requests: int, rate: float, stretches: bool = True) -> dict[str, float]:
+def run_replay(case: str, num_requests: int, csv: Path, stretches: bool) -> dict[str, float]:
     t_import = time.perf_counter()
     from slotune.engine.config import EngineConfig
-    from slotune.workloads import ArrivalSpec, run_simulated
+    from slotune.workloads import ArrivalSpec, default_max_model_len, run_simulated
+    from slotune.workloads.readers import read_trace_file
+    from slotune.workloads.tokenizer import get_tokenizer
 
     imports_s = time.perf_counter() - t_import
-    trace = conversation_trace(num_requests)
-    t_tokens = time.perf_counter()
-    trace.own_prompt_token_ids()  # cached on the trace: a tuner pays it once for all runs
-    trace_tokens_s = time.perf_counter() - t_tokens
-    config = EngineConfig(max_num_batched_tokens=BUDGET, max_model_len=4096)
+    t_load = time.perf_counter()
+    if case == "synthetic":
+        trace = conversation_trace(num_requests)
+    else:
+        trace = read_trace_file(
+            csv, "azure", get_tokenizer("bytes"), num_requests=None, seed=0, multi_turn=False
+        ).head(num_requests)
+    load_s = time.perf_counter() - t_load
+    config = EngineConfig(max_num_batched_tokens=BUDGET, max_model_len=default_max_model_len(trace))
     t0, c0 = time.perf_counter(), time.process_time()
     result = run_simulated(
         config,
         trace,
         gpu=GPU,
         model=MODEL,
-        arrivals=ArrivalSpec(rate=rate),
+        arrivals=ArrivalSpec(rate=REPLAYS[case]),
         stretches=stretches,
     )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    steps = int(result.engine_stats.get("steps", len(result.steps)))
-    done = int(result.requests["error"].isna().sum())
     requests = result.requests
+    steps = int(result.engine_stats.get("steps", len(result.steps)))
     return {
-        "stretches": stretches,
-        "requests": num_requests,
-        "completed": done,
-        "mean_prompt": float(result.requests["prompt_tokens"].mean()),
-        "mean_output": float(result.requests["output_tokens"].mean())
-        if "output_tokens" in result.requests
-        else float("nan"),
         "wall_s": round(wall, 3),
         "cpu_s": round(cpu, 3),
         "imports_s": round(imports_s, 3),
-        "trace_tokens_s": round(trace_tokens_s, 3),
+        "load_s": round(load_s, 3),
+        "completed": int(requests["error"].isna().sum()),
         "steps": steps,
-        "steps_per_s": round(steps / wall),
-        "simulated_s": round(result.duration_s, 1),
-        "stretch_steps": round(result.engine_stats.get("stretch_steps", 0) / max(steps, 1), 3),
-        "mean_running": round(float(result.steps["num_running"].mean()), 1),
-        "mean_waiting": round(float(result.steps["num_waiting"].mean()), 2),
+        "simulated_s": round(result.duration_s, 3),
         "mean_ttft_s": round(
-            float((requests["first_token_time"] - requests["arrival_time"]).mean()), 3
+            float((requests["first_token_time"] - requests["arrival_time"]).mean()), 6
         ),
         "preemptions": int(result.engine_stats.get("num_preemptions", 0)),
     }
 
 
-def _child(n: int, rate: float, mode: str) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", "--requests", str(n), "--rate", str(rate)]
-    out = subprocess.run([*cmd, "--stretches", mode], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def process_command(case: str, num_requests: int, csv: Path) -> list[str]:
+    slotune = [sys.executable, "-m", "slotune"]
+    if case == "help":
+        return [*slotune, "--help"]
+    if case == "bench-help":
+        return [*slotune, "bench", "--help"]
+    return [
+        *slotune,
+        "bench",
+        *("--gpu", GPU, "--model", MODEL, "--max-num-batched-tokens", str(BUDGET)),
+        *("--trace", str(csv), "--format", "azure", "--num-requests", str(num_requests)),
+        *("--rate", f"{WHOLE_RATE:g}", "--json"),
+    ]
+
+
+def run_case(tree: Path, case: str, num_requests: int, csv: Path, stretches: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
+    if case in REPLAYS:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case]
+        cmd += ["--requests", str(num_requests), "--csv", str(csv), "--stretches", stretches]
+        out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(
+        process_command(case, num_requests, csv),
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
+
+
+def base_tree(rev: str) -> Path:
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"slotune-base-{sha[:12]}"
+    if not tree.exists():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+            capture_output=True,
+            check=True,
+        )
+    return tree
+
+
+def summarize(runs: list[dict], key: str) -> tuple[float, float]:
+    values = [r[key] for r in runs]
+    return min(values), statistics.median(values)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, nargs="*", default=[1000, 10000])
-    parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals, req/s")
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--repeats", type=int, default=1, help="fresh runs of each case")
+    parser.add_argument("--base", help="git revision to compare with, interleaved (e.g. main)")
     parser.add_argument(
         "--stretches",
-        nargs="*",
-        default=["on"],
+        default="on",
         choices=["on", "off"],
-        help="run with the engine's stretches on, off, or both (results are identical)",
+        help="replays with the engine's stretches on or off (results are identical)",
     )
-    parser.add_argument(
-        "--repeats", type=int, default=1, help="fresh runs of each, interleaved; min and median"
-    )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--csv", type=Path, help="the Azure-format file (default: generated)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.requests[0], args.rate, args.stretches == ["on"])))
+        run = run_replay(args.child, args.requests, args.csv, args.stretches == "on")
+        print(json.dumps(run))
         return
-    print(f"{MODEL} on {GPU}, budget {BUDGET}, Poisson {args.rate:g} req/s")
-    for n in args.requests:
-        rows: dict[str, list[dict[str, float]]] = {mode: [] for mode in args.stretches}
-        for _ in range(args.repeats):
-            for mode in args.stretches:
-                rows[mode].append(_child(n, args.rate, mode))
-                if args.repeats == 1:
-                    print(json.dumps(rows[mode][-1]))
-        if args.repeats > 1:
-            for runs in rows.values():
-                cpu = sorted(r["cpu_s"] for r in runs)
-                summary = {k: v for k, v in runs[0].items() if k not in ("wall_s", "cpu_s")}
-                summary.update(repeats=len(runs), cpu_s_min=cpu[0], cpu_s_median=cpu[len(cpu) // 2])
-                print(json.dumps(summary))
+    csv = args.csv or write_azure_csv(
+        Path(tempfile.gettempdir()) / f"slotune-azure-like-{args.requests}.csv", args.requests
+    )
+    trees = {"this": ROOT}
+    if args.base:
+        trees["base"] = base_tree(args.base)
+    print(f"{MODEL} on {GPU}, budget {BUDGET}, {args.requests} requests, trace file {csv}")
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(args.repeats):
+        for case in args.cases:
+            for name, tree in trees.items():
+                run = run_case(tree, case, args.requests, csv, args.stretches)
+                runs.setdefault((case, name), []).append(run)
+                print(json.dumps({"case": case, "tree": name, **run}), flush=True)
+    print()
+    print("| case | time | this: min / median | base: min / median | ratio min | ratio median |")
+    print("|---|---|---:|---:|---:|---:|")
+    for case in args.cases:
+        key = "cpu_s"
+        lo, med = summarize(runs[case, "this"], key)
+        row = f"| {case} | {key} | {lo:.3f} / {med:.3f} |"
+        if args.base:
+            blo, bmed = summarize(runs[case, "base"], key)
+            row += f" {blo:.3f} / {bmed:.3f} | {lo / blo:.2f} | {med / bmed:.2f} |"
+            same = _same(runs[case, "this"], runs[case, "base"])
+            row += "" if same else " results differ!"
+        else:
+            row += " | | |"
+        print(row)
+    if "whole-azure" in args.cases and "azure-above" in args.cases:
+        for name in trees:
+            whole = summarize(runs["whole-azure", name], "cpu_s")
+            replay = summarize(runs["azure-above", name], "cpu_s")
+            print(
+                f"{name}: whole process / replay of the loaded trace (min, median): "
+                f"{whole[0] / replay[0]:.2f}, {whole[1] / replay[1]:.2f}"
+            )
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    keys = ("completed", "steps", "simulated_s", "mean_ttft_s", "preemptions")
+    return all(x.get(k) == y.get(k) for x in a for y in b for k in keys)
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def _run(
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from slotune.workloads import run_engine, run_http, run_simulated
+    from slotune.workloads import run_engine, run_simulated
 
     columns = (TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -303,6 +303,8 @@ def _run(
                 return run_engine(
                     engine, trace, arrivals, seed=seed, progress=on_progress, timeout_s=timeout_s
                 )
+            from slotune.workloads import run_http
+
             return run_http(
                 url or "",
                 trace,

@@ -14,6 +14,8 @@ summary = summarize(result, slo, warmup_s=20, cooldown_s=5, stages=arrivals.stag
 summary["steady_state"]["steady"]
 """
 
+from typing import TYPE_CHECKING, Any
+
 from slotune.engine.tokenizer import ByteTokenizer
 from slotune.workloads.arrivals import ArrivalSpec, Stage, arrival_times, parse_stages
 from slotune.workloads.generators import (
@@ -32,11 +34,24 @@ from slotune.workloads.load import BUNDLED, load_trace
 from slotune.workloads.metrics import summarize
 from slotune.workloads.readers import FORMATS, TraceFormatError
 from slotune.workloads.result import RunResult
-from slotune.workloads.runner import run_engine, run_http, run_simulated
+from slotune.workloads.runner import run_engine, run_simulated
 from slotune.workloads.slo import SLO, SLOTarget, parse_slo
 from slotune.workloads.steady import ScoringWindow, steady_state
 from slotune.workloads.tokenizer import get_tokenizer
 from slotune.workloads.trace import Trace, TraceRequest, default_max_model_len
+
+if TYPE_CHECKING:
+    from slotune.workloads.runner import run_http
+
+
+def __getattr__(name: str) -> Any:
+    """``run_http`` on first use (see ``slotune.workloads.runner``)."""
+    if name == "run_http":
+        from slotune.workloads import runner
+
+        return runner.run_http
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BUNDLED",

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from slotune.workloads.readers import read_trace_file
-from slotune.workloads.tokenizer import Tokenizer, get_tokenizer
+from slotune.workloads.readers import detect_format, read_trace_file
+from slotune.workloads.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 from slotune.workloads.trace import Trace
 
+TEXT_FORMATS = ("slotune", "sharegpt")  # the formats whose prompts may be text
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED = {
     "sharegpt-like": "chat lengths as ShareGPT (mean ~230 in / ~200 out tokens)",
@@ -58,7 +59,10 @@ def load_trace(
                 f"trace {key!r}: no such file and not a bundled trace; "
                 f"bundled: {', '.join(BUNDLED)}"
             )
-    tok = get_tokenizer(tokenizer, model)
+    fmt = fmt or detect_format(path)
+    # length-only formats never tokenize: skip building the model family's vocabulary
+    needs_tokenizer = fmt in TEXT_FORMATS or tokenizer is not None
+    tok = get_tokenizer(tokenizer, model) if needs_tokenizer else ByteTokenizer()
     trace = read_trace_file(
         path, fmt, tok, num_requests=num_requests, seed=seed, multi_turn=multi_turn
     )

@@ -59,7 +59,8 @@ class RunResult:
         reqs = self.requests.copy()
         reqs["first_token_time"] = reqs["first_token_time"] + seconds
         reqs["finish_time"] = reqs["finish_time"] + seconds
-        reqs["token_times"] = [[t + seconds for t in ts] for ts in reqs["token_times"]]
+        later = float(seconds).__add__  # the same sums as t + seconds, faster
+        reqs["token_times"] = [list(map(later, ts)) for ts in reqs["token_times"]]
         return replace(
             self, requests=reqs, duration_s=self.duration_s + seconds, engine_stats=stats
         )

@@ -302,7 +302,8 @@ def _renamed(r: TraceRequest, suffix: str) -> TraceRequest:
 
 def synthetic_tokens(seed: int, kind: int, key: int, n: int) -> list[int]:
     rng = np.random.default_rng([seed, kind, key])
-    return rng.integers(TOKEN_ID_LOW, TOKEN_ID_HIGH, size=n).tolist()
+    # int32 draws the same numbers as the default int64 (one 32-bit word each), faster
+    return rng.integers(TOKEN_ID_LOW, TOKEN_ID_HIGH, size=n, dtype=np.int32).tolist()
 
 
 def output_placeholder_tokens(seed: int, index: int, n: int) -> list[int]:

@@ -14,10 +14,16 @@ import io
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slotune.workloads.limits import check_int, check_seconds, check_timestamp, parse_number
+from slotune.workloads.readers import csv_columns
 from slotune.workloads.readers.errors import DropCounter, TraceFormatError, at, read_head, read_text
 from slotune.workloads.trace import Trace, TraceRequest
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = (
@@ -141,7 +147,60 @@ def _read(
     )
 
 
-def read_azure(path: Path, *, seed: int) -> Trace:
+def _read_fast(
+    path: Path,
+    seed: int,
+    prompt_col: str,
+    output_col: str,
+    seconds: np.ndarray,
+    frame: pd.DataFrame,
+    prefix: str,
+    failed_reason: str,
+) -> Trace | None:
+    """The same trace as ``_read`` from checked columns; None if a column is not plain."""
+    n_in, n_out = csv_columns.counts(frame[prompt_col]), csv_columns.counts(frame[output_col])
+    if n_in is None or n_out is None or not csv_columns.in_order(seconds):
+        return None
+    dropped = DropCounter()
+    requests: list[TraceRequest] = []
+    first = float(seconds[0]) if len(seconds) else 0.0
+    for t, a, b in zip(seconds.tolist(), n_in.tolist(), n_out.tolist(), strict=True):
+        if b == 0:
+            dropped.drop(failed_reason)
+        elif a == 0:
+            dropped.drop(f"{prompt_col} = 0")
+        else:
+            arrival = round(t - first, 6)
+            requests.append(TraceRequest(f"{prefix}{len(requests)}", a, b, arrival))
+    return Trace(
+        name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
+    )
+
+
+def _read_azure_fast(path: Path, seed: int) -> Trace | None:
+    frame = csv_columns.read_columns(read_text(path), AZURE_COLUMNS)
+    if frame is None:
+        return None
+    seconds = csv_columns.azure_seconds(frame["TIMESTAMP"])
+    if seconds is None:
+        return None
+    return _read_fast(
+        path,
+        seed,
+        "ContextTokens",
+        "GeneratedTokens",
+        seconds,
+        frame,
+        "az",
+        "GeneratedTokens = 0",
+    )
+
+
+def read_azure(path: Path, *, seed: int, fast: bool = True) -> Trace:
+    """Column-wise when the file is plain (``fast``), else (and for errors) row by row."""
+    trace = _read_azure_fast(path, seed) if fast else None
+    if trace is not None:
+        return trace
     return _read(
         path,
         seed,
