@@ -13,20 +13,6 @@ from slotune.cli.app import app
 from slotune.cli.common import fail
 
 
-class _GpuRow(TypedDict):
-    name: str
-    description: str
-    memory_gib: float
-    hbm_gbps: float
-    bf16_tflops: float
-    fp8_tflops: float | None
-    host_link_gbps: float
-    interconnect_gbps: float
-    interconnect: str
-    profile: str
-    source: str
-
-
 class _ModelRow(TypedDict):
     name: str
     layers: int
@@ -51,10 +37,12 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     from slotune.calibration.readers import DERIVED_FROM
     from slotune.engine.sim.hardware import GPUS
 
-    rows: list[_GpuRow] = []
-    for g in GPUS.values():
-        base = DERIVED_FROM.get(g.name)
-        rows.append(
+    def profile(name: str) -> str:
+        base = DERIVED_FROM.get(name)
+        return f"scaled from {base}" if base else "fitted"
+
+    if as_json:
+        rows = [
             {
                 "name": g.name,
                 "description": g.description,
@@ -65,27 +53,27 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
                 "host_link_gbps": g.host_link_gbps,
                 "interconnect_gbps": g.interconnect_gbps,
                 "interconnect": g.interconnect,
-                "profile": f"scaled from {base}" if base else "fitted",
+                "profile": profile(g.name),
                 "source": g.source,
             }
-        )
-    if as_json:
+            for g in GPUS.values()
+        ]
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="GPUs (datasheet figures; TFLOP/s dense, GB/s)")
     table.add_column("name", no_wrap=True)
     for col in ("GiB", "HBM", "BF16", "FP8", "host", "GPU link", "profile"):
         table.add_column(col, justify="left" if col in ("GPU link", "profile") else "right")
-    for r in rows:
+    for g in GPUS.values():
         table.add_row(
-            r["name"],
-            f"{r['memory_gib']:g}",
-            f"{r['hbm_gbps']:g}",
-            f"{r['bf16_tflops']:g}",
-            "-" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:g}",
-            f"{r['host_link_gbps']:g}",
-            f"{r['interconnect_gbps']:g} ({r['interconnect']})",
-            r["profile"],
+            g.name,
+            f"{g.memory_gib:g}",
+            f"{g.hbm_gbps:g}",
+            f"{g.bf16_tflops:g}",
+            "-" if g.fp8_tflops is None else f"{g.fp8_tflops:g}",
+            f"{g.host_link_gbps:g}",
+            f"{g.interconnect_gbps:g} ({g.interconnect})",
+            profile(g.name),
         )
     Console().print(table)
 

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slotune.workloads.limits import check_int, check_seconds, check_timestamp, parse_number
 from slotune.workloads.readers import csv_columns
 from slotune.workloads.readers.errors import DropCounter, TraceFormatError, at, read_head, read_text
 from slotune.workloads.trace import Trace, TraceRequest
-
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = (
@@ -92,6 +87,31 @@ def _azure_seconds(text: str) -> float:
 _EPOCH = datetime(1970, 1, 1)
 
 
+def _trace(
+    path: Path,
+    seed: int,
+    rows: Iterable[tuple[float, int, int]],
+    prompt_col: str,
+    prefix: str,
+    failed_reason: str,
+) -> Trace:
+    """The trace of ``(seconds since the first row, prompt tokens, output tokens)`` rows: a
+    row with no output (a failed request) or no prompt is counted as dropped."""
+    dropped = DropCounter()
+    requests: list[TraceRequest] = []
+    for since, n_in, n_out in rows:
+        if n_out == 0:
+            dropped.drop(failed_reason)
+        elif n_in == 0:
+            dropped.drop(f"{prompt_col} = 0")
+        else:
+            arrival = round(since, 6)
+            requests.append(TraceRequest(f"{prefix}{len(requests)}", n_in, n_out, arrival))
+    return Trace(
+        name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
+    )
+
+
 def _read(
     path: Path,
     seed: int,
@@ -103,97 +123,51 @@ def _read(
     prefix: str,
     failed_reason: str,
 ) -> Trace:
-    dropped = DropCounter()
-    requests: list[TraceRequest] = []
-    first: float | None = None
-    last: float | None = None
-    for row, values in _rows(path, columns):
-        try:
-            t = check_timestamp(parse_time(values[time_col]), f"column {time_col!r}")
-        except (ValueError, OverflowError):
-            raise TraceFormatError(
-                path, f"row {row}", f"column {time_col!r}: cannot read time {values[time_col]!r}"
-            ) from None
-        if last is not None and t < last:
-            raise TraceFormatError(
-                path,
-                f"row {row}",
-                f"{time_col} {values[time_col]} is before the previous row's; "
-                "expected rows in time order",
-            )
-        last = t
-        if first is None:
-            first = t
-        with at(path, f"row {row}"):
-            check_seconds(t - first, f"{time_col} since the first row")
-        n_in = _count(path, row, prompt_col, values[prompt_col])
-        n_out = _count(path, row, output_col, values[output_col])
-        if n_out == 0:
-            dropped.drop(failed_reason)
-            continue
-        if n_in == 0:
-            dropped.drop(f"{prompt_col} = 0")
-            continue
-        requests.append(
-            TraceRequest(
-                request_id=f"{prefix}{len(requests)}",
-                prompt_len=n_in,
-                output_len=n_out,
-                arrival_time=round(t - first, 6),
-            )
-        )
-    return Trace(
-        name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
-    )
+    def rows() -> Iterator[tuple[float, int, int]]:
+        first: float | None = None
+        last: float | None = None
+        for row, values in _rows(path, columns):
+            try:
+                t = check_timestamp(parse_time(values[time_col]), f"column {time_col!r}")
+            except (ValueError, OverflowError):
+                raise TraceFormatError(
+                    path,
+                    f"row {row}",
+                    f"column {time_col!r}: cannot read time {values[time_col]!r}",
+                ) from None
+            if last is not None and t < last:
+                raise TraceFormatError(
+                    path,
+                    f"row {row}",
+                    f"{time_col} {values[time_col]} is before the previous row's; "
+                    "expected rows in time order",
+                )
+            last = t
+            if first is None:
+                first = t
+            with at(path, f"row {row}"):
+                check_seconds(t - first, f"{time_col} since the first row")
+            n_in = _count(path, row, prompt_col, values[prompt_col])
+            n_out = _count(path, row, output_col, values[output_col])
+            yield t - first, n_in, n_out
 
-
-def _read_fast(
-    path: Path,
-    seed: int,
-    prompt_col: str,
-    output_col: str,
-    seconds: np.ndarray,
-    frame: pd.DataFrame,
-    prefix: str,
-    failed_reason: str,
-) -> Trace | None:
-    """The same trace as ``_read`` from checked columns; None if a column is not plain."""
-    n_in, n_out = csv_columns.counts(frame[prompt_col]), csv_columns.counts(frame[output_col])
-    if n_in is None or n_out is None or not csv_columns.in_order(seconds):
-        return None
-    dropped = DropCounter()
-    requests: list[TraceRequest] = []
-    first = float(seconds[0]) if len(seconds) else 0.0
-    for t, a, b in zip(seconds.tolist(), n_in.tolist(), n_out.tolist(), strict=True):
-        if b == 0:
-            dropped.drop(failed_reason)
-        elif a == 0:
-            dropped.drop(f"{prompt_col} = 0")
-        else:
-            arrival = round(t - first, 6)
-            requests.append(TraceRequest(f"{prefix}{len(requests)}", a, b, arrival))
-    return Trace(
-        name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
-    )
+    return _trace(path, seed, rows(), prompt_col, prefix, failed_reason)
 
 
 def _read_azure_fast(path: Path, seed: int) -> Trace | None:
+    """The same trace as ``_read`` from checked columns; None if the file is not plain."""
     frame = csv_columns.read_columns(read_text(path), AZURE_COLUMNS)
     if frame is None:
         return None
     seconds = csv_columns.azure_seconds(frame["TIMESTAMP"])
-    if seconds is None:
+    n_in = csv_columns.counts(frame["ContextTokens"])
+    n_out = csv_columns.counts(frame["GeneratedTokens"])
+    if seconds is None or n_in is None or n_out is None or not csv_columns.in_order(seconds):
         return None
-    return _read_fast(
-        path,
-        seed,
-        "ContextTokens",
-        "GeneratedTokens",
-        seconds,
-        frame,
-        "az",
-        "GeneratedTokens = 0",
-    )
+    first = float(seconds[0]) if len(seconds) else 0.0
+    columns = zip(seconds.tolist(), n_in.tolist(), n_out.tolist(), strict=True)
+    rows = ((t - first, a, b) for t, a, b in columns)
+    return _trace(path, seed, rows, "ContextTokens", "az", "GeneratedTokens = 0")
 
 
 def read_azure(path: Path, *, seed: int, fast: bool = True) -> Trace:
