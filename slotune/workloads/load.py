@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from slotune.workloads.readers import detect_format, read_trace_file
+from slotune.workloads.readers import TEXT_FORMATS, detect_format, read_trace_file
 from slotune.workloads.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 from slotune.workloads.trace import Trace
 
-TEXT_FORMATS = ("slotune", "sharegpt")  # the formats whose prompts may be text
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED = {
     "sharegpt-like": "chat lengths as ShareGPT (mean ~230 in / ~200 out tokens)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from dataclasses import fields, replace
 
 import pytest
@@ -339,3 +340,53 @@ def test_checking_mode_catches_a_stretch_that_differs(
     monkeypatch.setattr(engine_module, "apply_stretch", faulty)
     with pytest.raises(StretchMismatch, match="planned batch" if fault == "plan" else "state"):
         _run(_checked_engine())
+
+
+def _preempting_workload(seed: int) -> Workload:
+    """Requests with distinct prompts whose outputs outgrow a small pool: recompute
+    preemptions, the preempted requests' blocks still cached while they wait."""
+    rng = random.Random(seed)
+    jobs = [
+        Job(
+            rid=f"p{i}",
+            prompt=[rng.randint(10, 10**6) for _ in range(rng.randint(5, 40))],
+            max_tokens=rng.randint(8, 24),
+            n=1,
+            arrive=rng.randint(0, 30),
+            abort_at=None,
+        )
+        for i in range(rng.randint(6, 14))
+    ]
+    return Workload(
+        jobs=jobs,
+        budget=rng.choice((8, 16, 32)),
+        threshold=0,
+        max_num_seqs=8,
+        extra_blocks=rng.randint(0, 3),
+        cpu_blocks=0,
+    )
+
+
+def test_stretches_try_a_waiting_head_whose_hit_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A preempted request waiting with its blocks cached: a stretch plans the steps whose
+    lookup finds them but whose allocation fails (``PlannedStep.tried``), exactly."""
+    tried: list[str] = []
+
+    def recording(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+        tried.extend(s.tried.status.name for s in plan.steps if s.tried is not None)
+        return apply(scheduler, plan, tokens)
+
+    apply = apply_stretch
+
+    for seed in range(24, 40):
+        w = _preempting_workload(seed)
+        for block_size in (4, 16):
+            cfg = ("chunked", "recompute", "hash", block_size)
+            single = drive(w, cfg, "single")
+            with monkeypatch.context() as m:
+                m.setattr(sys.modules[__name__], "apply_stretch", recording)
+                assert drive(w, cfg, "until") == single, (seed, block_size)
+                assert drive(w, cfg, "feed") == single, (seed, block_size)
+    assert "PREEMPTED" in tried  # the case this test is for was planned

@@ -21,6 +21,7 @@ from slotune.workloads.tokenizer import Tokenizer
 from slotune.workloads.trace import Trace
 
 FORMATS = ("slotune", "sharegpt", "mooncake", "azure", "burstgpt", "spec")
+TEXT_FORMATS = ("slotune", "sharegpt")  # the formats read with a tokenizer: prompts may be text
 
 
 def detect_format(path: Path) -> str:
@@ -90,4 +91,4 @@ def read_trace_file(
     raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
-__all__ = ["FORMATS", "TraceFormatError", "detect_format", "read_trace_file"]
+__all__ = ["FORMATS", "TEXT_FORMATS", "TraceFormatError", "detect_format", "read_trace_file"]
