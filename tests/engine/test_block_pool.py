@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slotune.engine.kv_cache import (
     BlockPool,
@@ -148,3 +150,35 @@ def test_free_queue_pops_many_at_once() -> None:
     assert ids(queue.popleft_n(1)) == [3] and queue.blocks() == []
     queue.append(blocks[1])
     assert ids(queue.blocks()) == [1]
+
+
+queue_ops = st.lists(
+    st.tuples(st.sampled_from(["pop", "remove", "remove", "append", "extend"]), st.integers(0, 99)),
+    max_size=300,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue_ops)
+def test_free_queue_matches_a_plain_list(program: list[tuple[str, int]]) -> None:
+    blocks = [KVCacheBlock(i) for i in range(40)]
+    queue = FreeKVCacheBlockQueue(blocks[:20])
+    model = blocks[:20]
+    for op, arg in program:
+        out = [b for b in blocks if b not in model]
+        if op == "pop":
+            n = arg % (len(model) + 1)
+            assert queue.popleft_n(n) == model[:n]
+            del model[:n]
+        elif op == "remove" and model:
+            block = model.pop(arg % len(model))
+            queue.remove(block)
+        elif op == "append" and out:
+            model.append(out[arg % len(out)])
+            queue.append(model[-1])
+        elif op == "extend":
+            more = out[arg % (len(out) + 1) :]
+            model += more
+            queue.extend(more)
+        assert queue.blocks() == model and queue.num_free_blocks == len(model)
+        assert [b in queue for b in blocks] == [b in model for b in blocks]

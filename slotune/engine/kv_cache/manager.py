@@ -172,16 +172,17 @@ class KVCacheManager:
             new = pool.get_new_blocks(total)
         else:  # a tree evicts, one allocation at a time as single steps do
             new = [b for _, n in allocations for b in pool.get_new_blocks(n)]
+        new_ids = [b.block_id for b in new]
         req_blocks = self.req_blocks
         bs = self.block_size
         start = 0
         for rid, n in allocations:
             rb = req_blocks[rid]
-            taken = new[start : start + n]
-            start += n
-            rb.blocks.extend(taken)
-            rb.block_ids.extend([b.block_id for b in taken])
+            end = start + n
+            rb.blocks += new[start:end]
+            rb.block_ids += new_ids[start:end]
             rb.num_slots += n * bs
+            start = end
 
     def _new_cache_state(self) -> object:
         return self.cache.new_state() if self.cache is not None else None
