@@ -24,13 +24,7 @@ the waiting head either stays out without being tried (no budget left, no seat, 
 swapped head whose blocks are not free) or is a new request whose admission is certain: no
 stop tokens, its first chunk's blocks are free, and its prefix lookup cannot hit (no prefix
 cache, or a hash cache that holds nothing under its first block and no running request
-that could commit one). A head may also be tried and surely fail (``PlannedStep.tried``),
-typically a preempted request whose blocks are still cached while the pool is full: no
-running request shares its first block, so every block its hash lookup can hit is free
-(reusing one costs a free block as a new one does) and the planner knows which of them
-allocations take from the free queue's front before the step; when its first chunk after
-that hit does not fit the free blocks, the step repeats the lookup (it commits filled
-blocks) and changes nothing else. A radix lookup touches the tree, so it ends a stretch.
+that could commit one). A radix lookup touches the tree, so it ends a stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they
 follow. When a request finishes and the caller asks (it may send requests then), that step

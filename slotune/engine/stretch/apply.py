@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from slotune.engine.kv_cache.manager import ComputedBlocks
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.scheduler import Scheduler, take_token
@@ -71,7 +70,7 @@ def apply_stretch(
         for i, n in step.allocs:
             pending.append((ids[i], n))
             num_pending += n
-        if pending and (step.admits or step.finishes or step.tried):
+        if pending and (step.admits or step.finishes):
             kv.grow(pending)
             pending = []
             num_pending = 0
@@ -80,8 +79,6 @@ def apply_stretch(
             if tokens[i]:
                 take(i)
             num_running += 1
-        if step.tried is not None:
-            _try_planned(scheduler, plan, step.tried, j)
         used.append(pool.num_used_blocks + num_pending)
         for i in step.fills:
             uncommitted[ids[i]] = requests[i]
@@ -124,33 +121,14 @@ def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: i
     """Admit request ``i`` of the plan (the waiting head) with ``n`` tokens in step ``j``,
     as ``Scheduler.schedule`` does when its lookup misses."""
     req = plan.requests[i].request
-    hit = _look_up(scheduler, plan, req, j)
-    if (hit is not None and hit.num_tokens) or not scheduler.kv_cache.allocate_slots(req, n, hit):
-        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
-    req.num_computed_tokens = 0
-    req.num_cached_tokens = 0
-    scheduler.seat_head()
-
-
-def _try_planned(scheduler: Scheduler, plan: StretchPlan, req: Request, j: int) -> None:
-    """Try the waiting head in step ``j`` as ``Scheduler.schedule`` does when its
-    allocation fails: the lookup runs, then nothing changes."""
-    hit = _look_up(scheduler, plan, req, j)
-    num_hit = hit.num_tokens if hit is not None else 0
-    budget = scheduler.config.max_num_batched_tokens - plan.steps[j].num_tokens
-    n = scheduler.chunk(req, num_hit, budget)
-    if n is None or scheduler.kv_cache.allocate_slots(req, n, hit):
-        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned not to fit")
-
-
-def _look_up(
-    scheduler: Scheduler, plan: StretchPlan, req: Request, j: int
-) -> ComputedBlocks | None:
-    """The waiting head's prefix lookup in step ``j``, committing filled blocks first as
-    the lookup of a single step does."""
     if not scheduler.waiting or scheduler.waiting[0] is not req:
         raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
     kv = scheduler.kv_cache
     for r in kv.uncommitted.values():  # the lookup commits them as before this step
         r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
-    return kv.get_computed_blocks(req)
+    hit = kv.get_computed_blocks(req)
+    if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
+        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
+    req.num_computed_tokens = 0
+    req.num_cached_tokens = 0
+    scheduler.seat_head()

@@ -30,7 +30,6 @@ class PlannedStep:
     fills: list[int]  # requests that filled a block
     finishes: list[int]
     arrivals: list[Request]  # requests arriving after it
-    tried: Request | None = None  # a waiting head whose lookup runs and allocation fails
 
 
 @dataclass(slots=True)

@@ -78,7 +78,6 @@ class HeadWaits(enum.Enum):
     """What trying the waiting head does in a step, when it is not a certain admission."""
 
     STAYS = "stays"  # not admitted in this step, and nothing changes
-    TRIED = "tried"  # its prefix lookup runs (committing filled blocks), its allocation fails
     UNSURE = "unsure"  # the step might do something a plan cannot: end before it
 
 
@@ -130,9 +129,6 @@ class StretchPlanner:
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
         self.free = kv.num_free_blocks
         self.free_exact = True  # False once a finish frees blocks still shared
-        self.allocated = 0  # blocks the planned steps take from the free queue
-        # a waiting head and the free-queue positions of the blocks its lookup hits now
-        self.hit_positions: tuple[Request, list[int]] | None = None
         self.stop_at_finish = stop_at_finish
         self.ended = False
         self.waiting: list[Request] = list(scheduler.waiting)
@@ -181,12 +177,9 @@ class StretchPlanner:
             return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
-            if s.prefill_first:
-                return None
             seated = has_seat(len(s.running), s.fork_seats, head.seats, s.max_num_seqs)
-            budget = _budget_left_estimate(s) if seated else 0
-            if budget > 0 and _may_fit(s, head, budget):
-                return None  # the next step may admit the head: don't plan a failing step
+            if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
+                return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
 
@@ -275,14 +268,10 @@ class StretchPlanner:
         admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
         free_left = self.free - new_blocks
         seated = alive + len(self.others)
-        tried = None
         while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
             head = self.waiting[self.next_waiting + len(admitted)]
             decision = self._admission(head, budget, seated + len(admitted), free_left)
             if decision is HeadWaits.STAYS:
-                break
-            if decision is HeadWaits.TRIED:
-                tried = head
                 break
             if decision is HeadWaits.UNSURE:
                 return self._end_before(prefix_allocs, j)
@@ -306,7 +295,6 @@ class StretchPlanner:
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
         self.free -= new_blocks
-        self.allocated += new_blocks
         step = PlannedStep(
             num_tokens,
             prefill,
@@ -320,7 +308,6 @@ class StretchPlanner:
             [],
             [],
             [],
-            tried,
         )
         plan.steps.append(step)
         if admitted:
@@ -446,29 +433,17 @@ class StretchPlanner:
             if need > free_left and seated and self.free_exact:
                 return HeadWaits.STAYS  # tried, fails, changes nothing
             return HeadWaits.UNSURE
+        if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
+            return HeadWaits.UNSURE
         n = first_chunk(len(head.all_token_ids), self.threshold, budget, s.prefill_first)
         if n is None:  # not reached: prefill-first admissions are not planned
             return HeadWaits.UNSURE
         blocks = self.kv.blocks_needed(n)
-        if blocks <= free_left and _admission_may_be_certain(s, head) and self._certain_miss(head):
-            return Admission(n, blocks)
-        # a failed allocation changes nothing while someone runs (else it never fits)
-        if not (seated and self.free_exact):
+        if blocks > free_left:
+            if self.cache is None and seated and self.free_exact:
+                return HeadWaits.STAYS  # no lookup; the allocation fails, changing nothing
             return HeadWaits.UNSURE
-        if self.cache is None:
-            # no lookup; the allocation fails, changing nothing
-            return HeadWaits.STAYS if blocks > free_left else HeadWaits.UNSURE
-        if self.hash_cache is None or not self._unshared(head):
-            return HeadWaits.UNSURE
-        if blocks <= free_left:  # a miss would fit: does the hit it finds now?
-            num_hit = self._hit_length(head, self.allocated + self.free - free_left) * self.bs
-            hit_chunk = first_chunk(
-                len(head.all_token_ids) - num_hit, self.threshold, budget, False
-            )
-            assert hit_chunk is not None
-            if self.kv.blocks_needed(num_hit + hit_chunk) <= free_left:
-                return HeadWaits.UNSURE
-        return HeadWaits.TRIED
+        return Admission(n, blocks)
 
     def _swap_in_blocks(self, req: Request, budget: int) -> int | None:
         """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
@@ -486,41 +461,8 @@ class StretchPlanner:
         if self.cache is None:
             return True
         cache = self.hash_cache
-        if cache is None or not self._unshared(head):
+        if cache is None:
             return False
-        tokens = head.all_token_ids
-        return len(tokens) <= self.bs or not cache.may_hit(cache.first_block_hash(tokens))
-
-    def _hit_length(self, head: Request, allocated: int) -> int:
-        """The blocks the head's lookup hits once the stretch has allocated ``allocated``
-        blocks (given ``_unshared``): its hit now, cut at the first block that allocations
-        take from the free queue's front before then (nothing else reaches its blocks)."""
-        if self.hit_positions is None or self.hit_positions[0] is not head:
-            assert self.hash_cache is not None
-            tokens = head.all_token_ids
-            hit, _ = self.hash_cache.match(tokens, (len(tokens) - 1) // self.bs)
-            index = {id(block): k for k, block in enumerate(hit)}
-            positions = [-1] * len(hit)  # -1: not found (not reached), cut there
-            found = 0
-            for p, block in enumerate(self.kv.pool.free_queue.blocks() if hit else ()):
-                k = index.get(id(block))
-                if k is not None:
-                    positions[k] = p
-                    found += 1
-                    if found == len(hit):
-                        break
-            self.hit_positions = (head, positions)
-        positions = self.hit_positions[1]
-        n = 0
-        while n < len(positions) and positions[n] >= allocated:
-            n += 1
-        return n
-
-    def _unshared(self, head: Request) -> bool:
-        """Whether no request of the plan holds or commits a block the head's hash lookup
-        could hit: none starts with the head's first block (a hit's blocks are then all
-        free, so reusing one costs a free block as a new one does, and a hit never needs
-        fewer free blocks than a miss)."""
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
             return True  # no full block to look up
@@ -530,8 +472,8 @@ class StretchPlanner:
                 self._note_first_block(member.request)
         if self.unknown_first_block:
             return False
-        assert self.hash_cache is not None
-        return self.hash_cache.first_block_hash(tokens) not in self.first_hashes
+        h0 = cache.first_block_hash(tokens)
+        return h0 not in self.first_hashes and not cache.may_hit(h0)
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup."""
@@ -576,18 +518,6 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
         and not head.stop_ids
         and (cache is None or isinstance(cache, HashPrefixCache))
     )
-
-
-def _may_fit(s: Scheduler, head: Request, budget: int) -> bool:
-    """Roughly whether the head's first chunk, after the hit its hash lookup finds now,
-    fits the free blocks (if not, a plan may show that trying it fails)."""
-    kv = s.kv_cache
-    tokens = head.all_token_ids
-    num_hit = 0
-    if isinstance(kv.cache, HashPrefixCache):
-        num_hit = len(kv.cache.match(tokens, (len(tokens) - 1) // s.block_size)[0]) * s.block_size
-    n = min(len(tokens) - num_hit, s.threshold, budget)
-    return kv.blocks_needed(num_hit + n) <= kv.num_free_blocks
 
 
 def _budget_left_estimate(s: Scheduler) -> int:
