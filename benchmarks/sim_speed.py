@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/sim_speed.py --repeats 3 --base main   # against main, interleaved
     .venv/bin/python benchmarks/sim_speed.py --cases azure-at whole-azure --requests 2000
     .venv/bin/python benchmarks/sim_speed.py --stretches off      # replays without stretches
+    .venv/bin/python benchmarks/sim_speed.py --instructions --requests 3000 --base main
 
 Cases (llama-2-7b on a100-80g, 512-token budget; each run in a fresh process):
 
@@ -24,7 +25,10 @@ inside it; process cases time the child process. The table compares CPU seconds
 (``cpu_s``: far less disturbed than wall time on a shared machine; wall is in the JSON
 lines). ``--base REV`` runs the same cases on a checkout of another commit (a ``git
 worktree`` under the temp folder), each repeat interleaving the two trees, and prints
-min, median and their ratios (this / base).
+min, median and their ratios (this / base). ``--instructions`` also runs each replay under
+valgrind's callgrind (Debian package ``valgrind``) and compares instruction counts (in
+billions): on a shared machine whose speed drifts, the count of the same run repeats to
+within a fraction of a percent, so ratios of a few percent can be seen.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -140,13 +145,24 @@ def process_command(case: str, num_requests: int, csv: Path) -> list[str]:
     ]
 
 
-def run_case(tree: Path, case: str, num_requests: int, csv: Path, stretches: str) -> dict:
+def run_case(
+    tree: Path, case: str, num_requests: int, csv: Path, stretches: str, instructions: bool
+) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
     if case in REPLAYS:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case]
         cmd += ["--requests", str(num_requests), "--csv", str(csv), "--stretches", stretches]
+        if instructions:  # the same run under callgrind: a count that load does not move
+            env["PYTHONHASHSEED"] = "0"
+            cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
         out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        run = json.loads(out.stdout.strip().splitlines()[-1])
+        if instructions:
+            collected = re.search(r"Collected : (\d+)", out.stderr)
+            if collected is None:
+                raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
+            run["instructions"] = int(collected.group(1))
+        return run
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(
@@ -197,6 +213,12 @@ def main() -> None:
         help="replays with the engine's stretches on or off (results are identical)",
     )
     parser.add_argument("--csv", type=Path, help="the Azure-format file (default: generated)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each replay's instructions under valgrind's callgrind (about 15x "
+        "slower; the count includes the child's imports and trace load)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -214,24 +236,26 @@ def main() -> None:
     for _ in range(args.repeats):
         for case in args.cases:
             for name, tree in trees.items():
-                run = run_case(tree, case, args.requests, csv, args.stretches)
+                run = run_case(tree, case, args.requests, csv, args.stretches, args.instructions)
                 runs.setdefault((case, name), []).append(run)
                 print(json.dumps({"case": case, "tree": name, **run}), flush=True)
     print()
     print("| case | time | this: min / median | base: min / median | ratio min | ratio median |")
     print("|---|---|---:|---:|---:|---:|")
     for case in args.cases:
-        key = "cpu_s"
-        lo, med = summarize(runs[case, "this"], key)
-        row = f"| {case} | {key} | {lo:.3f} / {med:.3f} |"
-        if args.base:
-            blo, bmed = summarize(runs[case, "base"], key)
-            row += f" {blo:.3f} / {bmed:.3f} | {lo / blo:.2f} | {med / bmed:.2f} |"
-            same = _same(runs[case, "this"], runs[case, "base"])
-            row += "" if same else " results differ!"
-        else:
-            row += " | | |"
-        print(row)
+        keys = ["cpu_s"] + (["instructions"] if args.instructions and case in REPLAYS else [])
+        for key in keys:
+            unit = 1e9 if key == "instructions" else 1.0  # instructions in billions
+            lo, med = (v / unit for v in summarize(runs[case, "this"], key))
+            row = f"| {case} | {key} | {lo:.3f} / {med:.3f} |"
+            if args.base:
+                blo, bmed = (v / unit for v in summarize(runs[case, "base"], key))
+                row += f" {blo:.3f} / {bmed:.3f} | {lo / blo:.3f} | {med / bmed:.3f} |"
+                same = _same(runs[case, "this"], runs[case, "base"])
+                row += "" if same else " results differ!"
+            else:
+                row += " | | |"
+            print(row)
     if "whole-azure" in args.cases and "azure-above" in args.cases:
         for name in trees:
             whole = summarize(runs["whole-azure", name], "cpu_s")
