@@ -244,6 +244,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     for case in args.cases:
         keys = ["cpu_s"] + (["instructions"] if args.instructions and case in REPLAYS else [])
+        same = not args.base or _same(runs[case, "this"], runs[case, "base"])
         for key in keys:
             unit = 1e9 if key == "instructions" else 1.0  # instructions in billions
             lo, med = (v / unit for v in summarize(runs[case, "this"], key))
@@ -251,7 +252,6 @@ def main() -> None:
             if args.base:
                 blo, bmed = (v / unit for v in summarize(runs[case, "base"], key))
                 row += f" {blo:.3f} / {bmed:.3f} | {lo / blo:.3f} | {med / bmed:.3f} |"
-                same = _same(runs[case, "this"], runs[case, "base"])
                 row += "" if same else " results differ!"
             else:
                 row += " | | |"

@@ -159,8 +159,7 @@ class BlockKeeper(Protocol):
     """Unreferenced blocks the keeper holds outside the free queue."""
 
     def forget_all(self, blocks: list[KVCacheBlock]) -> None:
-        """The pool reuses these free blocks (fresh from its queue, ``block_key`` set) for
-        new content."""
+        """The pool reuses these free blocks (fresh from its queue) for new content."""
         ...
 
     def acquire(self, block: KVCacheBlock) -> None:
@@ -212,17 +211,10 @@ class BlockPool:
                     f"BlockPool.get_new_blocks: {n} blocks requested, {queue.num_free_blocks} free"
                 )
         out = queue.popleft_n(n)
-        if cache is None:
-            for block in out:
-                block.ref_cnt = 1
-            return out
-        keyed = []  # blocks a cache still keys: it forgets them
         for block in out:
             block.ref_cnt = 1
-            if block.block_key is not None:
-                keyed.append(block)
-        if keyed:
-            cache.forget_all(keyed)
+        if cache is not None:
+            cache.forget_all(out)
         return out
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
@@ -242,13 +234,13 @@ class BlockPool:
         freed = []
         cache = self.cache
         for block in blocks:
-            ref_cnt = block.ref_cnt = block.ref_cnt - 1
-            if ref_cnt == 0:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
                 if cache is not None and block.kept_by is not None:
                     cache.release(block)
                 else:
                     freed.append(block)
-            elif ref_cnt < 0:
+            elif block.ref_cnt < 0:
                 raise BlockStateError(f"BlockPool.free_blocks: block {block.block_id} freed twice")
         if freed:
             self.free_queue.extend(freed)

@@ -249,15 +249,17 @@ class HashPrefixCache:
         group.members = []
 
     def forget_all(self, blocks: list[KVCacheBlock]) -> None:
-        """Drop the keys of reused blocks (the pool passes only blocks with a key)."""
         cached = self._blocks
         for block in blocks:
+            key = block.block_key
+            if key is None:
+                continue
             h = block.block_hash
             if h is not None:  # then the cache holds it under h (only commit sets h)
                 del cached[h]
                 block.block_hash = block.block_key = None
             else:  # logged in its dormant group
-                group = cast(_Group, block.block_key)
+                group = cast(_Group, key)
                 block.block_key = None
                 group.live -= 1
                 if not group.live:
