@@ -28,7 +28,8 @@ worktree`` under the temp folder), each repeat interleaving the two trees, and p
 min, median and their ratios (this / base). ``--instructions`` also runs each replay under
 valgrind's callgrind (Debian package ``valgrind``) and compares instruction counts (in
 billions): on a shared machine whose speed drifts, the count of the same run repeats to
-within a fraction of a percent, so ratios of a few percent can be seen.
+within a fraction of a percent (both trees' bytecode is compiled first), so ratios of a
+few percent can be seen.
 """
 
 from __future__ import annotations
@@ -231,6 +232,8 @@ def main() -> None:
     trees = {"this": ROOT}
     if args.base:
         trees["base"] = base_tree(args.base)
+    for tree in trees.values():  # a fresh tree would count compiling its bytecode once
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "slotune"], cwd=tree, check=True)
     print(f"{MODEL} on {GPU}, budget {BUDGET}, {args.requests} requests, trace file {csv}")
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
