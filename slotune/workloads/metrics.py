@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -40,13 +41,13 @@ def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
     out = df["output_tokens"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
-    gaps = [
-        np.diff(np.asarray(ts, dtype=float)) if len(ts) > 1 else np.empty(0)
-        for ts in df["token_times"]
-    ]
-    max_gap = np.array([g.max() if len(g) else 0.0 for g in gaps])
-    ok_gaps = [g for g, good in zip(gaps, ok, strict=True) if good]
-    itl = np.concatenate(ok_gaps) if ok_gaps else np.empty(0)
+    gaps, gap_counts = token_gaps(df["token_times"])
+    max_gap = np.zeros(len(gap_counts))
+    has_gaps = gap_counts > 0
+    if gaps.size:
+        starts = (np.cumsum(gap_counts) - gap_counts)[has_gaps]
+        max_gap[has_gaps] = np.maximum.reduceat(gaps, starts)
+    itl = gaps[np.repeat(ok, gap_counts)]
     ttft[~ok] = np.nan
     e2e[~ok] = np.nan
     tpot[~ok] = np.nan
@@ -59,6 +60,23 @@ def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
         "max_itl": max_gap,
         "output_tokens": out,
     }
+
+
+def flat_token_times(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """All token times in one array, request after request, and each request's count."""
+    counts = np.fromiter(map(len, token_times), dtype=np.int64, count=len(token_times))
+    flat = np.fromiter(chain.from_iterable(token_times), dtype=float, count=int(counts.sum()))
+    return flat, counts
+
+
+def token_gaps(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every gap between consecutive tokens, request after request, and each request's
+    number of gaps (computed on one flat array: a run has millions of tokens)."""
+    flat, counts = flat_token_times(token_times)
+    first = np.zeros(len(flat), dtype=bool)  # a request's first token: no gap before it
+    first[(np.cumsum(counts) - counts)[counts > 0]] = True
+    gaps = np.diff(flat)[~first[1:]]
+    return gaps, np.maximum(counts - 1, 0)
 
 
 def meets_slo(metrics: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
@@ -124,11 +142,9 @@ def _window_throughput(result: RunResult, window: ScoringWindow) -> dict[str, fl
     m = request_metrics(result)
     finish = result.requests["finish_time"].to_numpy(dtype=float)
     inside = m["ok"] & (finish >= window.start_s) & (finish <= window.end_s)
-    tokens = 0
-    for times, good in zip(result.requests["token_times"], m["ok"], strict=True):
-        if good and len(times):
-            t = np.asarray(times, dtype=float)
-            tokens += int(np.count_nonzero((t >= window.start_s) & (t <= window.end_s)))
+    times, counts = flat_token_times(result.requests["token_times"])
+    times = times[np.repeat(m["ok"], counts)]
+    tokens = int(np.count_nonzero((times >= window.start_s) & (times <= window.end_s)))
     return {
         "request_throughput": float(inside.sum()) / window.length_s,
         "output_throughput": tokens / window.length_s,

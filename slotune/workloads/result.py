@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +48,6 @@ class RunResult:
     steps: pd.DataFrame
     duration_s: float
     engine_stats: dict[str, Any] = field(default_factory=dict)
-
-    def with_request_latency(self, seconds: float, stack: str) -> RunResult:
-        """This run as clients see it when each request spends ``seconds`` outside the
-        engine (HTTP, tokenization, streaming): every token and finish time that much later.
-        ``engine_stats["stack"]`` names the serving stack that says so."""
-        stats = {**self.engine_stats, "stack": stack}
-        if seconds == 0:
-            return replace(self, engine_stats=stats)
-        reqs = self.requests.copy()
-        reqs["first_token_time"] = reqs["first_token_time"] + seconds
-        reqs["finish_time"] = reqs["finish_time"] + seconds
-        later = float(seconds).__add__  # the same sums as t + seconds, faster
-        reqs["token_times"] = [list(map(later, ts)) for ts in reqs["token_times"]]
-        return replace(
-            self, requests=reqs, duration_s=self.duration_s + seconds, engine_stats=stats
-        )
 
     def save(self, out_dir: str | Path) -> None:
         """Write ``requests.csv`` (token times as a JSON list) and ``steps.csv``."""

@@ -82,8 +82,14 @@ def test_request_costs_delay_every_client_time_by_in_plus_out() -> None:
     assert list(b["arrival_time"]) == list(a["arrival_time"])
     assert (b["first_token_time"] - a["first_token_time"]).to_numpy() == pytest.approx(0.005)
     assert (b["finish_time"] - a["finish_time"]).to_numpy() == pytest.approx(0.005)
+    later = slow.request_latency_s
+    for times_a, times_b in zip(a["token_times"], b["token_times"], strict=True):
+        assert times_b == [t + later for t in times_a]  # every token, to the bit
+    assert (b["first_token_time"] == [ts[0] for ts in b["token_times"]]).all()
+    fast = run_simulated(config, _trace(), gpu="h100", model="llama-2-7b", stack=base)
     result = run_simulated(config, _trace(), gpu="h100", model="llama-2-7b", stack=slow)
     assert result.engine_stats["stack"] == "b"
+    assert result.duration_s == fast.duration_s + later
 
 
 def test_tensor_parallel_allreduce_uses_the_stack_latency() -> None:

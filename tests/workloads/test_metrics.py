@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slotune.workloads import RunResult, parse_slo, summarize
+from slotune.workloads.metrics import request_metrics
 from slotune.workloads.result import REQUEST_COLUMNS, empty_steps
 
 
@@ -130,3 +134,24 @@ def test_run_result_round_trips_through_csv(tmp_path) -> None:
     back = RunResult.load(tmp_path, duration_s=4.0)
     assert back.requests["token_times"].tolist() == res.requests["token_times"].tolist()
     assert summarize(back) == summarize(res)
+
+
+token_lists = st.lists(
+    st.lists(st.floats(0, 1e4, allow_nan=False), max_size=6).map(sorted), max_size=8
+)
+
+
+@given(token_lists, st.data())
+@settings(max_examples=200, deadline=None)
+def test_pooled_gaps_match_each_request_diffed_alone(times: list[list[float]], data) -> None:
+    ok = data.draw(st.lists(st.booleans(), min_size=len(times), max_size=len(times)))
+    rows = [
+        {"request_id": f"r{i}", "arrival_time": 0.0, "token_times": ts}
+        | ({} if good else {"error": "failed"})
+        for i, (ts, good) in enumerate(zip(times, ok, strict=True))
+    ]
+    m = request_metrics(_result(rows, 1.0))
+    per_request = [np.diff(np.asarray(ts, dtype=float)) for ts in times]
+    expected_itl = [g for gaps, good in zip(per_request, ok, strict=True) if good for g in gaps]
+    assert m["itl"].tolist() == expected_itl
+    assert m["max_itl"].tolist() == [float(g.max()) if len(g) else 0.0 for g in per_request]

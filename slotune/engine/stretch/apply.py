@@ -66,6 +66,7 @@ def apply_stretch(
     # queue hands out the same blocks in the same order (frees only append to it)
     pending: list[tuple[str, int]] = []
     num_pending = 0
+    in_use = pool.num_used_blocks  # changes only where a step grows, admits or finishes
     for j, step in enumerate(steps):
         for i, n in step.allocs:
             pending.append((ids[i], n))
@@ -74,12 +75,15 @@ def apply_stretch(
             kv.grow(pending)
             pending = []
             num_pending = 0
-        for i, n in step.admits:
-            _admit_planned(scheduler, plan, i, n, j)
-            if tokens[i]:
-                take(i)
-            num_running += 1
-        used.append(pool.num_used_blocks + num_pending)
+            in_use = pool.num_used_blocks
+        if step.admits:
+            for i, n in step.admits:
+                _admit_planned(scheduler, plan, i, n, j)
+                if tokens[i]:
+                    take(i)
+                num_running += 1
+            in_use = pool.num_used_blocks
+        used.append(in_use + num_pending)
         for i in step.fills:
             uncommitted[ids[i]] = requests[i]
         for i in step.finishes:
@@ -90,6 +94,8 @@ def apply_stretch(
             req.num_computed_tokens = final[i]
             scheduler.finish(req, status)
             num_running -= 1
+        if step.finishes:
+            in_use = pool.num_used_blocks
         running.append(num_running)
         waiting.append(len(scheduler.waiting))
         for req in step.arrivals:

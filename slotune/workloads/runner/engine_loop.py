@@ -113,8 +113,9 @@ class TokenPrompts:
         self._own = trace.own_prompt_token_ids()
 
     def prompt(self, index: int, parent_context: list[int] | None) -> list[int]:
+        """The trace's own list for a first turn (the engine copies what it keeps)."""
         own = self._own[index]
-        return list(own) if parent_context is None else parent_context + own
+        return own if parent_context is None else parent_context + own
 
     def context_after(self, prompt: list[int], output: list[int]) -> list[int]:
         return prompt + output
@@ -141,8 +142,8 @@ def run_simulated(
     overrides the model's weight format; ``ep``: expert-parallel GPUs of a MoE model).
 
     ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
-    per-request costs outside the engine delay every client-side time of a request
-    (``RunResult.with_request_latency``). ``stretches`` runs stretches of steps
+    per-request costs outside the engine delay every client-side time of a request (the
+    result's token, first-token and finish times, and its duration). ``stretches`` runs stretches of steps
     planned in advance at once (``Engine.run_stretch``); the result is identical either
     way, only faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
@@ -172,7 +173,8 @@ def run_simulated(
             horizon_s=horizon_s,
             schedule_ahead=stack.schedule_ahead,
         )
-    return result.with_request_latency(stack.request_latency_s, stack.name)
+    result.engine_stats["stack"] = stack.name
+    return result
 
 
 @contextmanager
@@ -225,7 +227,7 @@ def drive_engine(
     """The loop of both clocks. ``stretches`` need a virtual clock: a stretch of steps
     is computed before its time has passed. ``client_latency_s`` is how much later than
     the engine a client learns of a finish (so a session's next turn starts that much
-    later); ``RunResult.with_request_latency`` moves the recorded times to match. With
+    later), and every recorded token and finish time (and the duration) is the client's. With
     ``timeout_s`` a stretch also ends at the next deadline, where the timed-out requests
     are aborted. With ``schedule_ahead`` (a scheduler that plans each step while the one
     before runs, as vLLM V1's async scheduling does) a request that arrives while the
@@ -244,6 +246,7 @@ def drive_engine(
     token_times = rec.token_times
     total = len(trace)
     deadlines = Deadlines(timeout_s, total)
+    later = float(client_latency_s).__add__  # an engine time as the client sees it
 
     def end(i: int, now: float, **kw: Any) -> None:
         deadlines.resolve(i)
@@ -256,7 +259,8 @@ def drive_engine(
         """The client gave up at the deadline: keep what had arrived by then."""
         deadline = deadlines.at[i]
         times = token_times[i]
-        while times and times[-1] > deadline:
+        seen_by = deadline + client_latency_s  # the client's clock
+        while times and times[-1] > seen_by:
             times.pop()
         if keep_output[i]:
             del outputs[i][len(times) :]
@@ -331,12 +335,14 @@ def drive_engine(
             step_start = times[-1] - steps[-1].duration_s
         rec.steps(times, steps)
         now = times[-1] if times else clock.now()
+        # a token reaches the client client_latency_s after its step ends
+        seen = list(map(later, times)) if client_latency_s else times
         ended = []
         for out, first in pairs:
             i = index[out.request_id]
             new = out.new_token_ids
             if new:
-                token_times[i].extend(times[first : first + len(new)])
+                token_times[i].extend(seen[first : first + len(new)])
                 if keep_output[i]:
                     outputs[i].extend(new)
             if out.finished:
@@ -359,4 +365,4 @@ def drive_engine(
         for i in deadlines.pop_expired(now):
             engine.abort_request(trace.requests[i].request_id)
             give_up(i)
-    return rec.result(clock.now(), engine.stats())
+    return rec.result(clock.now(), engine.stats(), latency_s=client_latency_s)

@@ -88,8 +88,18 @@ class Recorder:
             columns[name] = values
         return pd.DataFrame(columns, columns=list(STEP_COLUMNS))
 
-    def result(self, duration_s: float, engine_stats: dict[str, Any] | None = None) -> RunResult:
+    def result(
+        self,
+        duration_s: float,
+        engine_stats: dict[str, Any] | None = None,
+        *,
+        latency_s: float = 0.0,
+    ) -> RunResult:
+        """The run's frames; ``latency_s``: a client learns of each finish that much after
+        ``done`` was told (token times were recorded as the client saw them), and the run
+        lasts that much longer."""
         reqs = self.trace.requests
+        finish = [t + latency_s for t in self.finish] if latency_s else self.finish
         out = [
             len(ts) if o is None else o
             for o, ts in zip(self.output_tokens, self.token_times, strict=True)
@@ -100,7 +110,7 @@ class Recorder:
             "turn": [r.turn for r in reqs],
             "arrival_time": self.arrival,
             "first_token_time": [ts[0] if ts else NAN for ts in self.token_times],
-            "finish_time": self.finish,
+            "finish_time": finish,
             "token_times": self.token_times,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": out,
@@ -112,6 +122,6 @@ class Recorder:
         return RunResult(
             requests=requests,
             steps=self._steps_frame(),
-            duration_s=duration_s,
+            duration_s=duration_s + latency_s,
             engine_stats=dict(engine_stats or {}),
         )
