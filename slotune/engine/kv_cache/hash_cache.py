@@ -24,7 +24,6 @@ logged: nothing in the group could win a key that a reused block gave up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
@@ -259,7 +258,7 @@ class HashPrefixCache:
                 del cached[h]
                 block.block_hash = block.block_key = None
             else:  # logged in its dormant group
-                group = cast(_Group, key)
+                group: _Group = key  # type: ignore[assignment]  # (no cast: a call per block)
                 block.block_key = None
                 group.live -= 1
                 if not group.live:

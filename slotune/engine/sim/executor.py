@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
@@ -126,22 +126,16 @@ class SimExecutor:
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
 
     # -- for the engine's stretches (``Engine.run_stretch``) ---------------------------
-    def planned_step_seconds(
-        self,
-        num_tokens: int,
-        num_samples: int,
-        num_requests: int,
-        num_decodes: int,
-        context_sum: int,
-        chunks: Sequence[tuple[int, int]],
-    ) -> float:
-        """The duration ``execute`` finds for a step without block copies that schedules
-        ``num_tokens`` for ``num_requests`` requests (``num_decodes`` of one token reading
-        ``context_sum`` KV tokens together, ``chunks`` as ``(tokens, prior context)`` in
-        batch order) and samples ``num_samples``: the same arithmetic, to the bit."""
-        return self.cost_model.step_seconds(
-            num_tokens, num_samples, num_requests, num_decodes, context_sum, chunks, 0, 0
-        )
+    @property
+    def planned_step_seconds(self) -> Callable[..., float]:
+        """The duration ``execute`` finds for a step without block copies, called as
+        ``(num_tokens, num_samples, num_requests, num_decodes, context_sum, chunks)``: a step
+        that schedules ``num_tokens`` for ``num_requests`` requests (``num_decodes`` of one
+        token reading ``context_sum`` KV tokens together, ``chunks`` as ``(tokens, prior
+        context)`` in batch order) and samples ``num_samples``. It is the cost model's
+        ``step_seconds`` itself (no swaps, no copies: the same arithmetic, to the bit),
+        handed out once per stretch so that a step costs no extra call."""
+        return self.cost_model.step_seconds
 
     def sampled_token(self, request: Request, position: int, index: int = 0) -> int:
         """The token ``execute`` samples for ``request`` at ``position`` (its index in the

@@ -143,9 +143,9 @@ def run_simulated(
 
     ``stack`` is the serving engine around the kernels (default: current vLLM V1); its
     per-request costs outside the engine delay every client-side time of a request (the
-    result's token, first-token and finish times, and its duration). ``stretches`` runs stretches of steps
-    planned in advance at once (``Engine.run_stretch``); the result is identical either
-    way, only faster. Turn it off to debug or compare.
+    result's token, first-token and finish times, and its duration). ``stretches`` runs
+    stretches of steps planned in advance at once (``Engine.run_stretch``); the result is
+    identical either way, only faster. Turn it off to debug or compare.
     ``timeout_s``: the client gives up on a request this long after sending it (see
     ``runner.timeouts``); None waits for ever. ``horizon_s``: the run ends at this time
     (engine clock); requests still in flight then fail as unfinished, those not yet sent
