@@ -25,7 +25,7 @@ inside it; process cases time the child process. The table compares CPU seconds
 (``cpu_s``: far less disturbed than wall time on a shared machine; wall is in the JSON
 lines). ``--base REV`` runs the same cases on a checkout of another commit (a ``git
 worktree`` under the temp folder), each repeat interleaving the two trees, and prints
-min, median and their ratios (this / base). ``--instructions`` also runs each replay under
+min, median and their ratios (this / base). ``--instructions`` also runs each case under
 valgrind's callgrind (Debian package ``valgrind``) and compares instruction counts (in
 billions): on a shared machine whose speed drifts, the count of the same run repeats to
 within a fraction of a percent (both trees' bytecode is compiled first), so ratios of a
@@ -150,33 +150,31 @@ def run_case(
     tree: Path, case: str, num_requests: int, csv: Path, stretches: str, instructions: bool
 ) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
-    if case in REPLAYS:
+    replay = case in REPLAYS
+    if replay:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case]
         cmd += ["--requests", str(num_requests), "--csv", str(csv), "--stretches", stretches]
-        if instructions:  # the same run under callgrind: a count that load does not move
-            env["PYTHONHASHSEED"] = "0"
-            cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
-        out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
-        run = json.loads(out.stdout.strip().splitlines()[-1])
-        if instructions:
-            collected = re.search(r"Collected : (\d+)", out.stderr)
-            if collected is None:
-                raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
-            run["instructions"] = int(collected.group(1))
-        return run
+    else:
+        cmd = process_command(case, num_requests, csv)
+    if instructions:  # the same run under callgrind: a count that load does not move
+        env["PYTHONHASHSEED"] = "0"
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(
-        process_command(case, num_requests, csv),
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        check=True,
-    )
+    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
+    if replay:
+        run = json.loads(out.stdout.strip().splitlines()[-1])
+    else:
+        run = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
+    if instructions:
+        collected = re.search(r"Collected : (\d+)", out.stderr)
+        if collected is None:
+            raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
+        run["instructions"] = int(collected.group(1))
+    return run
 
 
 def base_tree(rev: str) -> Path:
@@ -217,8 +215,8 @@ def main() -> None:
     parser.add_argument(
         "--instructions",
         action="store_true",
-        help="also count each replay's instructions under valgrind's callgrind (about 15x "
-        "slower; the count includes the child's imports and trace load)",
+        help="also count each case's instructions under valgrind's callgrind (about 15x "
+        "slower; a replay's count includes the child's imports and trace load)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,7 +244,7 @@ def main() -> None:
     print("| case | time | this: min / median | base: min / median | ratio min | ratio median |")
     print("|---|---|---:|---:|---:|---:|")
     for case in args.cases:
-        keys = ["cpu_s"] + (["instructions"] if args.instructions and case in REPLAYS else [])
+        keys = ["cpu_s"] + (["instructions"] if args.instructions else [])
         same = not args.base or _same(runs[case, "this"], runs[case, "base"])
         for key in keys:
             unit = 1e9 if key == "instructions" else 1.0  # instructions in billions

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from slotune.engine.outputs import StepStats
@@ -83,9 +84,10 @@ class Recorder:
     def _steps_frame(self) -> pd.DataFrame:
         if not self._steps:
             return empty_steps()
-        columns: dict[str, Any] = {"time": self._step_times}
+        # numpy converts a column of Python numbers a few times faster than pandas does
+        columns: dict[str, Any] = {"time": np.array(self._step_times)}
         for name, values in zip(StepStats._fields, zip(*self._steps, strict=True), strict=True):
-            columns[name] = values
+            columns[name] = np.array(values)
         return pd.DataFrame(columns, columns=list(STEP_COLUMNS))
 
     def result(
