@@ -45,8 +45,7 @@ def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
     max_gap = np.zeros(len(gap_counts))
     has_gaps = gap_counts > 0
     if gaps.size:
-        starts = (np.cumsum(gap_counts) - gap_counts)[has_gaps]
-        max_gap[has_gaps] = np.maximum.reduceat(gaps, starts)
+        max_gap[has_gaps] = np.maximum.reduceat(gaps, _starts(gap_counts)[has_gaps])
     itl = gaps[np.repeat(ok, gap_counts)]
     ttft[~ok] = np.nan
     e2e[~ok] = np.nan
@@ -74,9 +73,14 @@ def token_gaps(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.n
     number of gaps (computed on one flat array: a run has millions of tokens)."""
     flat, counts = flat_token_times(token_times)
     first = np.zeros(len(flat), dtype=bool)  # a request's first token: no gap before it
-    first[(np.cumsum(counts) - counts)[counts > 0]] = True
+    first[_starts(counts)[counts > 0]] = True
     gaps = np.diff(flat)[~first[1:]]
     return gaps, np.maximum(counts - 1, 0)
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each request's run begins in a flat array of runs of these lengths."""
+    return np.cumsum(counts) - counts
 
 
 def meets_slo(metrics: dict[str, np.ndarray], slo: SLO) -> np.ndarray:

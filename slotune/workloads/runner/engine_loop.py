@@ -237,7 +237,7 @@ def drive_engine(
     if stretches and not isinstance(clock, VirtualClock):
         raise ValueError("drive_engine: stretches need a VirtualClock")
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
-    rec = Recorder(trace)
+    rec = Recorder(trace, client_latency_s)
     keep_output = disp.has_children
     # a finish may release a turn or a capped flow: a stretch must not run past it
     stop_at_finish = any(keep_output) or arrivals.concurrency is not None
@@ -246,12 +246,11 @@ def drive_engine(
     token_times = rec.token_times
     total = len(trace)
     deadlines = Deadlines(timeout_s, total)
-    later = float(client_latency_s).__add__  # an engine time as the client sees it
 
     def end(i: int, now: float, **kw: Any) -> None:
         deadlines.resolve(i)
         rec.done(i, now, **kw)
-        disp.finish(i, now + client_latency_s, outputs.pop(i, []))
+        disp.finish(i, rec.seen_at(now), outputs.pop(i, []))
         if progress is not None:
             progress(rec.num_done, total)
 
@@ -259,7 +258,7 @@ def drive_engine(
         """The client gave up at the deadline: keep what had arrived by then."""
         deadline = deadlines.at[i]
         times = token_times[i]
-        seen_by = deadline + client_latency_s  # the client's clock
+        seen_by = rec.seen_at(deadline)
         while times and times[-1] > seen_by:
             times.pop()
         if keep_output[i]:
@@ -335,8 +334,7 @@ def drive_engine(
             step_start = times[-1] - steps[-1].duration_s
         rec.steps(times, steps)
         now = times[-1] if times else clock.now()
-        # a token reaches the client client_latency_s after its step ends
-        seen = list(map(later, times)) if client_latency_s else times
+        seen = list(map(rec.seen_at, times)) if client_latency_s else times
         ended = []
         for out, first in pairs:
             i = index[out.request_id]
@@ -365,4 +363,4 @@ def drive_engine(
         for i in deadlines.pop_expired(now):
             engine.abort_request(trace.requests[i].request_id)
             give_up(i)
-    return rec.result(clock.now(), engine.stats(), latency_s=client_latency_s)
+    return rec.result(clock.now(), engine.stats())

@@ -17,9 +17,15 @@ NAN = math.nan
 
 
 class Recorder:
-    def __init__(self, trace: Trace) -> None:
+    """``latency_s``: how much later than the engine a client learns of each token and
+    finish; token times are recorded as the client saw them (``seen_at``), finishes and
+    the duration are moved by ``result``."""
+
+    def __init__(self, trace: Trace, latency_s: float = 0.0) -> None:
         n = len(trace)
         self.trace = trace
+        self.latency_s = latency_s
+        self.seen_at = float(latency_s).__add__  # an engine time as the client sees it
         self.index = {r.request_id: i for i, r in enumerate(trace.requests)}
         self.arrival = [NAN] * n
         self.finish = [NAN] * n
@@ -90,18 +96,10 @@ class Recorder:
             columns[name] = np.array(values)
         return pd.DataFrame(columns, columns=list(STEP_COLUMNS))
 
-    def result(
-        self,
-        duration_s: float,
-        engine_stats: dict[str, Any] | None = None,
-        *,
-        latency_s: float = 0.0,
-    ) -> RunResult:
-        """The run's frames; ``latency_s``: a client learns of each finish that much after
-        ``done`` was told (token times were recorded as the client saw them), and the run
-        lasts that much longer."""
+    def result(self, duration_s: float, engine_stats: dict[str, Any] | None = None) -> RunResult:
+        """The run's frames, finishes and duration as the client sees them."""
         reqs = self.trace.requests
-        finish = [t + latency_s for t in self.finish] if latency_s else self.finish
+        finish = list(map(self.seen_at, self.finish)) if self.latency_s else self.finish
         out = [
             len(ts) if o is None else o
             for o, ts in zip(self.output_tokens, self.token_times, strict=True)
@@ -124,6 +122,6 @@ class Recorder:
         return RunResult(
             requests=requests,
             steps=self._steps_frame(),
-            duration_s=duration_s + latency_s,
+            duration_s=self.seen_at(duration_s),
             engine_stats=dict(engine_stats or {}),
         )
