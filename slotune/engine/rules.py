@@ -77,6 +77,17 @@ def length_step(first_step: int, num_tokens: int, max_num_tokens: int) -> int:
     return first_step + max_num_tokens - num_tokens - 1
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """The blocks that hold ``num_tokens`` tokens (the last one maybe partly full)."""
+    return -(-num_tokens // block_size)
+
+
+def swap_in_blocks(num_tokens: int, num_cpu_blocks: int, block_size: int) -> int:
+    """The GPU blocks a swapped request takes back to hold ``num_tokens`` tokens: at least
+    as many as its CPU copy holds."""
+    return max(blocks_for(num_tokens, block_size), num_cpu_blocks)
+
+
 def needs_blocks(computed: int, num_tokens: int, num_slots: int) -> bool:
     """Whether computing ``num_tokens`` more needs slots beyond the ``num_slots`` held."""
     return computed + num_tokens > num_slots

@@ -241,8 +241,7 @@ class Scheduler:
             swapped = req.status is SWAPPED
             if (kinds == _PROMPTS and swapped) or (kinds == _SWAPPED and not swapped):
                 break
-            seats = req.seats
-            if not has_seat(len(self.running), self.fork_seats, seats, self.max_num_seqs):
+            if not self.has_seat_for(req, len(self.running)):
                 break
             n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
             if n is None:
@@ -268,6 +267,17 @@ class Scheduler:
         self.running.append(req)
         self.fork_seats += req.seats - 1
         return req
+
+    def has_seat_for(self, req: Request, num_seated: int) -> bool:
+        """Whether ``req`` fits next to ``num_seated`` running requests and the seats
+        reserved for forks still to come."""
+        return has_seat(num_seated, self.fork_seats, req.seats, self.max_num_seqs)
+
+    def swap_in_need(self, req: Request, budget: int) -> int | None:
+        """The GPU blocks admitting swapped ``req`` with ``budget`` tokens left would take;
+        None when its chunk does not fit the budget (it is not tried)."""
+        n = self.chunk(req, req.num_computed_tokens, budget)
+        return None if n is None else self.kv_cache.swap_in_blocks(req, n)
 
     def chunk(self, req: Request, computed: int, budget: int) -> int | None:
         """``first_chunk`` of a waiting request that has ``computed`` tokens."""

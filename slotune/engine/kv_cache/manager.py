@@ -20,6 +20,7 @@ from slotune.engine.kv_cache.hash_cache import HashPrefixCache
 from slotune.engine.kv_cache.prefix_cache import PrefixCache
 from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
 from slotune.engine.request import Request
+from slotune.engine.rules import blocks_for, swap_in_blocks
 
 BlockCopy = tuple[int, int]
 
@@ -96,10 +97,28 @@ class KVCacheManager:
         return self.pool.num_used_blocks / self.pool.num_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def block_ids(self, request_id: str) -> list[int]:
         return self.req_blocks[request_id].block_ids
+
+    def num_slots(self, request_id: str) -> int:
+        """Token slots the request's GPU blocks hold."""
+        return self.req_blocks[request_id].num_slots
+
+    def blocks_held_alone(self, request_id: str) -> tuple[int, int]:
+        """How many of the request's GPU blocks no one else holds, and how many it holds:
+        what freeing it gives back, and whether that is all of them."""
+        refs = [b.ref_cnt for b in self.req_blocks[request_id].blocks]
+        return refs.count(1), len(refs)
+
+    def swap_in_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """The GPU blocks ``swap_in(request, num_new_tokens)`` takes."""
+        return swap_in_blocks(
+            request.num_computed_tokens + num_new_tokens,
+            len(self.swapped[request.request_id]),
+            self.block_size,
+        )
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -284,7 +303,7 @@ class KVCacheManager:
         """Bring a swapped request back with room for ``num_new_tokens``; None if it can't fit."""
         rid = request.request_id
         cpu = self.swapped[rid]
-        total = max(self.blocks_needed(request.num_computed_tokens + num_new_tokens), len(cpu))
+        total = self.swap_in_blocks(request, num_new_tokens)
         if total > self.pool.num_free_blocks:
             return None
         blocks = self.pool.get_new_blocks(total)

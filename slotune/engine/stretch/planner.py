@@ -13,11 +13,11 @@ from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     alloc_step,
+    blocks_for,
     counts_as_prefill,
     fill_step,
     fills_block,
     first_chunk,
-    has_seat,
     is_decoder,
     is_decoding,
     length_step,
@@ -147,7 +147,6 @@ class StretchPlanner:
         self.extra = [0] * num  # blocks allocated during the stretch
         self.sum_base = 0
         self.alive = 0
-        req_blocks = kv.req_blocks
         prefix = 0
         for req in running:
             if not is_decoder(req):
@@ -157,13 +156,12 @@ class StretchPlanner:
                 req.num_computed_tokens,
                 len(req.all_token_ids),
                 req.max_num_tokens,
-                req_blocks[req.request_id].num_slots,
+                kv.num_slots(req.request_id),
                 1,
             )
             prefix += 1
         self.others = [
-            _Other(i, r, req_blocks[r.request_id].num_slots)
-            for i, r in enumerate(running[prefix:], prefix)
+            _Other(i, r, kv.num_slots(r.request_id)) for i, r in enumerate(running[prefix:], prefix)
         ]
 
     @classmethod
@@ -177,7 +175,7 @@ class StretchPlanner:
             return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
-            seated = has_seat(len(s.running), s.fork_seats, head.seats, s.max_num_seqs)
+            seated = s.has_seat_for(head, len(s.running))
             if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
                 return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
@@ -244,7 +242,7 @@ class StretchPlanner:
             )
             slots = o.slots
             if needs_blocks(computed, n, slots):
-                slots = -(-(computed + n) // bs) * bs
+                slots = blocks_for(computed + n, bs) * bs
                 need = (slots - o.slots) // bs
                 allocs.append((o.index, need))
                 new_blocks += need
@@ -412,9 +410,8 @@ class StretchPlanner:
         freed = extra
         if i < self.plan.num_start:
             rid = self.plan.requests[i].request.request_id
-            refs = [b.ref_cnt for b in self.kv.req_blocks[rid].blocks]
-            alone = refs.count(1)
-            if alone < len(refs):
+            alone, held = self.kv.blocks_held_alone(rid)
+            if alone < held:
                 self.free_exact = False
             freed += alone
         self.free += freed
@@ -424,10 +421,10 @@ class StretchPlanner:
     ) -> Admission | HeadWaits:
         """What trying the waiting head does in this step."""
         s = self.sched
-        if not has_seat(seated, s.fork_seats, head.seats, s.max_num_seqs):
+        if not s.has_seat_for(head, seated):
             return HeadWaits.STAYS  # not tried: no seat before someone finishes
         if head.status is RequestStatus.SWAPPED:
-            need = self._swap_in_blocks(head, budget)
+            need = s.swap_in_need(head, budget)
             if need is None:
                 return HeadWaits.STAYS  # its chunk does not fit the budget: not tried
             if need > free_left and seated and self.free_exact:
@@ -444,16 +441,6 @@ class StretchPlanner:
                 return HeadWaits.STAYS  # no lookup; the allocation fails, changing nothing
             return HeadWaits.UNSURE
         return Admission(n, blocks)
-
-    def _swap_in_blocks(self, req: Request, budget: int) -> int | None:
-        """The blocks swapping ``req`` in would take with ``budget`` tokens left in a step;
-        None if the policy would not try (its chunk does not fit the budget). Trying and
-        failing changes nothing."""
-        n = self.sched.chunk(req, req.num_computed_tokens, budget)
-        if n is None:
-            return None
-        need = self.kv.blocks_needed(req.num_computed_tokens + n)
-        return max(need, len(self.kv.swapped[req.request_id]))
 
     def _certain_miss(self, head: Request) -> bool:
         """Whether the head's prefix lookup surely finds nothing (and so changes nothing
