@@ -17,8 +17,6 @@ from slotune.cli import trace_options as to
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
 
-BACKENDS = ("sim", "engine", "http")
-
 
 @app.command()
 def bench(
@@ -104,14 +102,26 @@ def bench(
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
     from slotune.workloads import parse_slo, summarize
+    from slotune.workloads.backends import make_backend
     from slotune.workloads.runner.timeouts import check_timeout
 
-    if backend not in BACKENDS:
-        fail(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend == "http" and not url:
         fail("--backend http needs --url (e.g. http://localhost:8000)")
-    if endpoint not in ("completions", "chat"):
-        fail(f"--endpoint: {endpoint!r} is not completions or chat")
+    try:
+        where = make_backend(
+            backend,
+            gpu=gpu,
+            model=model,
+            tp=tp,
+            ep=ep,
+            quantization=quantization,
+            stack=stack,
+            url=url,
+            endpoint=endpoint,
+            tokenizer=tokenizer,
+        )
+    except ValueError as exc:
+        fail(f"--{exc}")
     console = Console(stderr=as_json)
     try:
         slo_obj = parse_slo(slo) if slo else None
@@ -148,32 +158,11 @@ def bench(
         console.print(
             f"trace {tr.name}: dropped {tr.num_dropped} rows ({tr.dropped})", highlight=False
         )
-    target = {
-        "sim": f"simulated {model} on {gpu}" + (f" x{tp}" if tp > 1 else ""),
-        "engine": f"embedded engine with {model}",
-        "http": f"{url} ({endpoint})",
-    }[backend]
     console.print(
-        f"bench: {len(tr)} requests of {tr.name}, {arrivals.describe()}, {target}", highlight=False
+        f"bench: {len(tr)} requests of {tr.name}, {arrivals.describe()}, {where.describe()}",
+        highlight=False,
     )
-    result = _run(
-        backend,
-        engine_config,
-        tr,
-        arrivals,
-        gpu=gpu,
-        model=model,
-        tp=tp,
-        stack=stack,
-        url=url,
-        endpoint=endpoint,
-        seed=seed,
-        tokenizer=tokenizer,
-        timeout_s=timeout,
-        console=console,
-        quantization=quantization,
-        ep=ep,
-    )
+    result = _run(where, engine_config, tr, arrivals, seed=seed, timeout_s=timeout, console=console)
     try:
         summary = summarize(
             result, slo_obj, warmup_s=warmup, cooldown_s=cooldown, stages=arrivals.stages
@@ -251,27 +240,18 @@ def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) ->
 
 
 def _run(
-    backend: str,
+    backend: Any,
     engine_config: Any,
     trace: Any,
     arrivals: Any,
     *,
-    gpu: str,
-    model: str,
-    tp: int,
-    stack: str | None,
-    url: str | None,
-    endpoint: str,
     seed: int,
-    tokenizer: str | None,
     timeout_s: float | None,
     console: Console,
-    quantization: str | None = None,
-    ep: int = 1,
 ) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from slotune.workloads import run_engine, run_simulated
+    from slotune.workloads.backends import run
 
     columns = (TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -281,40 +261,14 @@ def _run(
             progress.update(task, completed=done)
 
         try:
-            if backend == "sim":
-                return run_simulated(
-                    engine_config,
-                    trace,
-                    gpu=gpu,
-                    model=model,
-                    tp=tp,
-                    stack=stack,
-                    arrivals=arrivals,
-                    seed=seed,
-                    progress=on_progress,
-                    timeout_s=timeout_s,
-                    quantization=quantization,
-                    ep=ep,
-                )
-            if backend == "engine":
-                from slotune.engine import Engine
-
-                engine = Engine.local(engine_config, model=model)
-                return run_engine(
-                    engine, trace, arrivals, seed=seed, progress=on_progress, timeout_s=timeout_s
-                )
-            from slotune.workloads import run_http
-
-            return run_http(
-                url or "",
+            return run(
+                backend,
                 trace,
                 arrivals,
-                model=model,
-                endpoint=endpoint,
+                engine_config,
                 seed=seed,
-                tokenizer=tokenizer,
+                timeout_s=timeout_s,
                 progress=on_progress,
-                **({} if timeout_s is None else {"timeout_s": timeout_s}),
             )
         except (ValueError, FileNotFoundError) as exc:
             fail(str(exc))

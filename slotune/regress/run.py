@@ -126,35 +126,25 @@ def _engine_config(fields: dict[str, Any], trace: Any) -> Any:
 
 def _start(bench: Benchmark, p: _Prepared) -> Callable[[], Any]:
     """Build what the run needs (untimed) and return the run itself."""
-    from slotune.workloads import run_engine, run_http, run_simulated
+    from slotune.workloads.backends import make_backend, start
 
-    if bench.backend == "sim":
-        return lambda: run_simulated(
-            p.config,
-            p.trace,
+    try:
+        backend = make_backend(
+            bench.backend,
             gpu=bench.gpu,
             model=bench.model,
             tp=bench.tp,
-            arrivals=p.arrivals,
-            seed=bench.seed,
+            ep=bench.ep,
+            quantization=bench.quantization,
+            stack=bench.stack,
+            url=bench.url,
+            endpoint=bench.endpoint,
+            tokenizer=bench.trace.tokenizer,
         )
-    if bench.backend == "engine":
-        from slotune.engine import Engine
-
-        try:
-            engine = Engine.local(p.config, model=bench.model)
-        except (ValueError, OSError) as exc:
-            raise RunError(f"{bench.name}: {exc}") from None
-        return lambda: run_engine(engine, p.trace, p.arrivals, seed=bench.seed)
-    return lambda: run_http(
-        bench.url or "",
-        p.trace,
-        p.arrivals,
-        model=bench.model,
-        endpoint=bench.endpoint,
-        seed=bench.seed,
-        tokenizer=bench.trace.tokenizer,
-    )
+        run = start(backend, p.config)
+    except (ValueError, OSError) as exc:
+        raise RunError(f"{bench.name}: {exc}") from None
+    return lambda: run(p.trace, p.arrivals, seed=bench.seed, timeout_s=bench.timeout_s)
 
 
 def _run_command(bench: Benchmark) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from slotune.regress.tolerance import Tolerance, parse_tolerance
 KeyPath = tuple[str | int, ...]
 _REAL_REPEATS = 3
 _BACKEND_KEYS = {
-    "sim": {"gpu", "model", "tp"},
-    "engine": {"model"},
-    "http": {"url", "model", "endpoint", "server", "server_timeout_s"},
+    "sim": {"gpu", "model", "tp", "ep", "quantization", "stack", "timeout_s"},
+    "engine": {"model", "timeout_s"},
+    "http": {"url", "model", "endpoint", "server", "server_timeout_s", "timeout_s"},
     "command": {"command", "metrics_file"},
 }
 _RUN_KEYS = {"trace", "num_requests", "load", "config", "slo", "seed"}
@@ -57,6 +57,10 @@ class Benchmark:
     gpu: str = "h100"
     model: str = "llama-3-8b"
     tp: int = 1
+    ep: int = 1
+    quantization: str | None = None
+    stack: str | None = None
+    timeout_s: float | None = None
     url: str | None = None
     endpoint: str = "completions"
     server: str | None = None
@@ -224,6 +228,8 @@ def _build(
         options["model"] = str(base / merged["model"])
     if backend == "sim":
         options["gpu"] = _path_or_name(merged.get("gpu", "h100"), base)
+        if "stack" in merged:
+            options["stack"] = _path_or_name(merged["stack"], base)
     return Benchmark(
         name=merged["name"],
         backend=backend,

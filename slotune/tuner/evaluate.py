@@ -91,34 +91,31 @@ class Evaluator:
 
     def run(self, config: EngineConfig, rate: float | None = None) -> Any:
         """One full run (``RunResult``) at the study's load, or at ``rate``."""
-        from slotune.workloads import run_engine, run_simulated
+        from slotune.workloads.backends import EngineBackend, SimBackend, run
 
-        arrivals = self.setup.load.arrivals(rate)
+        setup = self.setup
+        arrivals = setup.load.arrivals(rate)
         trace = self.trace if arrivals.num_sessions is None else self._repeated(arrivals)
         self.runs += 1
-        if self.setup.backend == "engine":
-            from slotune.engine import Engine
-
-            engine = Engine.local(config, model=self.setup.model)
-            return run_engine(
-                engine,
+        if setup.backend == "engine":
+            return run(
+                EngineBackend(setup.model),
                 trace,
                 arrivals,
-                seed=self.setup.seed,
-                timeout_s=self.setup.request_timeout_s,
+                config,
+                seed=setup.seed,
+                timeout_s=setup.request_timeout_s,
             )
-        return run_simulated(
-            config,
+        backend = SimBackend(
+            setup.gpu, setup.model, setup.tp, setup.ep, setup.quantization, setup.stack
+        )
+        return run(
+            backend,
             trace,
-            gpu=self.setup.gpu,
-            model=self.setup.model,
-            tp=self.setup.tp,
-            stack=self.setup.stack,
-            arrivals=arrivals,
-            seed=self.setup.seed,
-            timeout_s=self.setup.request_timeout_s,
-            quantization=self.setup.quantization,
-            ep=self.setup.ep,
+            arrivals,
+            config,
+            seed=setup.seed,
+            timeout_s=setup.request_timeout_s,
             horizon_s=self.horizon_s,
         )
 

@@ -109,7 +109,8 @@ def replay(
     stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
     from slotune.engine.config import EngineConfig
     from slotune.workloads.arrivals import ArrivalSpec
-    from slotune.workloads.runner.engine_loop import run_simulated
+    from slotune.workloads.backends import SimBackend
+    from slotune.workloads.backends import run as run_workload
 
     s = run.settings
     config = EngineConfig(
@@ -120,15 +121,8 @@ def replay(
         prefix_caching=s.prefix_caching,  # type: ignore[arg-type]
         num_gpu_blocks=s.num_gpu_blocks,
     )
-    result = run_simulated(
-        config,
-        run.trace,
-        gpu=profile or gpu or s.gpu,
-        model=s.model,
-        tp=s.tp,
-        stack=stack,
-        arrivals=ArrivalSpec(timestamps=True),
-    )
+    backend = SimBackend(gpu=profile or gpu or s.gpu, model=s.model, tp=s.tp, stack=stack)
+    result = run_workload(backend, run.trace, ArrivalSpec(timestamps=True), config)
     metrics = request_metrics(result)
     ttft, e2e = metrics["ttft"], metrics["e2e"]
     outs = run.output_lens
