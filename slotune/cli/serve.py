@@ -23,6 +23,10 @@ def serve(
     ] = None,
     sim_model: Annotated[str, opt("--sim-model", "Simulated model (with --gpu).")] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (with --gpu).")] = 1,
+    stack: Annotated[
+        str | None,
+        opt("--stack", "Serving stack the simulated engine prices steps with (with --gpu)."),
+    ] = None,
     device: Annotated[str, opt("--device", "auto | cpu | cuda (with --model).")] = "auto",
     host: Annotated[str, opt("--host", "Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, opt("--port", "Port to listen on.")] = 8000,
@@ -93,6 +97,7 @@ def serve(
                 model=sim_model,
                 tp=tp,
                 served_model_name=served_model_name,
+                stack=stack,
             )
             what = f"simulated {sim_model} on {gpu}" + (f" x{tp}" if tp > 1 else "")
     except (ValueError, FileNotFoundError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -129,6 +130,28 @@ def tune(
     out: Annotated[
         str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
+    verify: Annotated[
+        str | None,
+        opt(
+            "--verify",
+            "After tuning, start this server command per top configuration ({flags}: its "
+            "engine flags, {port}: a free port), measure it with the same trace and load, and "
+            'recommend the measured winner; e.g. "vllm serve MODEL {flags} --port {port}".',
+        ),
+    ] = None,
+    verify_top: Annotated[
+        int, opt("--verify-top", "Configurations to measure with --verify (plus the defaults).")
+    ] = 5,
+    verify_repeats: Annotated[
+        int, opt("--verify-repeats", "Runs per configuration with --verify (a noise band at 2+).")
+    ] = 1,
+    verify_flags: Annotated[
+        str,
+        opt("--verify-flags", "Whose flags fill {flags}: auto | vllm | sglang | slotune."),
+    ] = "auto",
+    verify_timeout: Annotated[
+        float, opt("--verify-timeout", "Seconds a verified server may take to start.")
+    ] = 600.0,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
     from slotune.tuner.workflow import (
@@ -173,6 +196,11 @@ def tune(
         heartbeat=heartbeat,
         quantization=quantization,
         ep=ep,
+        verify=verify,
+        verify_top=verify_top,
+        verify_repeats=verify_repeats,
+        verify_flags=verify_flags,
+        verify_timeout=verify_timeout,
     )
     display = _Display(options)
     try:
@@ -324,6 +352,8 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
 
 
 def _print_result(result: Any) -> None:
+    if result.verified is not None:
+        _print_verify(result.verified, result.verified_stack)
     _console.print(_comparison_table(result.best))
     for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
@@ -339,6 +369,39 @@ def _print_result(result: Any) -> None:
         f"Export: slotune export {result.best_json} --format vllm|sglang|yaml|json",
         highlight=False,
     )
+
+
+def _print_verify(outcome: Any, stack: Path | None) -> None:
+    from rich.table import Table
+
+    primary = outcome.primary
+    table = Table(title=f"Verified on the server ({primary}; simulated vs measured)")
+    for col in ("configuration", "simulated", "measured", "TTFT p99 sim/meas (ms)", "result"):
+        table.add_column(col, justify="left" if col in ("configuration", "result") else "right")
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.3g}"
+
+    for c in outcome.candidates:
+        band = c.band(primary)
+        measured = num(c.mean(primary)) + (
+            f" [{num(band[0])}, {num(band[1])}]" if band and len(c.measured) > 1 else ""
+        )
+        ttft = f"{num(c.predicted.get('ttft_p99_ms'))} / {num(c.mean('ttft_p99_ms'))}"
+        result = c.error or ("winner" if c.label == outcome.winner else "")
+        table.add_row(c.label, num(c.predicted.get(primary)), measured, ttft, result)
+    _console.print(table)
+    rho = outcome.rank_correlation
+    _console.print(
+        f"rank correlation (simulated vs measured order): {'-' if rho is None else f'{rho:.2f}'}"
+        f"; {outcome.note}",
+        highlight=False,
+    )
+    if stack is not None:
+        _console.print(
+            f"stack fitted to the measured runs: {stack} (next study: --stack {stack})",
+            highlight=False,
+        )
 
 
 def _comparison_table(best: dict[str, Any]) -> Any:

@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,70 +201,24 @@ def _fill(text: str, marks: dict[str, str]) -> str:
 
 @contextmanager
 def _server(bench: Benchmark, log: Log) -> Iterator[None]:
-    """Start ``bench.server`` in its own process group, wait for ``GET /health``, stop it
-    (the whole group) afterwards."""
+    """Start ``bench.server``, wait for ``GET /health``, stop it afterwards."""
+    from slotune.workloads.server_process import ServerProcess, ServerStartError
+
     log(f"{bench.name}: starting server: {bench.server}")
-    with tempfile.TemporaryFile("w+") as output:
-        marks = {"{python}": shlex.quote(sys.executable)}
-        proc = subprocess.Popen(
-            _fill(bench.server or "", marks),
-            shell=True,
+    command = _fill(bench.server or "", {"{python}": shlex.quote(sys.executable)})
+    with tempfile.TemporaryDirectory(prefix="slotune-server-") as tmp:
+        server = ServerProcess(
+            command,
+            bench.url or "",
+            log=Path(tmp) / "server.log",
             cwd=bench.workdir,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_timeout_s=bench.server_timeout_s,
         )
         try:
-            _wait_healthy(bench, proc, output)
+            server.start()
+        except ServerStartError as exc:
+            raise RunError(f"{bench.name}: {exc}") from None
+        try:
             yield
         finally:
-            _stop(proc)
-
-
-def _wait_healthy(bench: Benchmark, proc: subprocess.Popen, output: Any) -> None:
-    health = f"{(bench.url or '').rstrip('/')}/health"
-    deadline = time.monotonic() + bench.server_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            output.seek(0)
-            tail = output.read().strip().splitlines()[-1:] or [""]
-            raise RunError(f"{bench.name}: server exited with {proc.returncode}: {tail[0]}")
-        try:
-            with urllib.request.urlopen(health, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    raise RunError(f"{bench.name}: {health} did not answer within {bench.server_timeout_s:g} s")
-
-
-STOP_TIMEOUT_S = 10.0
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group and wait until all of it has exited, SIGKILL
-    after ``STOP_TIMEOUT_S``. The shell that started the server exits at once while the
-    server drains, so waiting for the shell alone would leave the port still bound."""
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    _signal_group(proc, signal.SIGTERM)
-    while _group_alive(proc):
-        if time.monotonic() > deadline:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-            return
-        time.sleep(0.05)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-
-
-def _group_alive(proc: subprocess.Popen) -> bool:
-    proc.poll()  # reap the shell, or the group stays alive as its zombie
-    try:
-        os.killpg(proc.pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+            server.stop()

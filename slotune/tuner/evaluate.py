@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.objectives import (
@@ -20,6 +20,9 @@ from slotune.tuner.objectives import (
     weighted_score,
 )
 from slotune.tuner.setup import TuneSetup
+
+if TYPE_CHECKING:
+    from slotune.workloads.backends import Backend
 
 _BASE_PERCENTILES = (50, 90, 95, 99)
 
@@ -89,34 +92,37 @@ class Evaluator:
             sorted({*_BASE_PERCENTILES, self.setup.percentile, *self.own_percentiles.values()})
         )
 
-    def run(self, config: EngineConfig, rate: float | None = None) -> Any:
-        """One full run (``RunResult``) at the study's load, or at ``rate``."""
-        from slotune.workloads.backends import EngineBackend, SimBackend, run
+    def backend(self) -> Backend:
+        """Where the study's trials run: the simulator, or the embedded engine."""
+        from slotune.workloads.backends import EngineBackend, SimBackend
 
         setup = self.setup
-        arrivals = setup.load.arrivals(rate)
-        trace = self.trace if arrivals.num_sessions is None else self._repeated(arrivals)
-        self.runs += 1
         if setup.backend == "engine":
-            return run(
-                EngineBackend(setup.model),
-                trace,
-                arrivals,
-                config,
-                seed=setup.seed,
-                timeout_s=setup.request_timeout_s,
-            )
-        backend = SimBackend(
+            return EngineBackend(setup.model)
+        return SimBackend(
             setup.gpu, setup.model, setup.tp, setup.ep, setup.quantization, setup.stack
         )
+
+    def run(
+        self, config: EngineConfig, rate: float | None = None, backend: Backend | None = None
+    ) -> Any:
+        """One full run (``RunResult``) at the study's load, or at ``rate``, on the study's
+        backend or on ``backend`` (``tune --verify`` measures a real server with it)."""
+        from slotune.workloads.backends import SimBackend, run
+
+        backend = backend or self.backend()
+        arrivals = self.setup.load.arrivals(rate)
+        trace = self.trace if arrivals.num_sessions is None else self._repeated(arrivals)
+        self.runs += 1
+        simulated = isinstance(backend, SimBackend)
         return run(
             backend,
             trace,
             arrivals,
             config,
-            seed=setup.seed,
-            timeout_s=setup.request_timeout_s,
-            horizon_s=self.horizon_s,
+            seed=self.setup.seed,
+            timeout_s=self.setup.request_timeout_s,
+            horizon_s=self.horizon_s if simulated else None,
         )
 
     def _repeated(self, arrivals: Any) -> Any:

@@ -112,6 +112,11 @@ class TuneOptions:
     heartbeat: int = DEFAULT_HEARTBEAT_S
     quantization: str | None = None
     ep: int = 1
+    verify: str | None = None  # the server's command line, with {flags} and {port}
+    verify_top: int = 5
+    verify_repeats: int = 1
+    verify_flags: str = "auto"  # whose flags fill {flags}: vllm | sglang | slotune
+    verify_timeout: float = 600.0  # seconds a server may take to answer /health
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
@@ -131,6 +136,15 @@ class Prepared:
         """The trial budget, which ``with_run_length`` always settles."""
         assert self.options.trials is not None
         return self.options.trials
+
+
+def _check_verify(o: TuneOptions) -> None:
+    from slotune.tuner.verify import verify_problem
+
+    problem = verify_problem(o.verify or "", o.verify_top, o.verify_repeats, o.verify_flags)
+    if problem is not None:
+        field, message = problem
+        raise TuneInputError(field, f"{{{field}}}: {message}")
 
 
 def check_options(o: TuneOptions) -> None:
@@ -156,6 +170,8 @@ def check_options(o: TuneOptions) -> None:
             "sampler",
             f"{{sampler}}: unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}",
         )
+    if o.verify is not None:
+        _check_verify(o)
     checks = [
         (o.tp >= 1, f"{{tp}} must be at least 1 (got {o.tp})"),
         (o.trials is None or o.trials >= 1, f"{{trials}} must be at least 1 (got {o.trials})"),

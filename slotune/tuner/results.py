@@ -71,21 +71,34 @@ def select_best(
 ) -> Any | None:
     """The recommendation; among equals, the one that changes fewest of ``baseline``'s
     settings (a radix cache that measures the same as hash is not worth a change)."""
-    if not trials:
-        return None
+    order = ranked(trials, objective, target, baseline)
+    return order[0] if order else None
+
+
+def ranked(
+    trials: list[Any], objective: str, target: float, baseline: dict[str, Any] | None = None
+) -> list[Any]:
+    """The trials best first, by the rules ``select_best`` recommends with (for a pareto
+    study: the front's members that meet the target, the rest of the front, then the
+    others by goodput)."""
 
     def changes(t: Any) -> int:
         config = t.user_attrs.get("config", {})
         return sum(config.get(k) != v for k, v in (baseline or {}).items())
 
     if objective == "weighted":
-        return min(trials, key=lambda t: (_violation(t), _score(t), changes(t), t.number))
+        return sorted(trials, key=lambda t: (_violation(t), _score(t), changes(t), t.number))
+
+    def by_goodput(t: Any) -> tuple[float, float, int, int]:
+        return (-_goodput(t), _score(t), changes(t), t.number)
+
     if objective == "goodput":
-        return min(trials, key=lambda t: (-_goodput(t), _score(t), changes(t), t.number))
+        return sorted(trials, key=by_goodput)
     front = pareto_front(trials)
     meeting = [t for t in front if t.user_attrs.get("attainment", 0.0) >= target]
-    pool = meeting or front
-    return min(pool, key=lambda t: (-_goodput(t), _score(t), changes(t), t.number))
+    first = sorted(meeting or front, key=by_goodput)
+    rest = sorted((t for t in trials if t not in first), key=by_goodput)
+    return first + rest
 
 
 def trials_frame(study: Any) -> Any:

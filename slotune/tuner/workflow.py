@@ -14,8 +14,9 @@ be created, joined or finished raises ``StudyError``; Ctrl-C raises ``TuneInterr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ class Stage(Enum):
     BASELINE = "measuring vLLM's defaults (the baseline)"
     TRIALS = "running trials"
     FINISH = "rerunning the recommendation and the baseline for the report"
+    VERIFY = "measuring the top configurations on the server (--verify)"
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class TuneResult:
     database: Path | None  # the SQLite file, when the storage is one
     report: Path | None
     report_note: str | None  # why there is no report, when there is none
+    verified: Any = None  # the VerifyOutcome of --verify
+    verified_stack: Path | None = None  # the stack fitted to the measured runs
 
 
 def tune(
@@ -282,6 +286,9 @@ class _Run:
             raise StudyError(str(e)) from None
         finally:
             self.emit(StageDone(Stage.FINISH))
+        verified, stack = self._verify(study, setup, baseline, outputs)
+        if verified is not None:
+            outputs = replace(outputs, best=json.loads(outputs.best_json.read_text()))
         storage = self.place.storage
         database = Path(storage.split("///", 1)[1]) if storage.startswith("sqlite:///") else None
         built = _build_report(self.place.out_dir) if report else "report not asked for"
@@ -303,7 +310,38 @@ class _Run:
             database=database,
             report=built if isinstance(built, Path) else None,
             report_note=built if isinstance(built, str) else None,
+            verified=verified,
+            verified_stack=stack,
         )
+
+    def _verify(
+        self, study: Any, setup: TuneSetup, baseline: dict[str, Any], outputs: Any
+    ) -> tuple[Any, Path | None]:
+        """``--verify``: measure the top configurations on the server, re-rank, calibrate."""
+        o = self.options
+        if o.verify is None:
+            return None, None
+        from slotune.tuner import verify as v
+
+        options = v.VerifyOptions(
+            o.verify, o.verify_top, o.verify_repeats, o.verify_flags, o.verify_timeout
+        )
+        self.emit(StageStarted(Stage.VERIFY))
+        try:
+            out_dir = self.place.out_dir / "verify"
+            outcome = v.verify(
+                v.candidates_from(study, setup, baseline, o.verify_top),
+                evaluator=self.evaluator,
+                options=options,
+                flags=v.flags_for(options.engine(), setup.quantization),
+                rate=outputs.best["load"]["rate"],
+                out_dir=out_dir,
+            )
+            v.write_outcome(outcome, outputs.best_json)
+            stack = v.calibrate(outcome, setup, stack_path=out_dir / "stack.json")
+        finally:
+            self.emit(StageDone(Stage.VERIFY))
+        return outcome, stack
 
 
 def _best_trial(trial: Any) -> BestTrial | None:

@@ -78,9 +78,11 @@ def simulated_model(
     model: str = "llama-3-8b",
     tp: int = 1,
     served_model_name: str | None = None,
+    stack: str | None = None,
 ) -> tuple[Engine, ServedModel]:
-    """A simulated GPU: responses are paced by the cost model's step durations."""
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    """A simulated GPU: responses are paced by the cost model's step durations (the
+    ``stack`` that ``bench`` and ``tune`` simulate prices the steps)."""
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
     executor: Any = engine.executor
     served = ServedModel(
         name=served_model_name or model,

@@ -1,0 +1,161 @@
+"""``tune --verify``: the top configurations measured on a real server, re-ranked, and
+the measured runs fitted into a stack.
+
+The server is ``slotune serve --gpu``, a simulated engine behind the real HTTP server,
+paced in wall-clock time, started once per configuration from the command line given."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from slotune.tuner.prepare import TuneInputError, TuneOptions, prepare
+from slotune.tuner.verify import (
+    DEFAULTS,
+    Verified,
+    VerifyOptions,
+    _outcome,
+    spearman,
+    verify_problem,
+)
+from slotune.tuner.workflow import tune
+
+SERVER = (
+    f"{sys.executable} -m slotune serve --gpu h100 --sim-model llama-3-8b {{flags}} --port {{port}}"
+)
+
+
+def _verified(label: str, predicted: float, measured: list[float]) -> Verified:
+    return Verified(
+        label,
+        None,
+        {"label": label},
+        "cmd",
+        {"score": predicted},
+        [{"score": m} for m in measured],
+    )
+
+
+def test_the_measured_order_decides_and_the_rank_correlation_says_how_far_off() -> None:
+    results = [
+        _verified("trial-1", 0.10, [0.30, 0.31]),
+        _verified("trial-2", 0.20, [0.12, 0.13]),
+        _verified("trial-3", 0.25, [0.20, 0.21]),
+        _verified(DEFAULTS, 0.40, [0.50, 0.52]),
+    ]
+    outcome = _outcome(results, "score", Path("."))
+    assert outcome.simulated_order == ["trial-1", "trial-2", "trial-3", DEFAULTS]
+    assert outcome.measured_order == ["trial-2", "trial-3", "trial-1", DEFAULTS]
+    assert outcome.winner == "trial-2" and outcome.winner_config == {"label": "trial-2"}
+    assert outcome.rank_correlation == pytest.approx(0.4)
+
+
+def test_a_winner_inside_the_noise_band_of_the_defaults_keeps_the_defaults() -> None:
+    results = [_verified("trial-1", 0.1, [0.19, 0.25]), _verified(DEFAULTS, 0.3, [0.22, 0.24])]
+    outcome = _outcome(results, "score", Path("."))
+    assert outcome.winner == DEFAULTS and "keep the defaults" in outcome.note
+    clear = [_verified("trial-1", 0.1, [0.10, 0.12]), _verified(DEFAULTS, 0.3, [0.22, 0.24])]
+    assert _outcome(clear, "score", Path(".")).winner == "trial-1"
+    higher_wins = [
+        _verified("trial-1", 0.1, [5.0, 5.5]),
+        _verified(DEFAULTS, 0.3, [4.0, 4.2]),
+    ]
+    for v in higher_wins:
+        v.predicted = {"goodput": v.predicted["score"]}
+        v.measured = [{"goodput": m["score"]} for m in v.measured]
+    assert _outcome(higher_wins, "goodput", Path(".")).winner == "trial-1"
+
+
+def test_failed_candidates_are_results_and_nothing_measured_keeps_the_simulation() -> None:
+    failed = _verified("trial-1", 0.1, [])
+    failed.error = "server did not start: exited with 3"
+    outcome = _outcome([failed, _verified(DEFAULTS, 0.3, [0.4])], "score", Path("."))
+    assert outcome.winner == DEFAULTS and outcome.measured_order == [DEFAULTS]
+    none = _outcome([failed], "score", Path("."))
+    assert none.winner == "trial-1" and "unverified" in none.note
+
+
+def test_spearman_needs_three_and_matches_the_textbook_value() -> None:
+    assert spearman(["a", "b"], ["b", "a"]) is None
+    assert spearman(["a", "b", "c"], ["a", "b", "c"]) == pytest.approx(1.0)
+    assert spearman(["a", "b", "c"], ["c", "b", "a"]) == pytest.approx(-1.0)
+
+
+def test_bad_verify_options_name_the_option() -> None:
+    assert verify_problem("vllm serve m --port {port}", 5, 1) == (
+        "verify",
+        "the server command needs {flags} in it (got 'vllm serve m --port {port}')",
+    )
+    assert verify_problem("x {flags} {port}", 0, 1)[0] == "verify_top"  # type: ignore[index]
+    assert verify_problem("x {flags} {port}", 1, 0)[0] == "verify_repeats"  # type: ignore[index]
+    with pytest.raises(TuneInputError, match="verify_flags"):
+        prepare(TuneOptions(gpu="h100", slo="ttft=1s", verify="x {flags} {port}", verify_flags="x"))
+    assert VerifyOptions("vllm serve m {flags} --port {port}").engine() == "vllm"
+    assert VerifyOptions("python -m sglang.launch_server {flags} {port}").engine() == "sglang"
+    assert VerifyOptions("slotune serve --gpu h100 {flags} --port {port}").engine() == "slotune"
+
+
+@pytest.mark.slow
+def test_tune_verify_measures_on_the_server_and_fits_a_stack(tmp_path: Path) -> None:
+    result = tune(
+        gpu="h100",
+        slo="ttft=300ms,tpot=50ms",
+        objective="weighted",
+        trials=3,
+        num_requests=24,
+        rate=8,
+        out=str(tmp_path / "out"),
+        verify=SERVER,
+        verify_top=2,
+        report=False,
+    )
+    outcome = result.verified
+    assert outcome is not None
+    labels = [c.label for c in outcome.candidates]
+    assert labels[-1] == DEFAULTS and 2 <= len(labels) <= 3
+    for c in outcome.candidates:
+        assert c.error is None, c.error
+        # measured through HTTP on a server paced by the same cost model: close to the
+        # prediction, not equal (wall-clock pacing, HTTP and this machine's load)
+        ttft_sim, ttft_real = c.predicted["ttft_p50_ms"], c.mean("ttft_p50_ms")
+        assert ttft_sim is not None and ttft_real is not None
+        assert ttft_real == pytest.approx(ttft_sim, rel=0.5, abs=20.0)
+        assert Path(c.log or "").is_file()
+    best = json.loads(result.best_json.read_text())
+    assert best["recommended_by"] == "measured"
+    assert best["config"] == outcome.winner_config
+    assert best["verify"]["winner"] == outcome.winner
+    # the measured runs are in validate's layout, and their stack was fitted
+    from slotune.validate.runs import load_run
+
+    run = load_run(outcome.candidates[0].runs[0])
+    assert run.settings.model == "llama-3-8b" and len(run.trace) == 24
+    assert result.verified_stack is not None
+    assert "fit" in json.loads(result.verified_stack.read_text())
+
+
+@pytest.mark.slow
+def test_a_server_that_does_not_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    broken = "echo cannot bind {port} >&2; exit 3 # {flags}"
+    result = tune(
+        gpu="h100",
+        slo="ttft=300ms,tpot=50ms",
+        objective="weighted",
+        trials=2,
+        num_requests=12,
+        rate=8,
+        out=str(tmp_path / "out"),
+        verify=broken,
+        verify_top=1,
+        verify_timeout=20,
+        report=False,
+    )
+    outcome = result.verified
+    assert outcome.measured_order == []
+    for c in outcome.candidates:
+        assert c.error is not None and "exited with 3" in c.error and "cannot bind" in c.error
+    best = json.loads(result.best_json.read_text())
+    assert best["recommended_by"] == "simulated" and result.verified_stack is None
