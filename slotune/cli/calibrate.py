@@ -86,6 +86,25 @@ def calibrate_command(
     threads: Annotated[
         int, typer.Option("--threads", help="CPU threads for torch (0: the executor's default).")
     ] = 0,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Probe a deployment and fit its stack: the server's shell command with "
+            "{port} in it (slotune starts and stops it), or the URL of one already running. "
+            "Needs --gpu and --sim-model (and --tp, --config) for the replays.",
+        ),
+    ] = None,
+    sim_model: Annotated[
+        str | None, typer.Option("--sim-model", help="With --server: the served model's name.")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="With --server: tensor-parallel GPUs.")] = 1,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config", help="With --server: the server's engine settings (EngineConfig JSON)."
+        ),
+    ] = None,
 ) -> None:
     """Profile the real model on this machine and fit a GPU profile for the simulator, or
     (`--from-runs RUN...`) fit a serving stack to measured serving runs, or
@@ -95,11 +114,23 @@ def calibrate_command(
     wherever a stack does (`--stack stack.json`).
     """
     console = Console()
-    if from_runs and from_kernels:
-        fail("choose one of --from-runs and --from-kernels")
+    if sum((from_runs, from_kernels, server is not None)) > 1:
+        fail("choose one of --from-runs, --from-kernels and --server")
+    warmup = 20.0
+    if server is not None:
+        runs = _probe(console, server, gpu, sim_model, tp, config, out or Path("stack.json"))
+        from_runs, warmup = True, 0.0  # a probe's runs are short and scored whole
     if from_runs:
         _from_runs(
-            console, runs or [], out or Path("stack.json"), gpu, stack, name, evaluations, window
+            console,
+            runs or [],
+            out or Path("stack.json"),
+            gpu,
+            stack,
+            name,
+            evaluations,
+            window,
+            warmup,
         )
     elif from_kernels:
         _from_kernels(console, reference, out, report)
@@ -155,6 +186,52 @@ def _on_device(
     )
 
 
+def _probe(
+    console: Console,
+    server: str,
+    gpu: str | None,
+    sim_model: str | None,
+    tp: int,
+    config: str | None,
+    out: Path,
+) -> list[Path]:
+    """Run the fixed probe against the server; the run folders go beside ``out``."""
+    from contextlib import nullcontext
+
+    from slotune.calibration.probe import Deployment, probe
+    from slotune.cli.engine_options import build_engine_config
+    from slotune.workloads.server_process import ServerProcess, ServerStartError, free_port
+
+    if not gpu or not sim_model:
+        fail("--server needs --gpu and --sim-model: the simulator replays the probe on them")
+    try:
+        engine_config = build_engine_config(config, {}, lambda: 8192)
+    except ValueError as e:
+        fail(f"--config: {e}")
+    runs_dir = out.parent / f"{out.stem}-probe"
+    if server.startswith(("http://", "https://")):
+        url, process = server, None
+    elif "{port}" not in server:
+        fail(f"--server: the command needs {{port}} in it, or give a URL (got {server!r})")
+    else:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = server.replace("{port}", str(port))
+        process = ServerProcess(command, url, log=runs_dir / "server.log", start_timeout_s=600)
+    try:
+        with process if process is not None else nullcontext():
+            return probe(
+                url,
+                Deployment(gpu, sim_model, tp, engine_config),
+                runs_dir,
+                log=lambda msg: console.print(f"[dim]{msg}[/]"),
+            )
+    except ServerStartError as e:
+        fail(f"--server: {e}")
+    except OSError as e:
+        fail(f"--server: {url} did not answer ({e})")
+
+
 def _from_runs(
     console: Console,
     runs: list[Path],
@@ -164,6 +241,7 @@ def _from_runs(
     name: str,
     evaluations: int,
     window: float,
+    warmup: float = 20.0,
 ) -> None:
     from slotune.calibration.from_runs import fit_from_runs, write_fit
     from slotune.engine.sim.hardware import UnknownNameError
@@ -183,6 +261,7 @@ def _from_runs(
             stack=load_stack(stack),
             profile=load_profile(gpu) if gpu else None,
             window_s=window,
+            warmup_s=warmup,
             max_evaluations=evaluations,
             progress=lambda n, rms, _: console.print(
                 f"[dim]replay {n}: rms log error {rms:.3f}[/]"

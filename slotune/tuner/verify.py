@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -174,13 +173,6 @@ def spearman(a: Sequence[str], b: Sequence[str]) -> float | None:
     return float(rho)
 
 
-def served_model(url: str) -> str:
-    """The first model id the server lists at ``/v1/models``."""
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
-        data = json.loads(response.read())
-    return str(data["data"][0]["id"])
-
-
 def verify(
     candidates: Sequence[Candidate],
     *,
@@ -193,7 +185,12 @@ def verify(
 ) -> VerifyOutcome:
     """Measure every candidate on the server (see the module docstring) into ``out_dir``."""
     from slotune.workloads.backends import HttpBackend
-    from slotune.workloads.server_process import ServerProcess, ServerStartError, free_port
+    from slotune.workloads.server_process import (
+        ServerProcess,
+        ServerStartError,
+        free_port,
+        served_model,
+    )
 
     setup = evaluator.setup
     primary = primary_metric(setup.objective)

@@ -38,6 +38,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def served_model(url: str) -> str:
+    """The first model id the OpenAI-compatible server at ``url`` lists at ``/v1/models``."""
+    import json
+
+    with urllib.request.urlopen(f"{url.rstrip('/')}/v1/models", timeout=10) as response:
+        data = json.loads(response.read())
+    return str(data["data"][0]["id"])
+
+
 class ServerProcess:
     """``with ServerProcess(command, url, log=path) as server:`` runs ``command`` (a shell
     line) until the block ends; entering waits until ``url``/health answers."""

@@ -1,0 +1,45 @@
+"""``slotune calibrate --server``: probe a running deployment, fit its stack."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slotune.calibration.from_runs import fit_from_runs
+from slotune.calibration.probe import Deployment, probe
+from slotune.cli.app import app
+from slotune.validate import load_run
+from slotune.workloads.server_process import ServerProcess, free_port
+
+SERVE = f"{sys.executable} -m slotune serve --gpu h100 --sim-model llama-3-8b --port {{port}}"
+
+
+def test_bad_server_options_say_what_is_missing(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = str(tmp_path / "stack.json")
+    result = runner.invoke(app, ["calibrate", "--server", SERVE, "--out", out])
+    assert result.exit_code == 2 and "--server needs --gpu and --sim-model" in result.output
+    no_port = ["calibrate", "--server", "vllm serve m", "--gpu", "h100", "--sim-model", "m"]
+    result = runner.invoke(app, [*no_port, "--out", out])
+    assert result.exit_code == 2 and "needs {port}" in result.output
+    both = ["calibrate", "--server", SERVE, "--from-runs", "x"]
+    assert runner.invoke(app, both).exit_code == 2
+
+
+@pytest.mark.slow
+def test_the_probe_measures_the_server_and_the_fit_replays_it(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = SERVE.replace("{port}", str(port))
+    with ServerProcess(command, url, log=tmp_path / "server.log"):
+        dirs = probe(url, Deployment("h100", "llama-3-8b"), tmp_path, loads=((1, 6), (4, 16)))
+    assert [d.name for d in dirs] == ["concurrency-1", "concurrency-4"]
+    runs = [load_run(d) for d in dirs]
+    assert [len(r.trace) for r in runs] == [6, 16]
+    assert all(r.settings.gpu == "h100" and r.settings.model == "llama-3-8b" for r in runs)
+    fit = fit_from_runs(runs, warmup_s=0.0, window_s=60.0, max_evaluations=8)
+    # the server is the same cost model behind HTTP: the replays come close to it
+    assert fit.cost < 0.05
