@@ -166,6 +166,7 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     trace_stats = section(section(best, "trace"), "stats")
     sections = [
         html_section("recommendation", "Recommendation", recommendation_html(best, slo)),
+        *_verified(best),
         html_section("diagnostics", "Diagnostics", _diagnostics_block(runs, trace_stats)),
         html_section(
             "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
@@ -185,6 +186,13 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     path = Path(output) if output is not None else out_dir / REPORT_NAME
     path.write_text(page("slotune tuning report", subtitle, sections), encoding="utf-8")
     return path
+
+
+def _verified(best: dict[str, Any]) -> list[str]:
+    from slotune.reports.verify import verify_html
+
+    body = verify_html(best)
+    return [] if body is None else [html_section("verify", "Measured on the server", body)]
 
 
 def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) -> Path:

@@ -159,3 +159,23 @@ def test_a_server_that_does_not_start_is_reported_with_its_log(tmp_path: Path) -
         assert c.error is not None and "exited with 3" in c.error and "cannot bind" in c.error
     best = json.loads(result.best_json.read_text())
     assert best["recommended_by"] == "simulated" and result.verified_stack is None
+
+
+def test_the_report_shows_predicted_against_measured() -> None:
+    from slotune.reports.verify import verify_html
+
+    assert verify_html({"config": {}}) is None
+    outcome = _outcome(
+        [_verified("trial-1", 0.1, [0.12, 0.14]), _verified(DEFAULTS, 0.3, [0.4, 0.42])],
+        "score",
+        Path("."),
+    )
+    candidates = [
+        {"label": c.label, "trial": None, "predicted": c.predicted, "measured": c.measured}
+        | {"error": None, "log": None}
+        for c in outcome.candidates
+    ]
+    html = verify_html({"verify": {**outcome.to_dict(), "candidates": candidates}})
+    assert html is not None
+    assert "0.10 / 0.13 [0.12–0.14]" in html and "recommended" in html
+    assert "measured order trial-1, defaults" in html
