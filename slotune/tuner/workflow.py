@@ -338,7 +338,9 @@ class _Run:
                 out_dir=out_dir,
             )
             v.write_outcome(outcome, outputs.best_json)
-            stack = v.calibrate(outcome, setup, stack_path=out_dir / "stack.json")
+            stack = None
+            if setup.backend == "sim":  # a stack prices simulated runs only
+                stack = v.calibrate(outcome, setup, stack_path=out_dir / "stack.json")
         finally:
             self.emit(StageDone(Stage.VERIFY))
         return outcome, stack
