@@ -37,7 +37,7 @@ class OutputError(ValueError):
     """An output path that cannot be written; the message names the path and why."""
 
 
-def check_folder(path: Path | str, *, need: int = MIN_FREE_BYTES) -> None:
+def check_folder(path: Path | str, *, need: int | None = None) -> None:
     """That ``path`` is, or can be created as, a writable folder with ``need`` bytes free.
 
     Nothing is left behind: the folder itself is not created."""
@@ -48,6 +48,7 @@ def check_folder(path: Path | str, *, need: int = MIN_FREE_BYTES) -> None:
     if not base.is_dir():
         raise OutputError(f"{path}: {base} is a file, not a folder")
     _probe(base, path)
+    need = MIN_FREE_BYTES if need is None else need
     free = _free_bytes(base)
     if free is not None and free < need:
         raise OutputError(
@@ -60,7 +61,7 @@ def check_file(
     *,
     inputs: Iterable[Path | str] = (),
     overwrite: bool = True,
-    need: int = MIN_FREE_BYTES,
+    need: int | None = None,
 ) -> None:
     """That the file ``path`` can be written: not one of ``inputs``, not an existing file
     unless ``overwrite``, not a folder, and in a writable folder (see ``check_folder``)."""
@@ -72,6 +73,8 @@ def check_file(
         raise OutputError(f"{path} is a folder, not a file")
     if path.exists() and not overwrite:
         raise OutputError(f"{path} already exists; add --force to overwrite it")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise OutputError(f"{path}: {path.parent} is a file, not a folder")
     check_folder(path.parent, need=need)
     if path.exists():
         try:
@@ -117,7 +120,7 @@ def _probe(folder: Path, path: Path) -> None:
         os.write(fd, b"\0" * 4096)
         os.fsync(fd)
     except OSError as e:
-        raise OutputError(f"cannot write {path} ({e.strerror or e})") from None
+        raise OutputError(f"{path}: cannot write in {folder} ({e.strerror or e})") from None
     finally:
         os.close(fd)
         os.unlink(name)
