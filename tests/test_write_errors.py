@@ -50,23 +50,23 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # The trace is bad too where it proves the order: the output is checked before the trace
 # is even read, so the error names the output.
 CASES = [
-    (TUNE + ["--out", "afile"], "--out: afile exists and is not a folder"),
-    (TUNE + ["--out", "afile/sub", "--trace", "nope.jsonl"], "is a file, not a folder"),
+    ([*TUNE, "--out", "afile"], "--out: afile exists and is not a folder"),
+    ([*TUNE, "--out", "afile/sub", "--trace", "nope.jsonl"], "is a file, not a folder"),
     (
-        TUNE + ["--storage", "sqlite:///afile/x.db"],
+        [*TUNE, "--storage", "sqlite:///afile/x.db"],
         "--storage: afile/x.db: afile is a file, not a folder",
     ),
-    (TUNE + ["--study-name", "../../escape"], "--study-name: '../../escape' is not a valid"),
-    (TUNE + ["--study-name", "/tmp/slotune-abs"], "'/tmp/slotune-abs' is not a valid study"),
-    (TUNE + ["--study-name", ".hidden"], "'.hidden' is not a valid study name"),
-    (TUNE + ["--study-name", "x" * 129], "is not a valid study name"),
-    (BENCH + ["--out", "afile", "--trace", "nope.jsonl"], "--out: afile exists and is not"),
-    (BENCH + ["--out", "afile/x"], "--out: afile/x:"),
-    (BENCH + ["--timestamps", "--time-scale", "1e300"], "--time-scale: must be in [1e-06, 1e+06]"),
-    (BENCH + ["--timestamps", "--time-scale", "inf"], "--time-scale: must be in"),
-    (BENCH + ["--timestamps", "--time-scale", "nan"], "--time-scale: must be in"),
-    (BENCH + ["--timestamps", "--time-scale", "0"], "--time-scale: must be in"),
-    (BENCH + ["--rate", "inf"], "--rate: must be a finite number > 0"),
+    ([*TUNE, "--study-name", "../../escape"], "--study-name: '../../escape' is not a valid"),
+    ([*TUNE, "--study-name", "/tmp/slotune-abs"], "'/tmp/slotune-abs' is not a valid study"),
+    ([*TUNE, "--study-name", ".hidden"], "'.hidden' is not a valid study name"),
+    ([*TUNE, "--study-name", "x" * 129], "is not a valid study name"),
+    ([*BENCH, "--out", "afile", "--trace", "nope.jsonl"], "--out: afile exists and is not"),
+    ([*BENCH, "--out", "afile/x"], "--out: afile/x:"),
+    ([*BENCH, "--timestamps", "--time-scale", "1e300"], "--time-scale: must be in [1e-06, 1e+06]"),
+    ([*BENCH, "--timestamps", "--time-scale", "inf"], "--time-scale: must be in"),
+    ([*BENCH, "--timestamps", "--time-scale", "nan"], "--time-scale: must be in"),
+    ([*BENCH, "--timestamps", "--time-scale", "0"], "--time-scale: must be in"),
+    ([*BENCH, "--rate", "inf"], "--rate: must be a finite number > 0"),
     (["traces", "convert", "az.csv", "az.csv"], "az.csv is the input file"),
     (["traces", "convert", "az.csv", "./az.csv", "--force"], "is the input file"),
     (["traces", "convert", "az.csv", "old.jsonl"], "old.jsonl already exists; add --force"),
@@ -106,7 +106,7 @@ def test_a_full_disk_is_refused_before_anything_runs(
 ) -> None:
     """The free-space query stands in for a full disk (a real one: the tmpfs test)."""
     monkeypatch.setattr(outputs, "_free_bytes", lambda folder: 100 * 1024)
-    for args in (TUNE + ["--out", "o"], BENCH + ["--out", "o"]):
+    for args in ([*TUNE, "--out", "o"], [*BENCH, "--out", "o"]):
         line = one_error_line(args)
         assert "--out: o: only 100 KiB free on its disk; at least 8.0 MiB" in line
     assert not (files / "o").exists()
@@ -172,9 +172,9 @@ def small_disk(files: Path) -> Iterator[Path]:
 
 def test_read_only_media_exit_2_before_anything_runs(readonly: Path) -> None:
     for args in (
-        TUNE + ["--out", "ro/x"],
-        TUNE + ["--storage", "sqlite:///ro/x.db", "--out", "o"],
-        BENCH + ["--out", "ro/x"],
+        [*TUNE, "--out", "ro/x"],
+        [*TUNE, "--storage", "sqlite:///ro/x.db", "--out", "o"],
+        [*BENCH, "--out", "ro/x"],
         ["traces", "convert", "az.csv", "ro/x.jsonl"],
         ["regress", "run", "s.yaml", "--out", "ro/r"],
     ):
@@ -186,7 +186,7 @@ def test_read_only_media_exit_2_before_anything_runs(readonly: Path) -> None:
 def test_a_full_disk_exits_2_and_resume_does_not_retry(files: Path, small_disk: Path) -> None:
     """A 9 MiB tmpfs: too small from the start, then a study on it filled up."""
     (small_disk / "fill").write_bytes(b"\0" * (2 * 2**20))
-    line = one_error_line(TUNE + ["--out", "small/x"])
+    line = one_error_line([*TUNE, "--out", "small/x"])
     assert "free on its disk" in line
     (small_disk / "fill").unlink()
     result = runner.invoke(app, [*TUNE, "--trials", "1", "--out", "small/x", "--study-name", "s"])
