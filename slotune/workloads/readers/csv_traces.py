@@ -180,6 +180,7 @@ def _read_azure_fast(path: Path, seed: int) -> Trace | None:
     or too big to hold whole."""
     if path.stat().st_size > limits.FAST_CSV_BYTES:
         return None
+    _check_unique(path, read_header(path))  # pandas would rename a second column "X.1"
     frame = csv_columns.read_columns(read_text(path), AZURE_COLUMNS)
     if frame is None:
         return None
