@@ -94,11 +94,11 @@ class ArrivalSpec:
             self._check_stages()
         if self.rate is not None and not 0 < self.rate < math.inf:
             raise ValueError(
-                f"ArrivalSpec.rate: must be a finite number > 0 requests/s (got {self.rate})"
+                f"ArrivalSpec.rate: must be > 0 requests/s and finite (got {self.rate})"
             )
         if not 0 < self.burstiness < math.inf:
             raise ValueError(
-                f"ArrivalSpec.burstiness: must be a finite number > 0 (got {self.burstiness})"
+                f"ArrivalSpec.burstiness: must be > 0 and finite (got {self.burstiness})"
             )
         if self.concurrency is not None and (
             isinstance(self.concurrency, bool)
