@@ -177,6 +177,7 @@ def test_read_only_media_exit_2_before_anything_runs(readonly: Path) -> None:
         [*BENCH, "--out", "ro/x"],
         ["traces", "convert", "az.csv", "ro/x.jsonl"],
         ["regress", "run", "s.yaml", "--out", "ro/r"],
+        ["worker", "--storage", "sqlite:///ro/x.db", "--study-name", "s"],
     ):
         line = one_error_line(args)
         assert "ro" in line and ("Read-only file system" in line or "Permission denied" in line)

@@ -18,9 +18,10 @@ MAX_SEGMENT_KEY = 2**63 - 1
 MAX_WHOLE_FILE_BYTES = 2**30
 """Formats read whole (a ShareGPT JSON array, a spec): a larger file is refused before a
 byte is read, since its text alone takes its size again in memory (and 4x if not ASCII)."""
-MAX_TRACE_ROWS = 10_000_000
-"""Lines or rows of the formats read as a stream (JSONL, CSV): each request kept costs a
-few hundred bytes, so a bigger trace is refused at the row past this, with its number."""
+MAX_TRACE_ROWS = 2_000_000
+"""Lines or rows of the formats read as a stream (JSONL, CSV): each request kept costs
+about 0.7 KB (400k requests: 290 MB), so a bigger trace is refused at the line past this,
+with its number, near 1.4 GB instead of growing until the machine runs out."""
 FAST_CSV_BYTES = 256 * 2**20
 """The column-wise CSV reader holds the whole file; larger files stream row by row."""
 
