@@ -212,3 +212,36 @@ def test_a_full_disk_exits_2_and_resume_does_not_retry(files: Path, small_disk: 
     assert result.exit_code == 2, result.output
     assert "retrying" not in result.output and "Traceback" not in result.output
     assert time.monotonic() - start < 30
+
+
+def test_a_disk_that_fills_during_the_study_ends_in_one_line(
+    files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the up-front check: Optuna's commit error, caused by SQLite's, is one line."""
+    import errno
+
+    import optuna
+    import sqlalchemy.exc
+
+    from slotune.tuner import workflow
+
+    def commit_fails(self: object, report: bool) -> None:
+        try:
+            raise sqlalchemy.exc.OperationalError(
+                "COMMIT", {}, Exception("database or disk is full")
+            )
+        except sqlalchemy.exc.OperationalError as e:
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit"
+            ) from e
+
+    monkeypatch.setattr(workflow._Run, "run", commit_fails)
+    line = one_error_line([*TUNE, "--out", "o"])
+    assert "cannot write the study or its results (Database or disk is full)" in line
+
+    def results_fail(self: object, report: bool) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "o/best.json")
+
+    monkeypatch.setattr(workflow._Run, "run", results_fail)
+    line = one_error_line([*TUNE, "--out", "o"])
+    assert "(No space left on device: o/best.json)" in line

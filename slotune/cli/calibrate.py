@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from slotune.cli.app import app
-from slotune.cli.common import fail, writable_file
+from slotune.cli.common import fail, writable_file, writable_folder
 
 
 @app.command("calibrate")
@@ -97,8 +97,8 @@ def calibrate_command(
     console = Console()
     if from_runs and from_kernels:
         fail("choose one of --from-runs and --from-kernels")
-    if out is not None:  # before profiling or fitting anything
-        writable_file(out, "--out")
+    if out is not None:  # before profiling or fitting anything (--from-kernels: a folder)
+        (writable_folder if from_kernels else writable_file)(out, "--out")
     if from_runs:
         _from_runs(
             console, runs or [], out or Path("stack.json"), gpu, stack, name, evaluations, window
