@@ -95,10 +95,13 @@ def test_convert_overwrites_an_output_only_with_force(files: Path) -> None:
     assert (files / "az.csv").read_text() == AZURE
 
 
-def test_a_valid_study_name_is_used_as_the_folder_name(files: Path) -> None:
-    result = runner.invoke(app, [*TUNE, "--trials", "1", "--study-name", "My_study-1.2"])
-    assert result.exit_code == 0, result.output
-    assert (files / "slotune-out" / "My_study-1.2" / "best.json").is_file()
+@pytest.mark.parametrize("name", ["My_study-1.2", "h100-llama-3-8b-agent-goodput-2", "a" * 128])
+def test_a_valid_study_name_is_the_folder_name(files: Path, name: str) -> None:
+    from slotune.tuner.prepare import DEFAULT_OUT_ROOT, TuneOptions, check_places, place_study
+
+    options = TuneOptions(gpu="h100", slo="ttft=300ms", study_name=name)
+    check_places(options)
+    assert place_study(options, "goodput").out_dir == DEFAULT_OUT_ROOT / name
 
 
 def test_a_full_disk_is_refused_before_anything_runs(
@@ -190,9 +193,10 @@ def test_a_full_disk_exits_2_and_resume_does_not_retry(files: Path, small_disk: 
     line = one_error_line([*TUNE, "--out", "small/x"])
     assert "free on its disk" in line
     (small_disk / "fill").unlink()
-    result = runner.invoke(app, [*TUNE, "--trials", "1", "--out", "small/x", "--study-name", "s"])
-    assert result.exit_code == 0, result.output
-    (small_disk / "x" / "report.html").unlink()
+    from slotune.tuner.workflow import tune
+
+    tune(gpu="h100", slo="ttft=300ms,tpot=50ms", num_requests=20, trials=1, out="small/x",
+         study_name="s", report=False)  # fmt: skip
     with open(small_disk / "fill", "wb") as f:  # every byte left
         try:
             while True:
