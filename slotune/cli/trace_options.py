@@ -53,5 +53,3 @@ def load_trace_or_fail(
         )
     except (ValueError, OSError) as exc:
         fail(f"{where}: {exc}" if where else str(exc))
-    except MemoryError:  # what the readers' bounds let through, on a small machine
-        fail(f"{where or name}: {name}: not enough memory to read this trace; use a smaller one")

@@ -156,3 +156,22 @@ def test_the_cli_names_the_duplicate_column_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["traces", "show", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "dup.csv:row 1: column 'ContextTokens' appears twice" in result.output
+
+
+def test_running_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the bounds let through can still exhaust a small machine: a ValueError naming
+    the file, which every command turns into one line and exit code 2."""
+    import slotune.workloads.load as load
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(_jsonl(3))
+
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(load, "read_trace_file", exhausted)
+    with pytest.raises(ValueError, match=r"t\.jsonl: not enough memory to read this trace"):
+        load_trace(path)
+    result = CliRunner().invoke(app, ["traces", "show", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "not enough memory" in result.output
