@@ -4,6 +4,7 @@ engine or an OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ from rich.table import Table
 from slotune.cli import engine_options as eo
 from slotune.cli import trace_options as to
 from slotune.cli.app import app
-from slotune.cli.common import fail, opt
+from slotune.cli.common import fail, opt, writable_folder
 
 
 @app.command()
@@ -122,6 +123,8 @@ def bench(
         )
     except ValueError as exc:
         fail(f"--{exc}")
+    if out is not None:
+        writable_folder(out, "--out")
     console = Console(stderr=as_json)
     try:
         slo_obj = parse_slo(slo) if slo else None
@@ -226,8 +229,8 @@ def _arrivals(
             constant=constant,
             stages=staged,
         )
-    except ValueError as exc:
-        fail(str(exc))
+    except ValueError as exc:  # ArrivalSpec names its fields: give the flags instead
+        fail(re.sub(r"^ArrivalSpec\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(exc)))
 
 
 def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from slotune.cli.app import app
-from slotune.cli.common import fail
+from slotune.cli.common import fail, writable_file, writable_folder
 
 
 @app.command("calibrate")
@@ -116,6 +116,8 @@ def calibrate_command(
     console = Console()
     if sum((from_runs, from_kernels, server is not None)) > 1:
         fail("choose one of --from-runs, --from-kernels and --server")
+    if out is not None:  # before profiling or fitting anything (--from-kernels: a folder)
+        (writable_folder if from_kernels else writable_file)(out, "--out")
     warmup = 20.0
     if server is not None:
         runs = _probe(console, server, gpu, sim_model, tp, config, out or Path("stack.json"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -24,3 +26,27 @@ def print_error(message: str) -> None:
     Console(stderr=True).print(
         f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True
     )
+
+
+def writable_folder(path: Path | str, flag: str) -> None:
+    """End the command (exit 2) unless ``path`` can be written as a results folder; call
+    it before any work (see ``slotune.outputs``)."""
+    from slotune.outputs import OutputError, check_folder
+
+    try:
+        check_folder(path)
+    except OutputError as e:
+        fail(f"{flag}: {e}")
+
+
+def writable_file(
+    path: Path | str, flag: str, *, inputs: Iterable[Path | str] = (), overwrite: bool = True
+) -> None:
+    """End the command (exit 2) unless the file ``path`` can be written (see
+    ``slotune.outputs.check_file``)."""
+    from slotune.outputs import OutputError, check_file
+
+    try:
+        check_file(path, inputs=inputs, overwrite=overwrite)
+    except OutputError as e:
+        fail(f"{flag}: {e}")

@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from slotune.cli.app import app
-from slotune.cli.common import fail, opt
+from slotune.cli.common import fail, opt, writable_file, writable_folder
 
 DEFAULT_COMMAND = "check"
 
@@ -71,6 +71,7 @@ def baseline(
     """Run SUITE and record its results as a baseline."""
     if out.suffix != ".json":
         fail(f"--out: {out} should be a .json file")
+    writable_file(out, "--out", inputs=[suite])
     path = _save(_run(suite), out)
     _console().print(f"wrote baseline {path}", highlight=False)
 
@@ -90,6 +91,7 @@ def compare(
         for p, flag in ((baseline, "--baseline"), (current, "--current"))
     )
     folder = current if current.is_dir() else current.parent
+    _check_reports(junit, markdown)
     _judge(base, cur, folder, junit, markdown)
 
 
@@ -105,23 +107,38 @@ def check(
 ) -> None:
     """Run SUITE and judge it against BASELINE (run + compare; the default command)."""
     from slotune.regress import load_results
+    from slotune.regress.identity import NotComparable, check_comparable, planned
 
     _check_folder(out)
+    _check_reports(junit, markdown)
     base = _load(load_results, baseline, "--baseline")
-    results = _run(suite)
+    loaded = _suite(suite)
+    try:  # before running anything: a baseline of another suite or GPU is refused at once
+        check_comparable(base, {b.name: planned(b) for b in loaded.benchmarks})
+    except NotComparable as exc:
+        fail(f"--baseline {baseline}: {exc}")
+    results = _run(loaded)
     _save(results, out)
     _judge(base, results, out, junit, markdown)
 
 
-def _run(suite_path: Path) -> Any:
-    from slotune.regress import RunError, SuiteError, load_suite, run_suite
+def _suite(suite_path: Path) -> Any:
+    from slotune.regress import SuiteError, load_suite
 
-    console = _console()
     try:
-        suite = load_suite(suite_path)
-        return run_suite(suite, log=lambda line: console.print(line, highlight=False))
+        return load_suite(suite_path)
     except SuiteError as exc:
         fail(str(exc))
+
+
+def _run(suite: Any) -> Any:
+    from slotune.regress import RunError, run_suite
+
+    if isinstance(suite, Path):
+        suite = _suite(suite)
+    console = _console()
+    try:
+        return run_suite(suite, log=lambda line: console.print(line, highlight=False))
     except RunError as exc:
         fail(str(exc))
 
@@ -129,6 +146,13 @@ def _run(suite_path: Path) -> Any:
 def _check_folder(out: Path) -> None:
     if out.suffix == ".json" or out.is_file():
         fail(f"--out: {out} should be a folder (results.json, summary.md, junit.xml go in it)")
+    writable_folder(out, "--out")
+
+
+def _check_reports(junit: Path | None, markdown: Path | None) -> None:
+    for path, flag in ((junit, "--junit"), (markdown, "--markdown")):
+        if path is not None:
+            writable_file(path, flag)
 
 
 def _save(results: Any, out: Path) -> Path:
@@ -147,10 +171,13 @@ def _load(loader: Any, path: Path, flag: str) -> Any:
 
 def _judge(base: Any, current: Any, folder: Path, junit: Path | None, md: Path | None) -> None:
     from slotune.regress import compare as judge
+    from slotune.regress.identity import NotComparable
     from slotune.regress.report import junit_xml, markdown, rich_table
 
     try:
         comparison = judge(base, current)
+    except NotComparable as exc:
+        fail(f"--baseline: {exc}")
     except ValueError as exc:
         fail(f"--current: {exc}")
     Console().print(rich_table(comparison))

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from slotune.cli.app import app
-from slotune.cli.common import fail
+from slotune.cli.common import fail, writable_file, writable_folder
 
 
 def _kind(folder: Path) -> str | None:
@@ -45,6 +45,7 @@ def report(
     if (storage is None) != (study_name is None):
         fail("--storage and --study-name go together (the study to write FOLDER from)")
     if storage is not None and study_name is not None:
+        writable_folder(folder, "FOLDER")
         _write_study(folder, storage, study_name)
     if not folder.is_dir():
         fail(f"{folder}: no such folder; give the --out folder of `slotune tune` or `bench`")
@@ -54,6 +55,7 @@ def report(
             f"{folder}: found neither best.json/study.db (a tune folder) nor "
             "summary.json/requests.csv (a bench folder)"
         )
+    writable_file(output or folder / "report.html", "--output" if output else "FOLDER")
     from slotune.reports import build_bench_report, build_report
 
     build = build_report if kind == "tune" else build_bench_report

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from slotune.cli import trace_options as to
 from slotune.cli.app import app
-from slotune.cli.common import fail
+from slotune.cli.common import fail, writable_file
 
 traces_app = typer.Typer(help="List, inspect and convert workload traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
@@ -115,8 +115,10 @@ def convert(
     model: to.TokenizerModel = None,
     multi_turn: to.MultiTurn = False,
     seed: int = typer.Option(0, "--seed", help="Seed of ShareGPT sampling and synthetic tokens."),
+    force: bool = typer.Option(False, "--force", help="Overwrite DST if it exists."),
 ) -> None:
     """Convert any supported trace to slotune's own JSONL."""
+    writable_file(dst, "DST", inputs=[src], overwrite=force)
     trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     try:
         trace.to_jsonl(dst)
@@ -142,6 +144,7 @@ def fit(
     `--trace SPEC --num-requests N` draws any number of requests like it."""
     from slotune.workloads.fit import fit_trace, write_spec
 
+    writable_file(out, "--out", inputs=[src])
     trace = to.load_trace_or_fail(src, fmt, num_requests, tokenizer, seed, multi_turn, model=model)
     try:
         spec = fit_trace(trace)

@@ -43,6 +43,7 @@ def worker(
         fail(f"--n-jobs must be at least 1 (got {n_jobs})")
     if timeout is not None and timeout <= 0:
         fail(f"--timeout must be positive seconds (got {timeout})")
+    _check_storage(storage)
     try:
         study, setup, _ = studies.load(storage, study_name)
         budget = trials or studies.run_settings(study)[0]
@@ -83,7 +84,25 @@ def worker(
         raise typer.Exit(130) from None
     except studies.StudyError as e:
         fail(str(e))
+    except Exception as e:  # the disk filled up meanwhile: one line, not a traceback
+        from slotune.outputs import write_failure
+
+        why = write_failure(e)
+        if why is None:
+            raise
+        fail(f"--storage: cannot write the study ({why})")
     _print_status(storage, study_name)
+
+
+def _check_storage(url: str) -> None:
+    """Before any trial: a SQLite or journal file the worker can write to."""
+    from slotune.outputs import OutputError
+    from slotune.tuner.storage import check_writable
+
+    try:
+        check_writable(url)
+    except OutputError as e:
+        fail(f"--storage: {e}")
 
 
 @app.command()

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Literal
 
+from slotune.regress.identity import check_comparable
 from slotune.regress.results import BenchmarkResult, SuiteResult
 from slotune.regress.tolerance import Tolerance, parse_tolerance
 
@@ -67,7 +68,10 @@ class Comparison:
 
 
 def compare(baseline: SuiteResult, current: SuiteResult) -> Comparison:
-    """Judge every metric of ``current`` (with its own tolerances) against ``baseline``."""
+    """Judge every metric of ``current`` (with its own tolerances) against ``baseline``;
+    ``NotComparable`` when the baseline measured something else (see ``regress.identity``)."""
+    identities = {b.name: b.identity for b in current.benchmarks}
+    check_comparable(baseline, identities, where="this run")
     base = baseline.by_name()
     judgements = [
         judge(bench, metric, base.get(bench.name))

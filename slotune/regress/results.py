@@ -23,6 +23,7 @@ class BenchmarkResult:
     tolerances: dict[str, str]
     samples: dict[str, list[float | None]]
     summary: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, Any] | None = None  # what it measured (see regress.identity)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slotune.regress import identity
 from slotune.regress.metrics import WALL, percentiles_needed, read_metric
 from slotune.regress.results import BenchmarkResult, SuiteResult
 from slotune.regress.suite import Benchmark, Suite
@@ -62,6 +63,7 @@ def run_benchmark(bench: Benchmark, log: Log = lambda _: None) -> BenchmarkResul
         tolerances={m: str(t) for m, t in bench.tolerances.items()},
         samples=samples,
         summary=summary,
+        identity=identity.measured(bench),
     )
 
 

@@ -491,7 +491,44 @@ def default_study_name(o: TuneOptions, objective: str) -> str:
     model = Path(o.model).name if Path(o.model).exists() else o.model
     trace = Path(o.trace).stem if Path(o.trace).exists() else o.trace
     gpu = Path(o.gpu).stem if o.gpu and o.gpu.endswith(".json") else (o.gpu or "local")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{gpu}-{model}-{trace}-{objective}")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{gpu}-{model}-{trace}-{objective}")
+    return name.lstrip("._-")[: STUDY_NAME_MAX - 4]  # room for a -N suffix
+
+
+STUDY_NAME_MAX = 128
+_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_study_name(name: str) -> None:
+    """A study name is also a folder name (``slotune-out/<name>``): letters, digits, ``.``,
+    ``_`` and ``-``, starting with a letter or digit, at most 128 characters, so that it
+    can never be a path (``../x``, ``/abs``) nor a hidden or special entry."""
+    if len(name) > STUDY_NAME_MAX or not _STUDY_NAME.fullmatch(name):
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise TuneInputError(
+            "study_name",
+            f"{{study_name}}: {shown!r} is not a valid study name; use letters, digits, "
+            f"'.', '_' and '-', starting with a letter or digit (at most {STUDY_NAME_MAX})",
+        )
+
+
+def check_places(o: TuneOptions) -> None:
+    """Before anything loads or runs: the study name is a name, and the output folder and
+    a storage file can be written."""
+    from slotune.outputs import OutputError, check_folder
+    from slotune.tuner.storage import check_writable
+
+    if o.study_name:
+        check_study_name(o.study_name)
+    try:
+        check_folder(Path(o.out) if o.out else DEFAULT_OUT_ROOT)
+    except OutputError as e:
+        raise TuneInputError("out", f"{{out}}: {e}") from None
+    if o.storage:
+        try:
+            check_writable(o.storage)
+        except OutputError as e:
+            raise TuneInputError("storage", f"{{storage}}: {e}") from None
 
 
 @dataclass(frozen=True)

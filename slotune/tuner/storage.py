@@ -144,6 +144,16 @@ def open_reader(url: str) -> Any:
     )
 
 
+def check_writable(url: str) -> None:
+    """That the file of a SQLite or journal URL can be written (see ``slotune.outputs``);
+    ``OutputError`` otherwise. Servers are checked when opened."""
+    from slotune.outputs import check_file
+
+    path = _file_of(url)
+    if path is not None:
+        check_file(path)
+
+
 def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": _SQLITE_TIMEOUT_S}}
@@ -291,6 +301,10 @@ def is_outage(e: BaseException) -> bool:
     opposed to a query it refused: only the first is worth retrying."""
     import sqlalchemy.exc
 
+    from slotune.outputs import write_failure
+
+    if write_failure(e):  # a full disk or read-only media: waiting will not fix it
+        return False
     kinds: tuple[type[BaseException], ...] = (
         sqlalchemy.exc.OperationalError,
         sqlalchemy.exc.InterfaceError,

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
+from slotune.outputs import write_failure
 from slotune.tuner.prepare import (
     Prepared,
     StudyPlace,
     TuneInputError,
     TuneOptions,
+    check_places,
     measure_baseline,
     place_study,
     prepare,
@@ -138,10 +140,22 @@ def tune(
         options = TuneOptions(**option_fields)
     elif option_fields:
         raise TypeError("tune() takes TuneOptions or its fields as keywords, not both")
+    check_places(options)
     prepared = prepare(options)
     options = prepared.options
     place = place_study(options, prepared.setup.objective)
-    return _Run(options, prepared, place, on_event or _ignore).run(report)
+    try:
+        return _Run(options, prepared, place, on_event or _ignore).run(report)
+    except (StudyError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        why = write_failure(e)
+        if why is None:
+            raise
+        raise StudyError(
+            f"cannot write the study or its results ({why}); free some space or choose "
+            f"another folder (--out) or storage (--storage)"
+        ) from None
 
 
 def _ignore(_event: TuneEvent) -> None:

@@ -63,6 +63,12 @@ def parse_stages(text: str) -> tuple[Stage, ...]:
     return tuple(stages)
 
 
+TIME_SCALE_RANGE = (1e-6, 1e6)
+"""Timestamps stretched or squeezed further lose the float precision of the clock (1e300
+made every latency 0.0 ms): a day-long trace squeezed into 0.1 s, or a 1 s gap stretched
+to 11 days, are the limits."""
+
+
 @dataclass(frozen=True)
 class ArrivalSpec:
     rate: float | None = None
@@ -86,10 +92,14 @@ class ArrivalSpec:
     def __post_init__(self) -> None:
         if self.stages:
             self._check_stages()
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"ArrivalSpec.rate: must be > 0 requests/s (got {self.rate})")
-        if not self.burstiness > 0:
-            raise ValueError(f"ArrivalSpec.burstiness: must be > 0 (got {self.burstiness})")
+        if self.rate is not None and not 0 < self.rate < math.inf:
+            raise ValueError(
+                f"ArrivalSpec.rate: must be > 0 requests/s and finite (got {self.rate})"
+            )
+        if not 0 < self.burstiness < math.inf:
+            raise ValueError(
+                f"ArrivalSpec.burstiness: must be > 0 and finite (got {self.burstiness})"
+            )
         if self.concurrency is not None and (
             isinstance(self.concurrency, bool)
             or not isinstance(self.concurrency, int)
@@ -98,8 +108,11 @@ class ArrivalSpec:
             raise ValueError(
                 f"ArrivalSpec.concurrency: must be an integer >= 1 (got {self.concurrency!r})"
             )
-        if not self.time_scale > 0:
-            raise ValueError(f"ArrivalSpec.time_scale: must be > 0 (got {self.time_scale})")
+        if not TIME_SCALE_RANGE[0] <= self.time_scale <= TIME_SCALE_RANGE[1]:
+            raise ValueError(
+                f"ArrivalSpec.time_scale: must be in [{TIME_SCALE_RANGE[0]:g}, "
+                f"{TIME_SCALE_RANGE[1]:g}] (got {self.time_scale})"
+            )
         if self.timestamps and self.rate is not None:
             raise ValueError("ArrivalSpec: give either timestamps=True or a rate, not both")
         if self.constant and self.rate is None and not self.stages:

@@ -15,6 +15,15 @@ MAX_SECONDS = 1e9  # about 31 years: a trace's time span, a think time
 MAX_TIMESTAMP = 1e13  # a raw timestamp (seconds or milliseconds since some epoch)
 MAX_TOKEN_ID = 2**31 - 1
 MAX_SEGMENT_KEY = 2**63 - 1
+MAX_WHOLE_FILE_BYTES = 2**30
+"""Formats read whole (a ShareGPT JSON array, a spec): a larger file is refused before a
+byte is read, since its text alone takes its size again in memory (and 4x if not ASCII)."""
+MAX_TRACE_ROWS = 2_000_000
+"""Lines or rows of the formats read as a stream (JSONL, CSV): each request kept costs
+about 0.7 KB (400k requests: 290 MB), so a bigger trace is refused at the line past this,
+with its number, near 1.4 GB instead of growing until the machine runs out."""
+FAST_CSV_BYTES = 256 * 2**20
+"""The column-wise CSV reader holds the whole file; larger files stream row by row."""
 
 
 def _number(value: Any, name: str) -> float:

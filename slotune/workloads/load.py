@@ -62,9 +62,14 @@ def load_trace(
     # length-only formats never tokenize: skip building the model family's vocabulary
     needs_tokenizer = fmt in TEXT_FORMATS or tokenizer is not None
     tok = get_tokenizer(tokenizer, model) if needs_tokenizer else ByteTokenizer()
-    trace = read_trace_file(
-        path, fmt, tok, num_requests=num_requests, seed=seed, multi_turn=multi_turn
-    )
+    try:
+        trace = read_trace_file(
+            path, fmt, tok, num_requests=num_requests, seed=seed, multi_turn=multi_turn
+        )
+    except MemoryError:  # past what the readers' bounds keep out, on a small machine
+        raise ValueError(
+            f"{path}: not enough memory to read this trace; use a smaller one"
+        ) from None
     if bundled:
         trace = replace(trace, name=key, source=f"bundled:{key}", _cache={})
     return trace.head(num_requests)

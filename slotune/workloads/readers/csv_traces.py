@@ -10,14 +10,21 @@ the recorded length. Rows must be in time order.
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from slotune.workloads import limits
 from slotune.workloads.limits import check_int, check_seconds, check_timestamp, parse_number
 from slotune.workloads.readers import csv_columns
-from slotune.workloads.readers.errors import DropCounter, TraceFormatError, at, read_head, read_text
+from slotune.workloads.readers.errors import (
+    DropCounter,
+    TraceFormatError,
+    at,
+    iter_lines,
+    read_head,
+    read_text,
+)
 from slotune.workloads.trace import Trace, TraceRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -40,9 +47,10 @@ def read_header(path: Path) -> list[str]:
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    reader = csv.reader(line for _, line in iter_lines(path))  # a stream, not the whole file
     try:
         header = [c.strip() for c in next(reader, [])]
+        _check_unique(path, header)
         missing = [c for c in required if c not in header]
         if missing:
             raise TraceFormatError(
@@ -60,6 +68,19 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             yield reader.line_num, dict(zip(header, (c.strip() for c in row), strict=True))
     except csv.Error as exc:
         raise TraceFormatError(path, f"row {reader.line_num}", f"bad CSV ({exc})") from None
+
+
+def _check_unique(path: Path, header: list[str]) -> None:
+    """Each column once: readers that took the first or the last of two ``ContextTokens``
+    columns read different traces from one file."""
+    for i, name in enumerate(header):
+        if name in header[:i]:
+            raise TraceFormatError(
+                path,
+                "row 1",
+                f"column {name!r} appears twice (columns {header.index(name) + 1} and "
+                f"{i + 1}); expected each column once",
+            )
 
 
 def _count(path: Path, row: int, name: str, text: str) -> int:
@@ -155,7 +176,11 @@ def _read(
 
 
 def _read_azure_fast(path: Path, seed: int) -> Trace | None:
-    """The same trace as ``_read`` from checked columns; None if the file is not plain."""
+    """The same trace as ``_read`` from checked columns; None if the file is not plain
+    or too big to hold whole."""
+    if path.stat().st_size > limits.FAST_CSV_BYTES:
+        return None
+    _check_unique(path, read_header(path))  # pandas would rename a second column "X.1"
     frame = csv_columns.read_columns(read_text(path), AZURE_COLUMNS)
     if frame is None:
         return None
