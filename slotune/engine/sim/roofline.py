@@ -403,3 +403,30 @@ def _column(steps: Any, name: str) -> Any:
     if name in steps:
         return steps[name].fillna(0).to_numpy(float)
     return np.zeros(len(steps))
+
+
+def roofline_dict(r: StepRoofline) -> dict[str, Any]:
+    """``r`` as JSON-ready numbers (ms, FLOPs, bytes, shares)."""
+    return {
+        "step_ms": r.seconds * 1e3,
+        "bound_op": r.bound_op,
+        "bound_by": r.limit(r.bound_op),
+        "flops": r.flops,
+        "hbm_bytes": r.hbm_bytes,
+        "intensity": r.intensity,
+        "ridge": r.datasheet.ridge,
+        "mbu": r.mbu(),
+        "mfu": r.mfu(),
+        "mbu_fitted": r.mbu(r.fitted),
+        "mfu_fitted": r.mfu(r.fitted),
+        "ops": {
+            op: {
+                "ms": o.seconds * 1e3,
+                "flops": o.flops,
+                "hbm_bytes": o.hbm_bytes,
+                "link_bytes": o.link_bytes,
+                "bound_by": r.limit(op),
+            }
+            for op, o in r.ops.items()
+        },
+    }
