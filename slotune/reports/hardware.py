@@ -340,6 +340,8 @@ def roofline_sentence(hws: list[RunHardware]) -> str:
         )
         if share > 0:
             text += f", steps with prefill ({_pct(share)} of steps) at {ai_mixed / h.ridge:.2f}"
+            longest = float(h.steps.loc[mixed, "step_time"].max())
+            text += f", the longest of them {1e3 * longest:.0f} ms (a stall for every decode)"
         parts.append(text)
     tail = (
         " — below the ridge a step waits on HBM (weights and KV reads), above it on the "
@@ -360,11 +362,14 @@ def utilization_sentence(hws: list[RunHardware]) -> str:
         a, b = hws
         changed = max(a.ops, key=lambda k: abs(a.ops[k] - b.ops[k]))
         diff = a.ops[changed] - b.ops[changed]
-        text += (
-            f" The largest change is in {OP_LABELS[changed]}: "
-            f"{abs(diff):.2f} s {'more' if diff > 0 else 'less'} over the run for the "
-            f"{a.label} configuration."
-        )
+        if abs(diff) <= 0.01 * max(sum(b.ops.values()), 1e-9):
+            text += " The two spend their time alike, op by op (within 1% of the run)."
+        else:
+            text += (
+                f" The largest change is in {OP_LABELS[changed]}: "
+                f"{abs(diff):.2f} s {'more' if diff > 0 else 'less'} over the run for the "
+                f"{a.label} configuration."
+            )
     return text
 
 
