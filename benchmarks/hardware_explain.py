@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--traces", nargs="*", default=list(TRACES))
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--out", type=Path, help="keep the tune folders here (default: a temp)")
     args = parser.parse_args()
     print(
         "| trace | recommended (changed from the defaults) | TTFT p99 ms, rec. vs defaults "
@@ -97,8 +98,9 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
         for trace in args.traces:
-            print(row(trace, Path(tmp) / trace, args.trials, args.num_requests), flush=True)
+            print(row(trace, root / trace, args.trials, args.num_requests), flush=True)
 
 
 if __name__ == "__main__":
