@@ -52,9 +52,11 @@ def test_dense_decode_step_reads_its_weights_once_on_two_gpus() -> None:
     assert r.ops["weights"].flops == 2 * weights / 2
     kv = 32 * 2 * 4 * 128 * 2  # layers × K,V × 4 kv heads per GPU × head dim × bf16
     assert r.ops["kv_read"].hbm_bytes == kv
-    total_bytes = r.hbm_bytes
-    assert r.mbu() == pytest.approx(total_bytes / r.seconds / H100_BW, rel=1e-12)
-    assert r.mfu() == pytest.approx(r.flops / r.seconds / H100_BF16, rel=1e-12)
+    # by hand: a lone decode moves its weights (the KV of one token and the norms' passes
+    # are under 0.1% of that) and runs two FLOPs per weight
+    assert r.mbu() == pytest.approx(weights / r.seconds / H100_BW, rel=1e-3)
+    assert r.mfu() == pytest.approx(weights / r.seconds / H100_BF16, rel=1e-3)
+    assert r.mbu() == pytest.approx(r.hbm_bytes / r.seconds / H100_BW, rel=1e-12)
     assert 0 < r.mbu() < 1 and r.mfu() < 0.01  # a lone decode wastes the tensor cores
     assert r.limit("weights") == "memory"
 
@@ -87,8 +89,11 @@ def test_moe_decode_step_reads_the_experts_its_tokens_touch(batch: int) -> None:
         )
     active = 32 * (MX_ATTENTION + 2 * MX_EXPERT + MX_ROUTER * 2) + MX_LM_HEAD
     assert r.ops["weights"].flops == pytest.approx(batch * 2 * active / 2, rel=1e-12)
-    assert r.mbu() == pytest.approx(r.hbm_bytes / r.seconds / H100_BW, rel=1e-12)
-    assert r.mfu() == pytest.approx(r.flops / r.seconds / H100_BF16, rel=1e-12)
+    # by hand: two FLOPs per active weight and token; at one token the step moves the
+    # weights it reads (KV, activations and elementwise passes are under 1% of that)
+    if batch == 1:
+        assert r.mbu() == pytest.approx(weights / r.seconds / H100_BW, rel=1e-2)
+    assert r.mfu() == pytest.approx(batch * active / r.seconds / H100_BF16, rel=1e-3)
 
 
 @pytest.mark.parametrize(
