@@ -368,8 +368,9 @@ def steps_roofline(cm: CostModel, steps: Any) -> Any:
 
 def run_op_seconds(cm: CostModel, steps: Any, max_steps: int = 20000) -> dict[str, float]:
     """Seconds per op (``OPS``) summed over a run's steps as the cost model prices each
-    (its prefill as one chunk per step); runs of more than ``max_steps`` steps are priced
-    on that many evenly spaced steps, scaled up."""
+    (its prefill as one chunk per step; swaps and copy-on-write, which the frame does not
+    record, left out); runs of more than ``max_steps`` steps are priced on that many evenly
+    spaced steps, scaled up."""
     import numpy as np
 
     n = len(steps)
