@@ -47,6 +47,7 @@ _COMMAND_MODULES = (
     "export",
     "traces",
     "catalog",
+    "hardware",
     "model",
     "calibrate",
 )

@@ -199,7 +199,10 @@ def estimate(
         )
     except ValueError as e:
         fail(str(e))
+    from slotune.engine.sim.roofline import estimate_roofline, roofline_dict
+
     b = cm.breakdown(tokens, context, decode_batch, decode_context)
+    roofline = estimate_roofline(cm, tokens, context, decode_batch, decode_context)
     per_layer_ms = {k: round(v * 1e3, 6) for k, v in b.per_layer.items()}
     per_step_ms = {k: round(v * 1e3, 6) for k, v in b.per_step.items()}
     step_ms = round(b.total * 1e3, 6)
@@ -221,6 +224,7 @@ def estimate(
         "per_layer_ms": per_layer_ms,
         "per_step_ms": per_step_ms,
         "step_ms": step_ms,
+        "roofline": roofline_dict(roofline),
     }
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -238,4 +242,8 @@ def estimate(
         if op != "layers":
             table.add_row(op, "", f"{ms:.3f}")
     table.add_row("[bold]step[/bold]", "", f"[bold]{step_ms:.3f}[/bold]")
-    Console().print(table)
+    from slotune.cli.hardware import roofline_table
+
+    console = Console()
+    console.print(table)
+    console.print(roofline_table(roofline, "The same step against the GPU"))

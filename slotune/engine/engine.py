@@ -257,6 +257,8 @@ class Engine:
             len(scheduler.waiting),
             usage,
             len(out.preempted_request_ids),
+            result.decode_context_sum,
+            result.prefill_context_sum,
         )
         self.last_steps = [self.last_step]
         return outputs
@@ -348,6 +350,8 @@ class Engine:
                 waiting,
                 used / num_blocks,
                 0,
+                s.context_sum,
+                sum([c + p for c, p in s.chunks]) if s.chunks else 0,
             )
             for d, s, running, waiting, used in zip(
                 durations,

@@ -23,6 +23,8 @@ class ExecutorOutput:
     duration_s: float
     logprobs: dict[str, list[float]] = field(default_factory=dict)
     top_logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    decode_context_sum: int = 0  # what ``StepStats`` of the same names record
+    prefill_context_sum: int = 0
 
 
 @dataclass(frozen=True)

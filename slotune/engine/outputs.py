@@ -38,3 +38,5 @@ class StepStats(NamedTuple):
     num_waiting: int
     kv_cache_usage: float  # share of GPU blocks referenced by requests
     num_preempted: int
+    decode_context_sum: int = 0  # KV tokens the step's decodes read (0: executor did not say)
+    prefill_context_sum: int = 0  # KV tokens its prefill chunks attend to (prior + chunk)

@@ -13,6 +13,7 @@ from slotune import __version__
 from slotune.reports import behaviour, fmt, search
 from slotune.reports.best import section, slo_targets_ms, slo_text
 from slotune.reports.diagnostics import diagnose
+from slotune.reports.hardware import hardware_html
 from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
 from slotune.reports.runs import RunData, load_run, read_json
@@ -171,6 +172,9 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         html_section(
             "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
         ),
+        html_section(
+            "hardware", "Hardware: recommended vs vLLM defaults", hardware_html(runs, best)
+        ),
         html_section("search", "Search", search_html(trials)),
         html_section("trials", "All trials", trials_table_html(trials)),
         html_section(
@@ -212,6 +216,7 @@ def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) 
             "diagnostics", "Diagnostics", _diagnostics_block([run], section(trace, "stats"))
         ),
         html_section("behaviour", "Behaviour", behaviour_html([run], slo)),
+        html_section("hardware", "Hardware", hardware_html([run], summary)),
         html_section(
             "provenance",
             "Provenance",

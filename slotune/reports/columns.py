@@ -30,6 +30,8 @@ STEP_COLUMNS: dict[str, str] = {
     "kv_usage": "kv_cache_usage",
     "step_time": "duration_s",
     "preempted": "num_preempted",
+    "decode_context": "decode_context_sum",
+    "prefill_context": "prefill_context_sum",
 }
 
 TRACE_PREFIX_SHARING_KEYS: tuple[str, ...] = (

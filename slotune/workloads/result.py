@@ -33,6 +33,8 @@ STEP_COLUMNS = (
     "num_waiting",
     "kv_cache_usage",
     "num_preempted",
+    "decode_context_sum",
+    "prefill_context_sum",
 )
 
 

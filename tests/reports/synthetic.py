@@ -213,6 +213,9 @@ def write_run(
             STEP_COLUMNS["kv_usage"]: np.clip(0.5 + 0.3 * np.sin(times / 7), 0, 1),
             STEP_COLUMNS["step_time"]: durations,
             STEP_COLUMNS["preempted"]: (rng.random(n_steps) < 0.005).astype(int),
+            STEP_COLUMNS["decode_context"]: decode * rng.integers(200, 2000, n_steps),
+            STEP_COLUMNS["prefill_context"]: prefill
+            + (prefill > 0) * rng.integers(0, 1024, n_steps),
         }
     )
     steps.to_csv(run_dir / "steps.csv", index=False)

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from slotune.reports import build_bench_report
@@ -34,6 +35,7 @@ INSPECT = """JSON.stringify({
   figures: Array.from(document.querySelectorAll("div.figure")).map(
     d => [d.dataset.figure, d.querySelectorAll("svg.main-svg").length]),
   specs: document.querySelectorAll('script[type="application/json"]').length,
+  empty: Array.from(document.querySelectorAll("[data-empty]")).map(p => p.dataset.empty),
   recommendation: (document.getElementById("recommendation-text") || {}).innerText || null,
   vllm: (document.getElementById("cmd-vllm") || {}).textContent || null,
   sglang: (document.getElementById("cmd-sglang") || {}).textContent || null,
@@ -71,6 +73,17 @@ async def _session(tune: Path, bench: Path, shots: Path) -> dict[str, Any]:
     return {"tune": tune_info, "bench": bench_info, "shots": shots}
 
 
+def _simulated_without_kv(bench_dir: Path) -> None:
+    """A bench run of a named simulated GPU whose KV cache and preemptions stay at zero."""
+    summary = json.loads((bench_dir / "summary.json").read_text())
+    summary.update(backend="sim", gpu="h100", model="llama-3-8b", tp=1)
+    (bench_dir / "summary.json").write_text(json.dumps(summary))
+    steps = pd.read_csv(bench_dir / "steps.csv")
+    steps["kv_cache_usage"] = 0.0
+    steps["num_preempted"] = 0
+    steps.to_csv(bench_dir / "steps.csv", index=False)
+
+
 @pytest.fixture(scope="module")
 def browser(
     tune_report: Path, tune_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -78,6 +91,7 @@ def browser(
     shots = tmp_path_factory.mktemp("screenshots")
     bench_dir = shots / "bench"
     shutil.copytree(tune_dir / "runs" / "best", bench_dir)
+    _simulated_without_kv(bench_dir)
     bench = build_bench_report(bench_dir)
     return asyncio.run(_session(tune_report, bench, shots))
 
@@ -90,6 +104,17 @@ def test_every_chart_rendered(browser: dict[str, Any], report: str) -> None:
     assert len(info["figures"]) == info["specs"] >= 7, where
     blank = [key for key, roots in info["figures"] if roots < 1]
     assert not blank, f"figures without plotly SVG roots: {blank} {where}"
+
+
+def test_hardware_charts_render_and_a_zero_quantity_is_a_sentence(
+    browser: dict[str, Any],
+) -> None:
+    tune, bench = browser["tune"], browser["bench"]
+    drawn = {r: {k for k, roots in browser[r]["figures"] if roots} for r in ("tune", "bench")}
+    assert {"roofline", "utilization", "kv_memory"} <= drawn["tune"]
+    assert tune["empty"] == []
+    assert {"roofline", "utilization"} <= drawn["bench"] and "kv_memory" not in drawn["bench"]
+    assert bench["empty"] == ["kv_memory"], f"screenshot: {browser['shots']}"
 
 
 @pytest.mark.parametrize("report", ["tune", "bench"])

@@ -35,7 +35,8 @@ def test_report_is_one_self_contained_file(tune_report: Path) -> None:
 
 def test_report_has_every_section_and_figure(tune_report: Path) -> None:
     html = tune_report.read_text()
-    for section in ("recommendation", "diagnostics", "behaviour", "search", "trials", "provenance"):
+    sections = ("recommendation", "diagnostics", "behaviour", "hardware", "search", "trials")
+    for section in (*sections, "provenance"):
         assert f'<section id="{section}">' in html
     assert _figure_keys(html) == [
         "ttft_cdf",
@@ -45,6 +46,9 @@ def test_report_has_every_section_and_figure(tune_report: Path) -> None:
         "batch",
         "queues",
         "preemption_cache",
+        "roofline",
+        "utilization",
+        "kv_memory",
         "history",
         "importances",
         "slices",

@@ -17,7 +17,7 @@ from functools import partial
 from slotune.engine.kv_dtype import kv_block_bytes
 from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.moe import DEFAULT_IMBALANCE, MoECost
-from slotune.engine.sim.precision import format_gemm_seconds, gemm_rate
+from slotune.engine.sim.precision import format_gemm_seconds, gemm_bytes, gemm_rate
 from slotune.engine.sim.profile import (
     AttentionProfile,
     ElementwiseProfile,
@@ -42,7 +42,7 @@ def gemm_seconds(p: LinearProfile, bw: float, peak: float, m: int, k: int, n: in
         return 0.0
     tile = p.tile_tokens
     m_pad = -(-m // tile) * tile
-    t_mem = DTYPE_BYTES * (k * n + m * k + m * n) / (bw * p.mem_eff)
+    t_mem = gemm_bytes(m, k, n, DTYPE_BYTES) / (bw * p.mem_eff)
     t_cmp = 2.0 * (m_pad + p.ramp(n)) * k * n / (peak * p.compute_eff)
     return p.overhead_us * _US + (t_mem if t_mem > t_cmp else t_cmp)
 
@@ -66,6 +66,11 @@ def elementwise_seconds(p: ElementwiseProfile, bw: float, nbytes: float) -> floa
     return p.overhead_us * _US + nbytes / (bw * p.eff)
 
 
+def attention_flops_per_pair(q_heads: int, head_dim: int) -> float:
+    """FLOPs of one query-key pair in one layer: ``QKᵀ`` and ``PV``, two FMAs per head dim."""
+    return 4.0 * q_heads * head_dim
+
+
 def prefill_attention_seconds(
     p: AttentionProfile,
     bw: float,
@@ -79,7 +84,7 @@ def prefill_attention_seconds(
     """One chunk of ``chunk`` new tokens attending to ``prior`` cached ones and causally to
     itself, without the per-kernel overhead (paid once per step)."""
     q_pad = -(-chunk // p.q_tile) * p.q_tile
-    per_pair = 4.0 * q_heads * head_dim
+    per_pair = attention_flops_per_pair(q_heads, head_dim)
     t_cmp = per_pair * q_pad * prior / (peak * p.prefill_prefix_eff) + (
         per_pair * 0.5 * q_pad * chunk / (peak * p.prefill_causal_eff)
     )
@@ -225,6 +230,7 @@ class CostModel:
         self.stack = stack = stack or StackProfile()
         run = _as_run_by(profile, stack)
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
+        self.ep = ep
         gpu = run.gpu
         self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
         m = model
@@ -255,7 +261,7 @@ class CostModel:
         self._dec_per_ctx = layers * decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
-        per_pair = 4.0 * self.q_heads * m.head_dim * layers
+        per_pair = attention_flops_per_pair(self.q_heads, m.head_dim) * layers
         self._q_tile = att.q_tile
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
@@ -446,6 +452,32 @@ class CostModel:
             chunks,
         )
         return StepBreakdown(per_layer, per_step, total)
+
+    # -- attention as one op each, for ``roofline`` (``step_seconds`` inlines the same) ----
+    def decode_attention_seconds(
+        self, num_tokens: int, num_decodes: int, context_sum: int
+    ) -> float:
+        """All layers' decode attention in a step of ``num_tokens``: ``num_decodes``
+        requests reading ``context_sum`` KV tokens together."""
+        if not num_decodes:
+            return 0.0
+        return (
+            self.kernels(num_tokens).decode_fixed
+            + self._dec_per_seq * num_decodes
+            + (self._dec_per_ctx * context_sum)
+        )
+
+    def prefill_attention_seconds(
+        self, num_tokens: int, prefill_chunks: Sequence[tuple[int, int]]
+    ) -> float:
+        """All layers' prefill attention in a step of ``num_tokens`` for ``prefill_chunks``
+        as ``(chunk_tokens, prior_context)``."""
+        if not prefill_chunks:
+            return 0.0
+        t = self.kernels(num_tokens).prefill_fixed
+        for chunk, prior in prefill_chunks:
+            t += self.prefill_chunk_seconds(chunk, prior)
+        return t
 
 
 def _linear_pricer(profile: GpuProfile, model: ModelSpec) -> Callable[[int, int, int], float]:

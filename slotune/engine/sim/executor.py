@@ -86,7 +86,7 @@ class SimExecutor:
         so = scheduler_output
         requests, samples, seeds = so.requests, so.num_samples, self._seeds
         table = self._table
-        num_decodes = context_sum = 0
+        num_decodes = context_sum = prefill_context = 0
         chunks: list[tuple[int, int]] = []
         sampled: dict[str, list[int]] = {}
         for rid, n in so.num_scheduled_tokens.items():
@@ -97,6 +97,7 @@ class SimExecutor:
                 context_sum += prior + 1
             else:
                 chunks.append((n, prior))
+                prefill_context += prior + n
             k = samples.get(rid)
             if not k:
                 continue
@@ -123,7 +124,9 @@ class SimExecutor:
         )
         for rid in so.finished_request_ids:
             seeds.pop(rid, None)
-        return ExecutorOutput(sampled_token_ids=sampled, duration_s=duration)
+        return ExecutorOutput(
+            sampled, duration, decode_context_sum=context_sum, prefill_context_sum=prefill_context
+        )
 
     # -- for the engine's stretches (``Engine.run_stretch``) ---------------------------
     @property

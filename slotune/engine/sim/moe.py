@@ -135,6 +135,27 @@ def experts_touched(num_experts: float, top_k: int, num_tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
 
 
+def router_scores_bytes(num_tokens: float, num_experts: int) -> float:
+    """Softmax and top-k over the router's fp32 logits."""
+    return _ROUTER_BYTES * num_tokens * num_experts
+
+
+def gather_bytes(num_tokens: float, rows: float, hidden: int) -> float:
+    """Gathering ``rows`` routed rows to their experts and summing them back per token."""
+    return _ACT_BYTES * (2 * rows + num_tokens) * hidden
+
+
+def act_bytes(rows: float, ffn: int) -> float:
+    """SwiGLU over ``rows`` rows of an expert of width ``ffn``: gate and up read, one written."""
+    return 3 * rows * ffn * _ACT_BYTES
+
+
+def alltoall_bytes(num_tokens: float, top_k: int, hidden: int, ep: int) -> float:
+    """One dispatch (or combine) on one rank: its ``T/ep`` tokens' ``k`` rows, the
+    ``(ep−1)/ep`` of them owned elsewhere."""
+    return (ep - 1) / ep * (num_tokens / ep * top_k * hidden * _ACT_BYTES)
+
+
 class MoECost:
     """One MoE layer's ops on one GPU of ``tp`` (``ep`` of them expert-parallel)."""
 
@@ -207,19 +228,17 @@ class MoECost:
                 self.profile.linear, self.bw, bf16, _ACT_BYTES, False, t, h, moe.num_experts
             ),
             # softmax/top-k over the logits, then gathering rows to experts and summing back
-            "moe_route": self._pass("act", _ROUTER_BYTES * t * moe.num_experts)
-            + self._pass("add", _ACT_BYTES * (2 * rows + t) * h),
+            "moe_route": self._pass("act", router_scores_bytes(t, moe.num_experts))
+            + self._pass("add", gather_bytes(t, rows, h)),
             "moe_up": self._gemm(rows, h, 2 * ffn, groups, MOE_TILE),
-            "moe_act": self._pass("act", 3 * rows * ffn * _ACT_BYTES),
+            "moe_act": self._pass("act", act_bytes(rows, ffn)),
             "moe_down": self._gemm(rows, ffn, h, groups, MOE_TILE),
             "shared_expert": 0.0,
         }
         if self.shared_ffn:
             s = self.shared_ffn
             ops["shared_expert"] = (
-                self._gemm(t, h, 2 * s)
-                + self._pass("act", 3 * t * s * _ACT_BYTES)
-                + self._gemm(t, s, h)
+                self._gemm(t, h, 2 * s) + self._pass("act", act_bytes(t, s)) + self._gemm(t, s, h)
             )
         if self.ep > 1:
             ops["alltoall"] = 2 * self.alltoall_seconds(t)
@@ -229,11 +248,9 @@ class MoECost:
         """One dispatch (or combine): each rank's ``T/ep`` tokens send their ``k`` rows,
         the ``(ep−1)/ep`` of them owned elsewhere, over one direction of the link."""
         sysp, ep = self.profile.system, self.ep
-        nbytes = num_tokens / ep * self.moe.top_k * self.model.hidden_size * _ACT_BYTES
+        nbytes = alltoall_bytes(num_tokens, self.moe.top_k, self.model.hidden_size, ep)
         per_dir = self.profile.gpu.interconnect_gbps * 1e9 / 2
-        return sysp.allreduce_latency_us * _US + (ep - 1) / ep * nbytes / (
-            per_dir * sysp.allreduce_eff
-        )
+        return sysp.allreduce_latency_us * _US + nbytes / (per_dir * sysp.allreduce_eff)
 
     def layers_seconds(self, dense_ops: dict[str, float], num_tokens: int) -> float:
         """All layers of the model for ``num_tokens`` tokens, given the dense layer's ops:

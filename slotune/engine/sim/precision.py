@@ -114,6 +114,19 @@ def gemm_rate(fmt: WeightFormat, gpu: GpuSpec) -> tuple[float, bool]:
     return gpu.flops_per_s, fmt.weight_only
 
 
+def gemm_bytes(
+    m: float, k: int, n: int, bytes_per_weight: float = 2.0, groups: float = 1.0
+) -> float:
+    """HBM bytes of ``groups`` GEMMs of ``[m / groups, k] @ [k, n]``: each group's weights
+    read once, the bf16 activations read and written (numbers or numpy arrays)."""
+    return groups * k * n * bytes_per_weight + 2 * (m * k + m * n)
+
+
+def gemm_flops(m: float, k: int, n: int) -> float:
+    """Useful FLOPs of ``[m, k] @ [k, n]`` (no tile padding)."""
+    return 2.0 * m * k * n
+
+
 def format_gemm_seconds(
     p: LinearProfile,
     bw: float,
@@ -143,7 +156,7 @@ def format_gemm_seconds(
         tile, half = WEIGHT_ONLY_TILE, 0.0
     tile = tile or p.tile_tokens
     m_pad = math.ceil(m / groups / tile) * tile * groups
-    t_mem = (groups * k * n * bytes_per_weight + 2 * (m * k + m * n)) / (bw * p.mem_eff)
+    t_mem = gemm_bytes(m, k, n, bytes_per_weight, groups) / (bw * p.mem_eff)
     t_cmp = 2.0 * (m_pad + half) * k * n / (rate * p.compute_eff)
     if weight_only:
         t_cmp *= 1.0 + DEQUANT_OVERHEAD
