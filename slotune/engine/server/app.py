@@ -30,10 +30,11 @@ import json
 import logging
 import time
 import uuid
+import zlib
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 import slotune
 from slotune.engine.engine import Engine
@@ -64,17 +65,20 @@ RETRY_AFTER_S = 1
 STUCK_STEP_S = 120.0  # /health fails while one engine step has run longer than this
 BODY_READ_S = 30.0  # the whole body must arrive within this (slow clients hold a worker)
 KEEPALIVE_S = 10.0  # idle connections, and headers not complete, close after this
-CONTENT_ENCODINGS = ("gzip", "deflate", "identity")  # bodies aiohttp decompresses
+CONTENT_ENCODINGS = ("gzip", "deflate", "identity")  # bodies the server decompresses
 
 
 def runner_options() -> dict[str, Any]:
-    """aiohttp ``AppRunner`` options: handlers cancelled when their client leaves, a short
-    keep-alive (it also bounds the time to send headers), and only a short grace of
-    aiohttp's own on shutdown (``Drain`` keeps the drain timeout)."""
+    """aiohttp ``AppRunner`` options, which :func:`create_app`'s app needs: handlers
+    cancelled when their client leaves, a short keep-alive (it also bounds the time to send
+    headers), only a short grace of aiohttp's own on shutdown (``Drain`` keeps the drain
+    timeout), and bodies left compressed (the handlers decompress them, within the body
+    limit, and answer an unknown encoding with a 415 rather than aiohttp's plain 400)."""
     return {
         "handler_cancellation": True,
         "keepalive_timeout": KEEPALIVE_S,
         "shutdown_timeout": CUT_GRACE_S,
+        "auto_decompress": False,
     }
 
 
@@ -439,12 +443,35 @@ async def _json(request: web.Request) -> tuple[Any, int]:
         raise InvalidRequest(
             f"the request body did not arrive within {timeout:g} s", status=408
         ) from None
-    except HttpProcessingError as exc:  # a body that does not decompress
-        message = f"the request body could not be read ({encoding}): {exc.message}"
+    except RequestPayloadError as exc:
+        message = f"the request body could not be read: {' '.join(str(exc).split())}"
         raise InvalidRequest(message) from None
+    if encoding != "identity":
+        raw = await _off_loop(len(raw), _decompress, raw, encoding, request.client_max_size)
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(_loads, raw), len(raw)
     return _loads(raw), len(raw)
+
+
+def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate body (zlib-wrapped, or raw as some clients send it), at most
+    ``limit`` bytes once decompressed."""
+    wrapped = zlib.MAX_WBITS | 32  # a gzip or a zlib header, detected
+    for wbits in (wrapped, -zlib.MAX_WBITS) if encoding == "deflate" else (wrapped,):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(raw, limit + 1)
+        except zlib.error as exc:
+            error = str(exc)
+            continue
+        if len(out) > limit:
+            raise InvalidRequest(
+                f"the request body is more than {limit} bytes once decompressed", status=413
+            )
+        if not inflater.eof:
+            raise InvalidRequest(f"the request body is truncated {encoding} data")
+        return out
+    raise InvalidRequest(f"the request body is not valid {encoding} data: {error}")
 
 
 def _loads(raw: bytes) -> Any:
