@@ -107,7 +107,7 @@ def test_an_unknown_model_name_is_not_echoed_whole(sim_server: ServerThread) -> 
     assert len(data["error"]["message"]) < 300
 
 
-HTTP_SIZES: list[tuple[str, str, dict[str, Any], int, str | None]] = [
+HTTP_SIZES: list[tuple[str, str, dict[str, Any] | bytes, int, str | None]] = [
     ("n 2**80", C, HI | {"n": 1208925819614629174706176}, 400, "n"),
     ("n a million", C, HI | {"n": 10**6}, 400, "n"),
     ("5000 prompts", C, {"prompt": ["a"] * 5000}, 400, "prompt"),
@@ -119,7 +119,14 @@ HTTP_SIZES: list[tuple[str, str, dict[str, Any], int, str | None]] = [
         400,
         "stream_options",
     ),
-    ("detokenize 3M tokens", "/detokenize", {"tokens": [5] * 3_000_000}, 400, "tokens"),
+    ("detokenize 3M tokens", "/detokenize", {"tokens": [5] * 3_000_000}, 413, None),
+    (
+        "detokenize past the context, in few bytes",
+        "/detokenize",
+        b'{"tokens": [' + b"5," * 3000 + b"5]}",
+        400,
+        "tokens",
+    ),
 ]
 
 

@@ -40,6 +40,7 @@ import slotune
 from slotune.engine.engine import Engine
 from slotune.engine.server.async_engine import AsyncEngine, EngineError
 from slotune.engine.server.drain import CUT_GRACE_S, Drain, ShuttingDown
+from slotune.engine.server.memory import keep_large_blocks_mapped
 from slotune.engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from slotune.engine.server.protocol import (
     InvalidRequest,
@@ -64,6 +65,7 @@ OFF_LOOP_BYTES = 32 << 10  # bodies larger than this are parsed and tokenized in
 RETRY_AFTER_S = 1
 STUCK_STEP_S = 120.0  # /health fails while one engine step has run longer than this
 BODY_READ_S = 30.0  # the whole body must arrive within this (slow clients hold a worker)
+DETOKENIZE_BYTES_PER_TOKEN = 16  # a token id and its separator in JSON, with room to spare
 KEEPALIVE_S = 10.0  # idle connections, and headers not complete, close after this
 CONTENT_ENCODINGS = ("gzip", "deflate", "identity")  # bodies the server decompresses
 
@@ -145,6 +147,7 @@ def serve(
     app = create_app(
         engine, served, api_key=api_key, max_queue=max_queue, drain_timeout_s=drain_timeout_s
     )
+    keep_large_blocks_mapped()
     web.run_app(app, host=host, port=port, print=None, access_log=None, **runner_options())
 
 
@@ -293,7 +296,9 @@ async def _tokenize(request: web.Request) -> web.Response:
 
 async def _detokenize(request: web.Request) -> web.Response:
     served = request.app[SERVED]
-    body, size = await _json(request)
+    # bytes enough for max_model_len token ids: parsing a larger list would hold the GIL
+    limit = served.max_model_len * DETOKENIZE_BYTES_PER_TOKEN + OFF_LOOP_BYTES
+    body, size = await _json(request, limit)
     ids = await _off_loop(size, parse_detokenize, body, served)
     text = await _off_loop(size, served.tokenizer.decode, ids)
     return web.json_response({"prompt": text})
@@ -427,9 +432,16 @@ async def _off_loop(body_bytes: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-async def _json(request: web.Request) -> tuple[Any, int]:
+async def _json(request: web.Request, limit: int | None = None) -> tuple[Any, int]:
     """The body's JSON and its size in bytes (gzip or deflate bodies decompressed, within
-    the size limit)."""
+    the size limit: the app's, or ``limit`` bytes if smaller)."""
+    limit = request.client_max_size if limit is None else min(limit, request.client_max_size)
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise InvalidRequest(
+            f"the request body is {declared} bytes, more than the {limit} this endpoint takes",
+            status=413,
+        )
     encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
     if encoding not in CONTENT_ENCODINGS:
         raise InvalidRequest(
@@ -447,7 +459,11 @@ async def _json(request: web.Request) -> tuple[Any, int]:
         message = f"the request body could not be read: {' '.join(str(exc).split())}"
         raise InvalidRequest(message) from None
     if encoding != "identity":
-        raw = await _off_loop(len(raw), _decompress, raw, encoding, request.client_max_size)
+        raw = await _off_loop(len(raw), _decompress, raw, encoding, limit)
+    elif len(raw) > limit:  # sent without a Content-Length
+        raise InvalidRequest(
+            f"the request body is more than the {limit} bytes this endpoint takes", status=413
+        )
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(_loads, raw), len(raw)
     return _loads(raw), len(raw)
