@@ -173,12 +173,14 @@ async def _poll_health(url: str, stop: asyncio.Event) -> list[float]:
 
 
 async def _abusive_load(
-    url: str, port: int, model: str, clients: int, max_tokens: int
+    url: str, port: int, model: str, clients: int, max_tokens: int, abuse: bool
 ) -> tuple[Any, list[AbuseResult], list[float]]:
+    """The innocent clients (with the abuses if ``abuse``), ``/health`` polled meanwhile."""
     stop = asyncio.Event()
     health = asyncio.create_task(_poll_health(url, stop))
     auth = {"Authorization": f"Bearer {API_KEY}"}
-    load, abuse = await asyncio.gather(
+    no_abuse: Any = asyncio.sleep(0, [])
+    load, abuses = await asyncio.gather(
         run_load(
             url,
             model,
@@ -189,37 +191,29 @@ async def _abusive_load(
             timeout_s=300,
             headers=auth,
         ),
-        run_abuse(url, port, model, API_KEY, MAX_QUEUE),
+        run_abuse(url, port, model, API_KEY, MAX_QUEUE) if abuse else no_abuse,
     )
     stop.set()
-    return load, abuse, await health
+    return load, abuses, await health
 
 
 def bench_abuse(target: str, clients: int, max_tokens: int) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     extra = ("--api-key", API_KEY, "--max-queue", str(MAX_QUEUE))
-    auth = {"Authorization": f"Bearer {API_KEY}"}
     with tempfile.TemporaryDirectory() as tmp:
         proc, model = _start(target, port, Path(tmp), extra)
         try:
             rss_start = _rss_mb(proc.pid)
-            warm = asyncio.run(
-                run_load(
-                    url,
-                    model,
-                    clients=clients,
-                    max_tokens=max_tokens,
-                    prompt=PROMPT,
-                    leave_every=0,
-                    timeout_s=300,
-                    headers=auth,
-                )
+            warm, _, warm_health = asyncio.run(
+                _abusive_load(url, port, model, clients, max_tokens, abuse=False)
             )
             _idle(url)
             rss_before = _rss_mb(proc.pid)
             start = time.monotonic()
-            load, abuse, health = asyncio.run(_abusive_load(url, port, model, clients, max_tokens))
+            load, abuse, health = asyncio.run(
+                _abusive_load(url, port, model, clients, max_tokens, abuse=True)
+            )
             wall = time.monotonic() - start
             after = _idle(url)
             time.sleep(1)
@@ -241,9 +235,9 @@ def bench_abuse(target: str, clients: int, max_tokens: int) -> dict[str, Any]:
         "errors": len(load.errors),
         "abuses as expected": f"{sum(a.ok for a in abuse)}/{len(abuse)}",
         "wall_s": wall,
-        "ttft_p99_ms": load.summary()["ttft_p99_ms"],
-        "itl_p99_ms": load.summary()["itl_p99_ms"],
-        "health_max_s": max(health, default=float("nan")),
+        "TTFT p99 ms plain/abused": _pair(warm, load, "ttft_p99_ms"),
+        "ITL p99 ms plain/abused": _pair(warm, load, "itl_p99_ms"),
+        "/health max ms plain/abused": f"{1e3 * max(warm_health):.0f} / {1e3 * max(health):.0f}",
         "running/waiting after": f"{after['vllm:num_requests_running']:.0f}/"
         f"{after['vllm:num_requests_waiting']:.0f}",
         "rss_mb start/before/after": f"{rss_start:.0f}/{rss_before:.0f}/{rss_after:.0f}",
@@ -256,6 +250,10 @@ def bench_abuse(target: str, clients: int, max_tokens: int) -> dict[str, Any]:
         and code == 0
         else "FAIL",
     }
+
+
+def _pair(plain: Any, abused: Any, key: str) -> str:
+    return f"{plain.summary()[key]:.0f} / {abused.summary()[key]:.0f}"
 
 
 def main() -> None:
