@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.server.abuse import AbuseResult, run_abuse
+from tests.server.abuse import AbuseResult, large_bodies, run_abuse
 from tests.server.load import run_load
 
 PROMPT = "Benchmark the server with a prompt of a few dozen tokens, the same for all. " * 2
@@ -209,6 +209,7 @@ def bench_abuse(target: str, clients: int, max_tokens: int) -> dict[str, Any]:
                 _abusive_load(url, port, model, clients, max_tokens, abuse=False)
             )
             _idle(url)
+            large_bodies(model)
             rss_before = _rss_mb(proc.pid)
             start = time.monotonic()
             load, abuse, health = asyncio.run(

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import aiohttp
@@ -97,6 +98,19 @@ async def _slow_many(port: int, request: bytes) -> str:
     return "/".join(kinds)
 
 
+@cache
+def large_bodies(model: str) -> dict[str, bytes]:
+    """The large bodies, built once: call it before the load, whose client it would stall."""
+    hi = {"model": model, "prompt": "hi"}
+    return {
+        "prompts": json.dumps({"model": model, "prompt": ["a"] * 20_000}).encode(),
+        "stop": json.dumps(hi | {"stop": ["ab"] * 10**6}).encode(),
+        "model": json.dumps({"model": "m" * (10 << 20), "prompt": "hi"}).encode(),
+        "bomb": gzip.compress(b" " * (100 << 20)),  # 100 MB of JSON whitespace: ~100 KB
+        "detokenize": json.dumps({"tokens": [5] * 15_000_000}).encode(),
+    }
+
+
 def abuses(
     session: aiohttp.ClientSession,
     base: str,
@@ -110,7 +124,7 @@ def abuses(
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     c = base + "/v1/completions"
     hi = {"model": model, "prompt": "hi"}
-    bomb = gzip.compress(b" " * (100 << 20))  # 100 MB of JSON whitespace: ~100 KB sent
+    big = large_bodies(model)
     head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     key = b"Authorization: Bearer %s\r\n" % (api_key or "").encode() if api_key else b""
     return [
@@ -133,7 +147,7 @@ def abuses(
         (
             "20,000 prompts",
             "400 prompt",
-            _sender(session, c, {"model": model, "prompt": ["a"] * 20_000}, auth),
+            _sender(session, c, big["prompts"], auth),
         ),
         (
             f"{max_queue + 1} prompts past --max-queue",
@@ -143,7 +157,7 @@ def abuses(
         (
             "10^6 stop strings",
             "400 stop",
-            _sender(session, c, hi | {"stop": ["ab"] * 10**6}, auth),
+            _sender(session, c, big["stop"], auth),
         ),
         (
             "top_p = 1e-46",
@@ -165,12 +179,12 @@ def abuses(
         (
             "10 MB model name",
             "404 model",
-            _sender(session, c, {"model": "m" * (10 << 20), "prompt": "hi"}, auth),
+            _sender(session, c, big["model"], auth),
         ),
         (
             "gzip bomb (100 MB inflated)",
             "413",
-            _sender(session, c, bomb, auth | {"Content-Encoding": "gzip"}),
+            _sender(session, c, big["bomb"], auth | {"Content-Encoding": "gzip"}),
         ),
         (
             "Content-Encoding: br",
@@ -189,7 +203,7 @@ def abuses(
         (
             "/detokenize of 15M tokens",
             "413",
-            _sender(session, base + "/detokenize", {"tokens": [5] * 15_000_000}, auth),
+            _sender(session, base + "/detokenize", big["detokenize"], auth),
         ),
         (
             "Expect: 100-continue, 10 GB",
