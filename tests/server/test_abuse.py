@@ -163,17 +163,16 @@ def test_sampler_keeps_the_most_likely_token_for_any_top_p(top_p: float) -> None
     assert out[1].token_ids == [best[1], best[1]]
 
 
-def test_a_row_without_a_distribution_is_drawn_greedily_and_fails_no_other() -> None:
-    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("top_k", [5, 0])  # 0: the batched draw of plain rows
+def test_a_row_without_a_distribution_is_drawn_greedily_and_fails_no_other(top_k: int) -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(2))
     logits[0, :] = float("-inf")
     logits[0, 7] = float("nan")
-    rows = [
-        SampleRow("bad", SamplingParams(top_k=5), 1),
-        SampleRow("ok", SamplingParams(top_k=5), 1),
-    ]
+    rows = [SampleRow(r, SamplingParams(top_k=top_k), 1) for r in ("bad", "ok", "ok2")]
     out = Sampler().sample(logits, rows)
     assert len(out[0].token_ids) == 1 and 0 <= out[0].token_ids[0] < 50
-    assert out[1].token_ids[0] in logits[1].topk(5).indices.tolist()
+    allowed = logits[1:].topk(top_k or 50).indices.tolist()
+    assert out[1].token_ids[0] in allowed[0] and out[2].token_ids[0] in allowed[1]
 
 
 @pytest.mark.parametrize("top_p", TINY_TOP_P)

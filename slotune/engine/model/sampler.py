@@ -66,8 +66,14 @@ class Sampler:
         if plain:
             temps = torch.tensor([rows[i].params.temperature for i in plain], device=logits.device)
             probs = torch.softmax(logits[plain] / temps[:, None], dim=-1)
-            for i, t in zip(plain, torch.multinomial(probs, 1).flatten().tolist(), strict=True):
-                tokens[i] = [t]
+            valid = torch.isfinite(probs).all(dim=-1)
+            if not bool(valid.all()):  # such rows go one by one (and greedy) below
+                plain = [i for i, ok in zip(plain, valid.tolist(), strict=True) if ok]
+                probs = probs[valid]
+            if plain:
+                picks = torch.multinomial(probs, 1).flatten().tolist()
+                for i, t in zip(plain, picks, strict=True):
+                    tokens[i] = [t]
         top = _top_logprobs(logprobs, rows)
         results = []
         for i, row in enumerate(rows):
