@@ -36,6 +36,7 @@ class ServerThread:
 
     def __init__(self, engine: Any, served: ServedModel, **options: Any) -> None:
         self.served = served
+        options.setdefault("drain_timeout_s", 1.0)  # what a test leaves running is cut
         self.app = create_app(engine, served, **options)
         self.port = 0
         self._loop = asyncio.new_event_loop()

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import platform
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import slotune
 from slotune.engine import EngineConfig, SamplingParams
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.server import ServedModel, simulated_model
@@ -397,3 +403,40 @@ def test_drain_cuts_streams_at_its_timeout_with_an_error_then_done(timeout_s: fl
     assert error["type"] == "server_error" and "drain timeout" in error["message"]
     # the 8000-token stream would run ~40 s; aiohttp took twice the timeout, or forever for 0
     assert timeout_s - 0.5 <= cut_after < timeout_s * 1.5 + 2, cut_after
+
+
+# -- memory: freed request buffers go back to the system -----------------------------------------
+
+_HEAP_SCRIPT = """
+import gc, sys
+from pathlib import Path
+from slotune.engine.server.memory import keep_large_blocks_mapped
+
+def rss_mb():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+assert keep_large_blocks_mapped()
+big = bytearray(20 << 20)  # a 20 MB body freed: glibc would raise its mmap threshold to it
+big[::4096] = b"x" * len(big[::4096])
+del big
+before = rss_mb()
+blocks = [bytearray(1 << 20) for _ in range(50)]  # then 50 MB of 1 MB buffers, freed
+for b in blocks:
+    b[::4096] = b"x" * len(b[::4096])
+top = bytearray(1000)  # something allocated after them, on top of the heap
+del blocks
+gc.collect()
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_freed_large_buffers_leave_the_rss(tmp_path: Path) -> None:
+    """Without ``keep_large_blocks_mapped`` the 50 MB stay in the heap (RSS +50 MB)."""
+    env = os.environ | {"PYTHONPATH": str(Path(slotune.__file__).parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", _HEAP_SCRIPT], env=env, capture_output=True, text=True, check=True
+    )
+    assert float(out.stdout) < 10, out.stdout
