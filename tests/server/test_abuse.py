@@ -7,6 +7,7 @@ headers and ``Expect`` are bounded and answered as OpenAI errors.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zlib
@@ -29,6 +31,7 @@ import slotune
 from slotune.engine import EngineConfig, SamplingParams
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.server import ServedModel, simulated_model
+from slotune.engine.server.drain import Drain, ShuttingDown
 from slotune.engine.server.protocol import (
     MAX_STOP_STRINGS,
     InvalidRequest,
@@ -36,7 +39,7 @@ from slotune.engine.server.protocol import (
     parse_request,
 )
 from tests.server.conftest import SIM_CONFIG, ServerThread
-from tests.server.helpers import InnocentStream, assert_openai_error, call
+from tests.server.helpers import InnocentStream, assert_openai_error, call, post
 
 C = "/v1/completions"
 HI = {"prompt": "hi"}
@@ -440,3 +443,36 @@ def test_freed_large_buffers_leave_the_rss(tmp_path: Path) -> None:
         [sys.executable, "-c", _HEAP_SCRIPT], env=env, capture_output=True, text=True, check=True
     )
     assert float(out.stdout) < 10, out.stdout
+
+
+def test_drain_returns_as_soon_as_requests_finish_and_cuts_the_rest() -> None:
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        drain = Drain(timeout_s=30)
+        finished: asyncio.Queue[Any] = asyncio.Queue()
+        with drain.track(finished):
+            pass  # a request that ended before shutdown
+        await asyncio.wait_for(drain.run(), 5)  # nothing in flight: no wait
+        cut = Drain(timeout_s=0)
+        running: asyncio.Queue[Any] = asyncio.Queue()
+        with cut.track(running):
+            await asyncio.wait_for(cut.run(), 5)
+        return [finished.get_nowait() for _ in range(finished.qsize())], [running.get_nowait()]
+
+    left, cut = asyncio.run(scenario())
+    assert left == []
+    assert isinstance(cut[0], ShuttingDown) and "0 s" in str(cut[0])
+
+
+def test_a_non_streamed_request_cut_by_the_drain_gets_a_503() -> None:
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100")
+    answers: list[tuple[int, Any]] = []
+    server = ServerThread(engine, served, drain_timeout_s=0)
+    with server:
+        body = {"prompt": "x", "max_tokens": 1500, "ignore_eos": True}
+        worker = threading.Thread(target=lambda: answers.append(post(server, C, body)))
+        worker.start()
+        _wait_for(lambda: server.call(lambda: server.async_engine.num_requests) == 1)
+    worker.join(10)
+    status, data = answers[0]
+    assert_openai_error(status, data, 503)
+    assert "drain timeout" in data["error"]["message"]
