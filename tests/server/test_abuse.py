@@ -203,9 +203,13 @@ def test_max_queue_counts_prompts_times_n() -> None:
     config = EngineConfig(max_num_batched_tokens=256, max_num_seqs=1, max_model_len=2048)
     engine, served = simulated_model(config, gpu="h100")
     with ServerThread(engine, served, max_queue=2) as s:
-        for body in ({"prompt": ["a", "b", "c"]}, {"prompt": "a", "n": 3}):
+        for body, param in (
+            ({"prompt": ["a", "b", "c"]}, "prompt"),
+            ({"prompt": "a", "n": 3}, "n"),
+        ):
             status, data, _ = call(s, C, body | {"max_tokens": 1})
             assert_openai_error(status, data, 400)  # alone more than the queue holds
+            assert data["error"]["param"] == param
         with InnocentStream(s, max_tokens=200):  # holds the only seat
             waiting = _open_stream(s, {"prompt": "w", "max_tokens": 1})  # one waits
             _wait_for(lambda: s.call(lambda: s.async_engine.num_waiting) == 1)

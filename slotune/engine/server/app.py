@@ -321,7 +321,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     _check_queue(request, 0)
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
-    _check_queue(request, len(gen.prompts) * gen.params.n)
+    batch = len(gen.prompts)
+    _check_queue(request, batch * gen.params.n, "prompt" if batch > 1 else "n")
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     synthetic_vocab = served.vocab_size if served.synthetic_logprobs else None
     completion = Completion(
@@ -364,10 +365,10 @@ def _abort_stopped(engine: AsyncEngine, completion: Completion) -> None:
         engine.abort(rid, finished=True)
 
 
-def _check_queue(request: web.Request, sequences: int) -> None:
+def _check_queue(request: web.Request, sequences: int, param: str = "prompt") -> None:
     """503 while shutting down, or when the engine sequences waiting and the request's
     own (``sequences``: prompts x n; 0 before the body is read) would pass ``max_queue``;
-    400 for a request that alone passes it (it could never be queued)."""
+    400 naming ``param`` for a request that alone passes it (it could never be queued)."""
     if request.app[DRAIN].started:
         raise web.HTTPServiceUnavailable(text="the server is shutting down")
     limit = request.app[LIMITS]["max_queue"]
@@ -377,7 +378,7 @@ def _check_queue(request: web.Request, sequences: int) -> None:
         raise InvalidRequest(
             f"the request makes {sequences} sequences (prompts x n), more than this "
             f"server's queue holds ({limit})",
-            "prompt",
+            param,
         )
     waiting = request.app[ASYNC_ENGINE].num_waiting
     if waiting + max(sequences, 1) > limit:
