@@ -38,11 +38,19 @@ def serve(
     ] = None,
     max_queue: Annotated[
         int | None,
-        opt("--max-queue", "Answer 503 + Retry-After while this many requests wait."),
+        opt(
+            "--max-queue",
+            "Answer 503 + Retry-After when a request's sequences (prompts x n) would make "
+            "more than this many wait.",
+        ),
     ] = None,
     drain_timeout: Annotated[
         float,
-        opt("--drain-timeout", "On SIGTERM/SIGINT, seconds to let requests in flight finish."),
+        opt(
+            "--drain-timeout",
+            "On SIGTERM/SIGINT, seconds to let requests in flight finish before they are cut "
+            "(0: cut at once).",
+        ),
     ] = 30.0,
     max_num_batched_tokens: eo.MaxNumBatchedTokens = None,
     long_prefill_token_threshold: eo.LongPrefillTokenThreshold = None,

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from slotune.engine import EngineConfig
 from slotune.engine.server import ServedModel, create_app, local_model, simulated_model
-from slotune.engine.server.app import ASYNC_ENGINE
+from slotune.engine.server.app import ASYNC_ENGINE, runner_options
 from slotune.engine.server.async_engine import AsyncEngine
 
 T = TypeVar("T")
@@ -36,6 +36,7 @@ class ServerThread:
 
     def __init__(self, engine: Any, served: ServedModel, **options: Any) -> None:
         self.served = served
+        options.setdefault("drain_timeout_s", 1.0)  # what a test leaves running is cut
         self.app = create_app(engine, served, **options)
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -60,7 +61,7 @@ class ServerThread:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, shutdown_timeout=1)
+        self._runner = web.AppRunner(self.app, **runner_options())
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())

@@ -3,7 +3,8 @@
 Used by the server's load and metrics tests and by ``benchmarks/server_load.py``. Each
 client streams one completion over its own connection, timing every token chunk as the
 client sees it (TTFT: request sent to first token chunk; ITL: gaps between token chunks).
-Every ``leave_every``-th client closes its connection after ``leave_after`` tokens.
+Every ``leave_every``-th client (none if 0) closes its connection after ``leave_after``
+tokens.
 """
 
 from __future__ import annotations
@@ -70,12 +71,16 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _client(
-    session: aiohttp.ClientSession, url: str, body: dict, leave_after: int | None
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    leave_after: int | None,
+    headers: dict[str, str] | None = None,
 ) -> ClientResult:
     result = ClientResult()
     start = last = time.perf_counter()
     try:
-        async with session.post(url + "/v1/completions", json=body) as resp:
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {await resp.text()}"
                 return result
@@ -118,6 +123,7 @@ async def run_load(
     leave_every: int = 3,
     leave_after: int = 3,
     timeout_s: float = 120,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
     """All ``clients`` at once; raises ``TimeoutError`` if they are not done in
     ``timeout_s``."""
@@ -133,7 +139,13 @@ async def run_load(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.perf_counter()
         jobs = [
-            _client(session, url, body, leave_after if i % leave_every == leave_every - 1 else None)
+            _client(
+                session,
+                url,
+                body,
+                leave_after if leave_every and i % leave_every == leave_every - 1 else None,
+                headers,
+            )
             for i in range(clients)
         ]
         results = await asyncio.wait_for(asyncio.gather(*jobs), timeout_s)

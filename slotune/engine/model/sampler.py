@@ -7,6 +7,11 @@ else shares the batch; a forked child ``"{parent}#{i}"`` seeds its own from ``se
 (modulo 2**64, so any integer seed is valid). Temperatures below
 ``sampling_params.GREEDY_BELOW`` sample greedily, as vLLM's do.
 
+Sampling is safe by construction: top-p always keeps the most likely token (a ``top_p``
+that rounds to 0 in float32, such as 1e-46, keeps just that one), and a row whose
+distribution still is not one (no finite, positive probability) is drawn greedily, so
+one request's parameters can never fail the batch's step.
+
 Logprobs are those of the model's raw distribution (the log-softmax of the logits before
 temperature, top-k and top-p), as vLLM V1 reports them by default: the sampled tokens'
 always, and with ``SamplingParams.logprobs = k`` the row's k most likely tokens as well.
@@ -14,6 +19,7 @@ always, and with ``SamplingParams.logprobs = k`` the row's k most likely tokens 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +27,8 @@ import torch
 from slotune.engine.sampling_params import SamplingParams
 
 _SEED_MODULUS = 1 << 64
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,14 @@ class Sampler:
         if plain:
             temps = torch.tensor([rows[i].params.temperature for i in plain], device=logits.device)
             probs = torch.softmax(logits[plain] / temps[:, None], dim=-1)
-            for i, t in zip(plain, torch.multinomial(probs, 1).flatten().tolist(), strict=True):
-                tokens[i] = [t]
+            valid = torch.isfinite(probs).all(dim=-1)
+            if not bool(valid.all()):  # such rows go one by one (and greedy) below
+                plain = [i for i, ok in zip(plain, valid.tolist(), strict=True) if ok]
+                probs = probs[valid]
+            if plain:
+                picks = torch.multinomial(probs, 1).flatten().tolist()
+                for i, t in zip(plain, picks, strict=True):
+                    tokens[i] = [t]
         top = _top_logprobs(logprobs, rows)
         results = []
         for i, row in enumerate(rows):
@@ -71,6 +85,9 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, row: SampleRow) -> list[int]:
         probs = torch.softmax(restrict(logits / row.params.temperature, row.params), dim=-1)
+        if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+            logger.warning("request %s: no distribution to sample; greedy", row.request_id)
+            return [int(logits.argmax())] * row.num_samples
         generator = self._generator(row, logits.device)
         drawn = torch.multinomial(probs, row.num_samples, replacement=True, generator=generator)
         return drawn.tolist()
@@ -120,6 +137,7 @@ def restrict(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs
         keep &= before < params.top_p
+        keep[0] = True  # the most likely token, whatever top_p rounds to
     out = torch.full_like(logits, float("-inf"))
     out[order[keep]] = logits[order[keep]]
     return out

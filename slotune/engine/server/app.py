@@ -8,8 +8,18 @@ with ``data: [DONE]``, one chunk per generated token, the usage in a last chunk 
 ``GET /health`` (503 when the engine loop stopped or a step has run ``stuck_step_s``),
 ``GET /metrics`` (Prometheus text, vLLM's metric names). A client that
 disconnects aborts its request. Every error (400 bad input naming the field, 401 without the
-API key, 404 unknown path or model, 405, 413, 503 when the queue is full) is an OpenAI error
-object ``{"error": {"message", "type", "param", "code"}}``.
+API key, 404 unknown path or model, 405, 408 a body too slow to arrive, 413, 415 an unknown
+``Content-Encoding``, 503 when the queue is full) is an OpenAI error object
+``{"error": {"message", "type", "param", "code"}}``, except those aiohttp's HTTP parser
+answers before any handler runs (a malformed request line or header, a duplicate or
+negative ``Content-Length``, a NUL in the path: a plain-text 400 that closes the
+connection; aiohttp has no hook for its body).
+
+Bounds against hostile clients: headers must arrive within ``KEEPALIVE_S`` of the
+connection opening (aiohttp's keep-alive timer closes it), a body within ``body_read_s``;
+``Expect: 100-continue`` is answered 413 (or 401) before "100 Continue" when the body could
+not be accepted; ``--max-queue`` counts engine sequences (prompts x ``n``); the other
+sizes are bounded in ``protocol``. On shutdown, ``drain.Drain`` keeps the drain timeout.
 """
 
 from __future__ import annotations
@@ -20,13 +30,17 @@ import json
 import logging
 import time
 import uuid
+import zlib
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.web_protocol import RequestPayloadError
 
 import slotune
 from slotune.engine.engine import Engine
 from slotune.engine.server.async_engine import AsyncEngine, EngineError
+from slotune.engine.server.drain import CUT_GRACE_S, Drain, ShuttingDown
+from slotune.engine.server.memory import keep_large_blocks_mapped
 from slotune.engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from slotune.engine.server.protocol import (
     InvalidRequest,
@@ -45,10 +59,29 @@ ASYNC_ENGINE = web.AppKey("async_engine", AsyncEngine)
 SERVED = web.AppKey("served", ServedModel)
 METRICS = web.AppKey("metrics", ServerMetrics)
 LIMITS = web.AppKey("limits", dict)
+DRAIN = web.AppKey("drain", Drain)
 MAX_BODY_BYTES = 64 << 20  # token-id prompts of long contexts are large JSON
 OFF_LOOP_BYTES = 32 << 10  # bodies larger than this are parsed and tokenized in a thread
 RETRY_AFTER_S = 1
 STUCK_STEP_S = 120.0  # /health fails while one engine step has run longer than this
+BODY_READ_S = 30.0  # the whole body must arrive within this (slow clients hold a worker)
+DETOKENIZE_BYTES_PER_TOKEN = 16  # a token id and its separator in JSON, with room to spare
+KEEPALIVE_S = 10.0  # idle connections, and headers not complete, close after this
+CONTENT_ENCODINGS = ("gzip", "deflate", "identity")  # bodies the server decompresses
+
+
+def runner_options() -> dict[str, Any]:
+    """aiohttp ``AppRunner`` options, which :func:`create_app`'s app needs: handlers
+    cancelled when their client leaves, a short keep-alive (it also bounds the time to send
+    headers), only a short grace of aiohttp's own on shutdown (``Drain`` keeps the drain
+    timeout), and bodies left compressed (the handlers decompress them, within the body
+    limit, and answer an unknown encoding with a 415 rather than aiohttp's plain 400)."""
+    return {
+        "handler_cancellation": True,
+        "keepalive_timeout": KEEPALIVE_S,
+        "shutdown_timeout": CUT_GRACE_S,
+        "auto_decompress": False,
+    }
 
 
 def create_app(
@@ -59,11 +92,15 @@ def create_app(
     max_queue: int | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     stuck_step_s: float = STUCK_STEP_S,
+    body_read_s: float = BODY_READ_S,
+    drain_timeout_s: float = 30.0,
 ) -> web.Application:
     """An app whose startup starts the engine loop and whose cleanup stops it. Run it with
-    ``handler_cancellation=True`` (as :func:`serve` does) so that a client leaving a
+    :func:`runner_options` (as :func:`serve` does) so that a client leaving a
     non-streamed request also aborts it. ``api_key``: required as ``Authorization: Bearer``
-    on ``/v1/*``; ``max_queue``: with that many requests waiting, new ones get a 503."""
+    on ``/v1/*``; ``max_queue``: while the engine sequences waiting (prompts x ``n``) and a
+    request's own would pass it, the request gets a 503; ``drain_timeout_s``: on shutdown,
+    how long requests in flight may run before they are cut (0: cut at once)."""
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0 (got {max_queue})")
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors, _auth])
@@ -71,15 +108,23 @@ def create_app(
     app[METRICS] = metrics
     app[ASYNC_ENGINE] = AsyncEngine(engine, pace=served.pace, metrics=metrics)
     app[SERVED] = served
-    app[LIMITS] = {"api_key": api_key, "max_queue": max_queue, "stuck_step_s": stuck_step_s}
+    app[DRAIN] = Drain(drain_timeout_s)
+    app[LIMITS] = {
+        "api_key": api_key,
+        "max_queue": max_queue,
+        "stuck_step_s": stuck_step_s,
+        "body_read_s": body_read_s,
+    }
     app.on_startup.append(_start_engine)
+    app.on_shutdown.append(_drain)
     app.on_cleanup.append(_stop_engine)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_post("/v1/chat/completions", _chat_completions)
+    post = {"expect_handler": _expect}
+    app.router.add_post("/v1/completions", _completions, **post)
+    app.router.add_post("/v1/chat/completions", _chat_completions, **post)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model:.+}", _model)
-    app.router.add_post("/tokenize", _tokenize)
-    app.router.add_post("/detokenize", _detokenize)
+    app.router.add_post("/tokenize", _tokenize, **post)
+    app.router.add_post("/detokenize", _detokenize, **post)
     app.router.add_get("/version", _version)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -97,17 +142,13 @@ def serve(
     drain_timeout_s: float = 30.0,
 ) -> None:
     """Serve until interrupted. On SIGINT or SIGTERM the server stops accepting connections,
-    lets the requests in flight finish for up to ``drain_timeout_s``, cancels the rest
-    (aborting them) and returns."""
-    web.run_app(
-        create_app(engine, served, api_key=api_key, max_queue=max_queue),
-        host=host,
-        port=port,
-        handler_cancellation=True,
-        shutdown_timeout=drain_timeout_s,
-        print=None,
-        access_log=None,
+    lets the requests in flight finish for up to ``drain_timeout_s`` (0: none), cuts the
+    rest (a stream ends with an error event and ``[DONE]``; aborting them) and returns."""
+    app = create_app(
+        engine, served, api_key=api_key, max_queue=max_queue, drain_timeout_s=drain_timeout_s
     )
+    keep_large_blocks_mapped()
+    web.run_app(app, host=host, port=port, print=None, access_log=None, **runner_options())
 
 
 async def _start_engine(app: web.Application) -> None:
@@ -116,6 +157,30 @@ async def _start_engine(app: web.Application) -> None:
 
 async def _stop_engine(app: web.Application) -> None:
     await app[ASYNC_ENGINE].stop()
+
+
+async def _drain(app: web.Application) -> None:
+    await app[DRAIN].run()
+
+
+async def _expect(request: web.Request) -> web.Response | None:
+    """``Expect: 100-continue``: refuse, before the client sends it, a body too large or a
+    request without the API key; else tell the client to go on."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        body = error_body(f"unsupported Expect: {expect[:100]!r}")
+        return web.json_response(body, status=417)
+    size = request.content_length
+    limit = request.client_max_size
+    if size is not None and size > limit:
+        message = f"the request body is {size} bytes, more than this server's {limit}"
+        return web.json_response(error_body(message), status=413)
+    if not _authorized(request):
+        return _unauthorized()
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+    return None
 
 
 # -- middlewares ---------------------------------------------------------------------------
@@ -134,6 +199,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         type_ = "server_error" if exc.status >= 500 else "invalid_request_error"
         body = error_body(_http_message(exc), type_=type_)
         return web.json_response(body, status=exc.status, headers=_kept_headers(exc))
+    except ShuttingDown as exc:
+        body = error_body(str(exc), type_="server_error")
+        return web.json_response(body, status=503)
     except EngineError as exc:
         return web.json_response(error_body(str(exc), type_="server_error"), status=500)
     except Exception as exc:
@@ -154,16 +222,23 @@ def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
-    key = request.app[LIMITS]["api_key"]
-    given = request.headers.get("Authorization", "").encode()
-    if (
-        key is not None
-        and request.path.startswith("/v1")
-        and not hmac.compare_digest(given, f"Bearer {key}".encode())
-    ):
-        body = error_body("missing or wrong API key", code="invalid_api_key")
-        return web.json_response(body, status=401)
+    if not _authorized(request):
+        return _unauthorized()
     return await handler(request)
+
+
+def _authorized(request: web.Request) -> bool:
+    key = request.app[LIMITS]["api_key"]
+    if key is None or not request.path.startswith("/v1"):
+        return True
+    # header bytes that are not UTF-8 come as surrogate escapes: compare the raw bytes
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {key}".encode())
+
+
+def _unauthorized() -> web.Response:
+    body = error_body("missing or wrong API key", code="invalid_api_key")
+    return web.json_response(body, status=401)
 
 
 # -- small endpoints ---------------------------------------------------------------------------
@@ -221,8 +296,10 @@ async def _tokenize(request: web.Request) -> web.Response:
 
 async def _detokenize(request: web.Request) -> web.Response:
     served = request.app[SERVED]
-    body, size = await _json(request)
-    ids = parse_detokenize(body, served)
+    # bytes enough for max_model_len token ids: parsing a larger list would hold the GIL
+    limit = served.max_model_len * DETOKENIZE_BYTES_PER_TOKEN + OFF_LOOP_BYTES
+    body, size = await _json(request, limit)
+    ids = await _off_loop(size, parse_detokenize, body, served)
     text = await _off_loop(size, served.tokenizer.decode, ids)
     return web.json_response({"prompt": text})
 
@@ -241,34 +318,43 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     served = request.app[SERVED]
     engine = request.app[ASYNC_ENGINE]
-    _check_queue(request)
+    _check_queue(request, 0)
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
-    _check_queue(request)
+    batch = len(gen.prompts)
+    _check_queue(request, batch * gen.params.n, "prompt" if batch > 1 else "n")
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     synthetic_vocab = served.vocab_size if served.synthetic_logprobs else None
     completion = Completion(
         response_id, served.name, gen, served.tokenizer, synthetic_vocab=synthetic_vocab
     )
     outputs: asyncio.Queue[Any] = asyncio.Queue()
+    # every prompt handed in at once, with no await since the queue check
+    admissions = [
+        engine.submit(rid, ids, gen.params, outputs)
+        for rid, ids in zip(completion.request_ids, gen.prompts, strict=True)
+    ]
     try:
-        for rid, ids in zip(completion.request_ids, gen.prompts, strict=True):
-            try:
-                await engine.add(rid, ids, gen.params, outputs)
-            except ValueError as exc:
-                message = str(exc).split("): ", 1)[-1]  # drop "add_request('<internal id>')"
-                param = "n" if "SamplingParams.n" in message else ("messages" if chat else "prompt")
-                raise InvalidRequest(message, param) from None
-        if gen.stream:
-            return await _stream(request, outputs, completion)
-        while not completion.done:
-            out = await outputs.get()
-            if isinstance(out, EngineError):
-                raise out
-            completion.update(out)
-            _abort_stopped(engine, completion)
-        return web.json_response(completion.body())
+        with request.app[DRAIN].track(outputs):
+            for admission in admissions:
+                try:
+                    await admission
+                except ValueError as exc:
+                    message = str(exc).split("): ", 1)[-1]  # drop "add_request('<id>')"
+                    raise InvalidRequest(message, "messages" if chat else "prompt") from None
+            if gen.stream:
+                return await _stream(request, outputs, completion)
+            while not completion.done:
+                out = await outputs.get()
+                if isinstance(out, (EngineError, ShuttingDown)):
+                    raise out
+                completion.update(out)
+                _abort_stopped(engine, completion)
+            return web.json_response(completion.body())
     finally:
+        for admission in admissions:  # those not admitted yet will not be
+            if not admission.cancel() and not admission.cancelled():
+                admission.exception()  # retrieved: the first one's error was answered
         for rid in completion.running_request_ids():  # all, if the client left
             engine.abort(rid, finished=completion.done)
 
@@ -279,11 +365,26 @@ def _abort_stopped(engine: AsyncEngine, completion: Completion) -> None:
         engine.abort(rid, finished=True)
 
 
-def _check_queue(request: web.Request) -> None:
+def _check_queue(request: web.Request, sequences: int, param: str = "prompt") -> None:
+    """503 while shutting down, or when the engine sequences waiting and the request's
+    own (``sequences``: prompts x n; 0 before the body is read) would pass ``max_queue``;
+    400 naming ``param`` for a request that alone passes it (it could never be queued)."""
+    if request.app[DRAIN].started:
+        raise web.HTTPServiceUnavailable(text="the server is shutting down")
     limit = request.app[LIMITS]["max_queue"]
-    if limit is not None and request.app[ASYNC_ENGINE].num_waiting >= limit:
+    if limit is None:
+        return
+    if 0 < limit < sequences:
+        raise InvalidRequest(
+            f"the request makes {sequences} sequences (prompts x n), more than this "
+            f"server's queue holds ({limit})",
+            param,
+        )
+    waiting = request.app[ASYNC_ENGINE].num_waiting
+    if waiting + max(sequences, 1) > limit:
         raise web.HTTPServiceUnavailable(
-            text=f"the server's queue is full ({limit} requests waiting); retry later",
+            text=f"the server's queue is full ({waiting} of {limit} sequences waiting); "
+            "retry later",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
@@ -299,7 +400,7 @@ async def _stream(
     try:
         while not completion.done:
             out = await outputs.get()
-            if isinstance(out, EngineError):
+            if isinstance(out, (EngineError, ShuttingDown)):
                 await _send(resp, error_body(str(out), type_="server_error"))
                 break
             chunk = completion.update(out)
@@ -332,12 +433,62 @@ async def _off_loop(body_bytes: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-async def _json(request: web.Request) -> tuple[Any, int]:
-    """The body's JSON and its size in bytes."""
-    raw = await request.read()
+async def _json(request: web.Request, limit: int | None = None) -> tuple[Any, int]:
+    """The body's JSON and its size in bytes (gzip or deflate bodies decompressed, within
+    the size limit: the app's, or ``limit`` bytes if smaller)."""
+    limit = request.client_max_size if limit is None else min(limit, request.client_max_size)
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise InvalidRequest(
+            f"the request body is {declared} bytes, more than the {limit} this endpoint takes",
+            status=413,
+        )
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    if encoding not in CONTENT_ENCODINGS:
+        raise InvalidRequest(
+            f"Content-Encoding {encoding[:40]!r} is not supported; send gzip, deflate or none",
+            status=415,
+        )
+    timeout = request.app[LIMITS]["body_read_s"]
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise InvalidRequest(
+            f"the request body did not arrive within {timeout:g} s", status=408
+        ) from None
+    except RequestPayloadError as exc:
+        message = f"the request body could not be read: {' '.join(str(exc).split())}"
+        raise InvalidRequest(message) from None
+    if encoding != "identity":
+        raw = await _off_loop(len(raw), _decompress, raw, encoding, limit)
+    elif len(raw) > limit:  # sent without a Content-Length
+        raise InvalidRequest(
+            f"the request body is more than the {limit} bytes this endpoint takes", status=413
+        )
     if len(raw) > OFF_LOOP_BYTES:
         return await asyncio.to_thread(_loads, raw), len(raw)
     return _loads(raw), len(raw)
+
+
+def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate body (zlib-wrapped, or raw as some clients send it), at most
+    ``limit`` bytes once decompressed."""
+    wrapped = zlib.MAX_WBITS | 32  # a gzip or a zlib header, detected
+    for wbits in (wrapped, -zlib.MAX_WBITS) if encoding == "deflate" else (wrapped,):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(raw, limit + 1)
+        except zlib.error as exc:
+            error = str(exc)
+            continue
+        if len(out) > limit:
+            raise InvalidRequest(
+                f"the request body is more than {limit} bytes once decompressed", status=413
+            )
+        if not inflater.eof:
+            raise InvalidRequest(f"the request body is truncated {encoding} data")
+        return out
+    raise InvalidRequest(f"the request body is not valid {encoding} data: {error}")
 
 
 def _loads(raw: bytes) -> Any:

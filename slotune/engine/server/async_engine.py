@@ -131,8 +131,10 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet running: handed in but not admitted, or waiting in the engine."""
-        return self._num_pending() + len(self.engine.scheduler.waiting)
+        """Sequences not yet running, handed in but not admitted or waiting in the engine:
+        a request not yet forked counts ``n``."""
+        pending = sum(item.params.n for item in self._inbox if isinstance(item, _Pending))
+        return pending + sum(r.seats for r in self.engine.scheduler.waiting)
 
     @property
     def num_requests(self) -> int:
@@ -155,17 +157,25 @@ class AsyncEngine:
         """Queue a request; returns its output queue (``outputs``, which several requests
         may share, or a new one) once the engine accepted it. Raises the engine's
         ``ValueError`` when it refuses the request."""
+        outputs = outputs if outputs is not None else asyncio.Queue()
+        await self.submit(request_id, prompt_token_ids, params, outputs)
+        return outputs
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        outputs: asyncio.Queue[RequestOutput | EngineError],
+    ) -> asyncio.Future[None]:
+        """Queue a request now (it counts in ``num_waiting`` at once); the future is done
+        when the engine accepted it, or holds the engine's ``ValueError``."""
         if not self.running:
             raise EngineError("the engine loop is not running")
-        pending = _Pending(
-            request_id, prompt_token_ids, params, asyncio.get_running_loop().create_future()
-        )
-        if outputs is not None:
-            pending.outputs = outputs
-        self._inbox.append(pending)
+        admitted = asyncio.get_running_loop().create_future()
+        self._inbox.append(_Pending(request_id, prompt_token_ids, params, admitted, outputs))
         self._wake.set()
-        await pending.admitted
-        return pending.outputs
+        return admitted
 
     def abort(self, request_id: str, finished: bool = False) -> None:
         """Stop a request (all its completions); its queue gets nothing more. ``finished``:

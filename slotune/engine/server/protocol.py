@@ -32,6 +32,11 @@ from slotune.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from slotune.engine.server.served import ServedModel
 from slotune.engine.server.text import render_chat
 
+# Sizes are checked before anything proportional to them is built or iterated.
+MAX_CHOICES = 4096  # prompts x n in one request: the choices its response holds
+MAX_STOP_STRINGS = 64  # each is searched for in every choice's text after every token
+MAX_STOP_CHARS = 512  # a stop string's length: the text held back while streaming
+MAX_MODEL_NAME_SHOWN = 100  # characters of an unknown model name quoted in the 404
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default; chat defaults to the room left
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # vLLM's bounds (torch.long)
 
@@ -121,8 +126,14 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
     prompt_field = "messages" if chat else "prompt"
     if prompt_field not in body:
         raise InvalidRequest(f"'{prompt_field}' is required", prompt_field, "missing_required")
+    n = _n(body, served)
+    stop = _stop_strings(body.get("stop"))
+    include_usage = _include_usage(body)
     chat_ids = _chat_prompt(body["messages"], served) if chat else None
-    prompts = [chat_ids] if chat_ids is not None else _prompts(body["prompt"], served)
+    if chat_ids is not None:
+        prompts = [chat_ids]
+    else:
+        prompts = _prompts(body["prompt"], served, max_prompts=MAX_CHOICES // n)
     for ids in prompts:
         _check_prompt_ids(ids, served, prompt_field)
     logprobs, top = _logprobs(body, chat)
@@ -133,18 +144,43 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
             "the prompt's logprobs)",
             "echo",
         )
-    options = _typed(body, "stream_options", dict, None) or {}
     longest = max(len(ids) for ids in prompts)
     return GenerationRequest(
         chat=chat,
         prompts=prompts,
-        params=_sampling_params(body, longest, served, chat, top),
+        params=_sampling_params(body, longest, served, chat, top, n),
         stream=_typed(body, "stream", bool, False),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=include_usage,
         logprobs=logprobs,
-        stop=_stop_strings(body.get("stop")),
+        stop=stop,
         echo=_echo_texts(body["prompt"], prompts, served) if echo else (),
     )
+
+
+def _n(body: dict[str, Any], served: ServedModel) -> int:
+    """``n``, bounded by the engine's ``max_num_seqs`` before anything is made per choice."""
+    n = _typed(body, "n", int, 1)
+    if n < 1:
+        raise InvalidRequest(f"'n' must be at least 1 (got {_short(n)})", "n")
+    limit = min(served.max_num_seqs or MAX_CHOICES, MAX_CHOICES)
+    if n > limit:
+        raise InvalidRequest(
+            f"'n' is {_short(n)}, more than {limit} (this server's max_num_seqs): its "
+            "completions could never run together",
+            "n",
+        )
+    return int(n)
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = _typed(body, "stream_options", dict, None) or {}
+    value = options.get("include_usage")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(
+            f"'stream_options.include_usage' must be a boolean (got {_short(value)})",
+            "stream_options",
+        )
+    return bool(value)
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> tuple[bool, int]:
@@ -182,8 +218,18 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
+    if isinstance(stops, list) and len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(
+            f"'stop' holds {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop"
+        )
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise InvalidRequest("'stop' must be a string or a list of strings", "stop")
+    longest = max(map(len, stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise InvalidRequest(
+            f"a 'stop' string is {longest} characters; at most {MAX_STOP_CHARS} are allowed",
+            "stop",
+        )
     return tuple(s for s in stops if s)
 
 
@@ -207,6 +253,13 @@ def parse_detokenize(body: Any, served: ServedModel) -> list[int]:
         raise InvalidRequest("the request body must be a JSON object")
     check_model(body.get("model"), served)
     tokens = body.get("tokens")
+    if isinstance(tokens, list) and len(tokens) > served.max_model_len:
+        raise InvalidRequest(
+            f"'tokens' holds {len(tokens)} token ids, more than this server's "
+            f"max_model_len={served.max_model_len}",
+            "tokens",
+            "context_length_exceeded",
+        )
     if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
         raise InvalidRequest("'tokens' must be a list of token ids", "tokens")
     bad = next((t for t in tokens if not 0 <= t < served.vocab_size), None)
@@ -222,8 +275,9 @@ def check_model(model: Any, served: ServedModel) -> None:
     if model is None:
         return
     if model != served.name:
+        shown = _short(model, MAX_MODEL_NAME_SHOWN)
         raise InvalidRequest(
-            f"The model `{model}` does not exist; this server serves `{served.name}`",
+            f"The model {shown} does not exist; this server serves `{served.name}`",
             "model",
             "model_not_found",
             status=404,
@@ -248,23 +302,37 @@ def _same(value: Any, harmless: Any) -> bool:
     return type(value) is type(harmless) and value == harmless
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters (a long string is cut before its repr)."""
+    if isinstance(value, str) and len(value) > width:
+        value = value[:width]
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _prompts(prompt: Any, served: ServedModel) -> list[list[int]]:
-    """A string, a list of token ids, or a batch: a list of those."""
+def _prompts(prompt: Any, served: ServedModel, max_prompts: int) -> list[list[int]]:
+    """A string, a list of token ids, or a batch of at most ``max_prompts``: a list of those."""
     if isinstance(prompt, str):
         return [encode_text(prompt, served, "prompt")]
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        return [list(prompt)]
-    if isinstance(prompt, list) and prompt:
+    if isinstance(prompt, list) and prompt and _is_int(prompt[0]):
+        _check_length(len(prompt), served, "prompt")
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+    if isinstance(prompt, list) and len(prompt) > max_prompts:
+        raise InvalidRequest(
+            f"'prompt' is a batch of {len(prompt)} prompts; with 'n' completions each, at most "
+            f"{max_prompts} are allowed ({MAX_CHOICES} choices)",
+            "prompt",
+        )
+    if isinstance(prompt, list) and prompt and not _is_int(prompt[0]):
         batch = []
         for p in prompt:
             if isinstance(p, str):
                 batch.append(encode_text(p, served, "prompt"))
-            elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+            elif isinstance(p, list) and p and _is_int(p[0]):
+                _check_length(len(p), served, "prompt")
+                if not all(_is_int(t) for t in p):
+                    break
                 batch.append(list(p))
             else:
                 break
@@ -302,6 +370,7 @@ def encode_text(
 def _chat_prompt(messages: Any, served: ServedModel) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list of messages", "messages")
+    _check_length(len(messages), served, "messages")  # a message is at least a token
     plain = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -332,16 +401,21 @@ def _content(content: Any, i: int) -> str:
     )
 
 
-def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
-    if not ids:
-        raise InvalidRequest(f"'{field}' is empty; it needs at least one token", field)
-    if len(ids) >= served.max_model_len:
+def _check_length(num_tokens: int, served: ServedModel, field: str) -> None:
+    """At least ``num_tokens`` prompt tokens must leave room for one generated token."""
+    if num_tokens >= served.max_model_len:
         raise InvalidRequest(
-            f"'{field}' is {len(ids)} tokens: with at least one token to generate it does not "
+            f"'{field}' is {num_tokens} tokens: with at least one token to generate it does not "
             f"fit this server's max_model_len={served.max_model_len}",
             field,
             "context_length_exceeded",
         )
+
+
+def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
+    if not ids:
+        raise InvalidRequest(f"'{field}' is empty; it needs at least one token", field)
+    _check_length(len(ids), served, field)
     bad = next((t for t in ids if t < 0 or t >= served.vocab_size), None)
     if bad is not None:
         raise InvalidRequest(
@@ -350,7 +424,7 @@ def _check_prompt_ids(ids: list[int], served: ServedModel, field: str) -> None:
 
 
 def _sampling_params(
-    body: dict[str, Any], prompt_len: int, served: ServedModel, chat: bool, logprobs: int
+    body: dict[str, Any], prompt_len: int, served: ServedModel, chat: bool, logprobs: int, n: int
 ) -> SamplingParams:
     room = served.max_model_len - prompt_len
     max_tokens = _typed(body, "max_tokens", int, None)
@@ -371,6 +445,12 @@ def _sampling_params(
         )
     top_k = _typed(body, "top_k", int, 0)
     stops = _typed(body, "stop_token_ids", list, None) or []
+    if len(stops) > served.vocab_size:
+        raise InvalidRequest(
+            f"'stop_token_ids' holds {len(stops)} ids, more than the vocabulary's "
+            f"{served.vocab_size}",
+            "stop_token_ids",
+        )
     if not all(_is_int(t) for t in stops):
         raise InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
     seed = _typed(body, "seed", int, None)
@@ -384,7 +464,7 @@ def _sampling_params(
         "top_p": _number(body, "top_p", 1.0),
         "top_k": 0 if top_k == -1 else top_k,
         "seed": seed,
-        "n": _typed(body, "n", int, 1),
+        "n": n,
         "stop_token_ids": tuple(stops),
         "ignore_eos": _typed(body, "ignore_eos", bool, False),
         "logprobs": logprobs,

@@ -37,6 +37,7 @@ class ServedModel:
     pace: bool = False
     max_token_chars: int = 1
     synthetic_logprobs: bool = False
+    max_num_seqs: int | None = None  # the engine's: ``n`` above it could never run together
 
 
 def local_model(
@@ -67,6 +68,7 @@ def local_model(
         chat_template=template,
         special_tokens=specials,
         max_token_chars=max_token_chars,
+        max_num_seqs=config.max_num_seqs,
     )
     return engine, served
 
@@ -91,6 +93,7 @@ def simulated_model(
         max_model_len=config.max_model_len,
         pace=True,
         synthetic_logprobs=True,
+        max_num_seqs=config.max_num_seqs,
     )
     return engine, served
 
