@@ -49,9 +49,11 @@ def rich_table(comparison: Comparison) -> Any:
     for name in HEADER[1:]:
         right = name in ("baseline", "current", "change")
         verdict = name == "verdict"  # the one column that may wrap: "ok (report only)"
-        justify = "right" if right else "left"
         table.add_column(
-            name, justify=justify, no_wrap=not verdict, min_width=9 if verdict else None
+            name,
+            justify="right" if right else "left",
+            no_wrap=not verdict,
+            min_width=9 if verdict else None,
         )
     benchmark = None
     for j, row in zip(comparison.judgements, rows(comparison), strict=True):
