@@ -41,7 +41,16 @@ def bench(
     num_requests: to.NumRequests = None,
     multi_turn: to.MultiTurn = False,
     tokenizer: to.Tokenizer = None,
-    rate: Annotated[float | None, opt("--rate", "Open-loop request rate (req/s).")] = None,
+    rate: Annotated[
+        float | None,
+        opt(
+            "--rate",
+            "Open-loop arrival rate per second of sessions: a session's first request (the "
+            "later turns of a multi-turn trace follow their predecessors, so such a trace "
+            "sends more requests per second; the header says how many). Single requests: "
+            "req/s, as vLLM's --request-rate.",
+        ),
+    ] = None,
     burstiness: Annotated[
         float, opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
     ] = 1.0,
@@ -148,14 +157,13 @@ def bench(
         console.print(
             f"trace {tr.name}: dropped {tr.num_dropped} rows ({tr.dropped})", highlight=False
         )
+    load = arrivals.describe(tr.requests_per_session)
     target = {
         "sim": f"simulated {model} on {gpu}" + (f" x{tp}" if tp > 1 else ""),
         "engine": f"embedded engine with {model}",
         "http": f"{url} ({endpoint})",
     }[backend]
-    console.print(
-        f"bench: {len(tr)} requests of {tr.name}, {arrivals.describe()}, {target}", highlight=False
-    )
+    console.print(f"bench: {len(tr)} requests of {tr.name}, {load}, {target}", highlight=False)
     result = _run(
         backend,
         engine_config,
@@ -192,7 +200,7 @@ def bench(
             "ep": ep,
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
-            "arrivals": arrivals.describe(),
+            "arrivals": load,
             "timeout_s": timeout,
             "seed": seed,
             "slotune_version": _version(),
