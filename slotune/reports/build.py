@@ -115,9 +115,16 @@ def behaviour_html(runs: list[RunData], slo: dict[str, float]) -> str:
             ),
             _blocks([("batch", behaviour.batch_figure(runs))]),
             _blocks([("queues", behaviour.queue_figure(runs))]),
-            _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))]),
+            _preemption_cache(runs),
         ]
     )
+
+
+def _preemption_cache(runs: list[RunData]) -> str:
+    quiet = behaviour.preemption_cache_note(runs)
+    if quiet is not None:
+        return f'<h3 class="quiet">Preemptions and prefix caching</h3>{note(quiet)}'
+    return _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))])
 
 
 def _itl_figure(runs: list[RunData], slo: dict[str, float]) -> go.Figure | None:
