@@ -342,7 +342,7 @@ def _write(out: Path, result: Any, summary: dict[str, Any], console: Console) ->
 
 
 def _version() -> str:
-    from slotune import __version__
+    from slotune._version import __version__
 
     return __version__
 

@@ -131,12 +131,12 @@ def tune(
     ] = None,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
+    from slotune.api import tune
     from slotune.tuner.workflow import (
         StudyError,
         TuneInputError,
         TuneInterrupted,
         TuneOptions,
-        tune,
     )
 
     options = TuneOptions(

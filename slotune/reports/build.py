@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from slotune import __version__
+from slotune._version import __version__
 from slotune.reports import behaviour, fmt, search
 from slotune.reports.best import section, slo_targets_ms, slo_text
 from slotune.reports.diagnostics import diagnose

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-import slotune
+from slotune._version import __version__
 from slotune.engine.engine import Engine
 from slotune.engine.server.async_engine import AsyncEngine, EngineError
 from slotune.engine.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -191,7 +191,7 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _version(request: web.Request) -> web.Response:
-    return web.json_response({"version": slotune.__version__})
+    return web.json_response({"version": __version__})
 
 
 async def _health(request: web.Request) -> web.Response:
