@@ -2,6 +2,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The light install (what `pip install slotune` brings: no torch, no transformers) is all
+# the simulator needs; `make tune` stops there, `make test` adds the engine and dev extras.
+LIGHT_STAMP := $(VENV)/.installed-light
 
 .PHONY: install test test-fast tune lint typecheck bench bench-baseline clean
 
@@ -14,6 +17,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,engine]'
 	touch $(STAMP)
 
+$(LIGHT_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $(LIGHT_STAMP)
+
 install: $(STAMP)
 
 test: $(STAMP)
@@ -24,7 +31,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
-tune: $(STAMP)
+tune: $(LIGHT_STAMP)
 	$(BIN)/slotune tune --gpu h100 --slo ttft=300ms,tpot=50ms
 
 # The project's regression suite against the committed baseline: timing rows report,

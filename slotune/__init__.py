@@ -6,22 +6,18 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("slotune")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+local"
+from slotune._version import __version__
 
 if TYPE_CHECKING:
+    from slotune.api import tune
     from slotune.tuner.workflow import (
         TuneEvent,
         TuneInputError,
         TuneInterrupted,
         TuneOptions,
         TuneResult,
-        tune,
     )
 
 _WORKFLOW = ("TuneEvent", "TuneInputError", "TuneInterrupted", "TuneOptions", "TuneResult", "tune")
@@ -29,6 +25,10 @@ _WORKFLOW = ("TuneEvent", "TuneInputError", "TuneInterrupted", "TuneOptions", "T
 
 def __getattr__(name: str) -> Any:
     """The tune workflow, imported on first use (``import slotune`` stays light)."""
+    if name == "tune":
+        from slotune.api import tune
+
+        return tune
     if name in _WORKFLOW:
         from slotune.tuner import workflow
 

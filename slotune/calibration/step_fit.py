@@ -15,6 +15,7 @@ import statistics
 
 from slotune.calibration.measure import Measurement, StepShape
 from slotune.calibration.transforms import Param, from_unit, to_unit
+from slotune.engine.sim.batch import batch_totals
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.hardware import GpuSpec
 from slotune.engine.sim.models import ModelSpec
@@ -115,16 +116,13 @@ def predict(
     """The cost model's durations of ``shapes``, costed as the simulated executor costs them."""
     cost = CostModel(profile, model, 1, block_size)
     return [
-        cost.step_seconds(
-            s.num_tokens,
-            s.num_requests,
-            s.num_requests,
-            len(s.decodes),
-            sum(d + 1 for d in s.decodes),
-            list(s.prefills),
-        )
-        for s in shapes
+        cost.step_seconds(s.num_tokens, s.num_requests, s.num_requests, *_totals(s)) for s in shapes
     ]
+
+
+def _totals(shape: StepShape) -> tuple[int, int, list[tuple[int, int]]]:
+    """The shape's decodes and chunks in the executor's terms (``batch_totals``)."""
+    return batch_totals([*shape.prefills, *((1, d) for d in shape.decodes)])
 
 
 def fit(

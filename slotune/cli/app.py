@@ -10,7 +10,7 @@ import importlib
 
 import typer
 
-from slotune import __version__
+from slotune._version import __version__
 
 app = typer.Typer(
     name="slotune",

@@ -40,7 +40,16 @@ def bench(
     num_requests: to.NumRequests = None,
     multi_turn: to.MultiTurn = False,
     tokenizer: to.Tokenizer = None,
-    rate: Annotated[float | None, opt("--rate", "Open-loop request rate (req/s).")] = None,
+    rate: Annotated[
+        float | None,
+        opt(
+            "--rate",
+            "Open-loop arrival rate per second of sessions: a session's first request (the "
+            "later turns of a multi-turn trace follow their predecessors, so such a trace "
+            "sends more requests per second; the header says how many). Single requests: "
+            "req/s, as vLLM's --request-rate.",
+        ),
+    ] = None,
     burstiness: Annotated[
         float, opt("--burstiness", "Gamma shape (1 = Poisson); needs --rate.")
     ] = 1.0,
@@ -161,9 +170,9 @@ def bench(
         console.print(
             f"trace {tr.name}: dropped {tr.num_dropped} rows ({tr.dropped})", highlight=False
         )
+    load = arrivals.describe(tr.requests_per_session)
     console.print(
-        f"bench: {len(tr)} requests of {tr.name}, {arrivals.describe()}, {where.describe()}",
-        highlight=False,
+        f"bench: {len(tr)} requests of {tr.name}, {load}, {where.describe()}", highlight=False
     )
     result = _run(where, engine_config, tr, arrivals, seed=seed, timeout_s=timeout, console=console)
     try:
@@ -184,7 +193,7 @@ def bench(
             "ep": ep,
             "url": url,
             "trace": {"name": tr.name, "stats": stats},
-            "arrivals": arrivals.describe(),
+            "arrivals": load,
             "timeout_s": timeout,
             "seed": seed,
             "slotune_version": _version(),
@@ -291,7 +300,7 @@ def _write(out: Path, result: Any, summary: dict[str, Any], console: Console) ->
 
 
 def _version() -> str:
-    from slotune import __version__
+    from slotune._version import __version__
 
     return __version__
 

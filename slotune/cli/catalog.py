@@ -111,13 +111,19 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="Models (params in billions, experts top-k/all, KV in KiB per token)")
-    table.add_column("name", no_wrap=True)
-    cols = ("layers", "hidden", "heads q/kv", "FFN", "vocab", "experts", "params", "active")
-    for col in (*cols, "weights", "GB", "KV"):
-        table.add_column(col, justify="right")
+    # Two tables, each readable in 80 columns: the architecture, then the size.
+    shape = Table(title="Models: architecture (experts top-k/all)", box=None, pad_edge=False)
+    size = Table(
+        title="Models: size (params in billions, KV in KiB per token)", box=None, pad_edge=False
+    )
+    for table in (shape, size):
+        table.add_column("name", no_wrap=True, header_style="bold")
+    for col in ("layers", "hidden", "heads q/kv", "FFN", "vocab", "experts"):
+        shape.add_column(col, justify="right", no_wrap=True, header_style="bold")
+    for col in ("params", "active", "weights", "GB", "KV"):
+        size.add_column(col, justify="right", no_wrap=True, header_style="bold")
     for r in rows:
-        table.add_row(
+        shape.add_row(
             r["name"],
             str(r["layers"]),
             str(r["hidden_size"]),
@@ -125,13 +131,19 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             str(r["intermediate_size"]),
             str(r["vocab_size"]),
             r["experts"] or "-",
+        )
+        size.add_row(
+            r["name"],
             f"{r['params_b']:.2f}",
             f"{r['active_params_b']:.2f}",
             _weights_label(r["weight_dtype"], r["expert_weight_dtype"]),
             f"{r['weights_gb']:.1f}",
             f"{r['kv_kib_per_token']:g}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(shape)
+    console.print()
+    console.print(size)
 
 
 @app.command()

@@ -24,9 +24,9 @@ def _stats_table(rows: list[dict[str, Any]], title: str) -> Table:
         "trace",
         "reqs",
         "sess",
-        "in mean",
+        "in",
         "in p99",
-        "out mean",
+        "out",
         "out p99",
         "prefix",
         "times",
@@ -72,11 +72,14 @@ def list_traces(as_json: bool = typer.Option(False, "--json", help="Print JSON."
         typer.echo(json.dumps(rows, indent=2))
         return
     console = Console()
-    console.print(
-        _stats_table(rows, "Bundled traces (tokens; a turn's prompt includes its history)")
-    )
+    title = "Bundled traces (tokens in/out: mean, p99; prompts include the history)"
+    console.print(_stats_table(rows, title))
+    notes = Table.grid(padding=(0, 2))
+    notes.add_column(no_wrap=True, style="bold")
+    notes.add_column()  # a long description wraps in its own column
     for s in rows:
-        console.print(f"  [bold]{s['name']}[/bold]: {s['description']}", highlight=False)
+        notes.add_row(s["name"], s["description"])
+    console.print(notes)
 
 
 @traces_app.command("show")

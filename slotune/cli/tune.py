@@ -154,12 +154,12 @@ def tune(
     ] = 600.0,
 ) -> None:
     """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
+    from slotune.api import tune
     from slotune.tuner.workflow import (
         StudyError,
         TuneInputError,
         TuneInterrupted,
         TuneOptions,
-        tune,
     )
 
     options = TuneOptions(
@@ -362,12 +362,13 @@ def _print_result(result: Any) -> None:
         paths.insert(2, result.database)
     _console.print("Written:", highlight=False)
     for p in paths:
-        _console.print(f"  {p}", highlight=False)
+        _console.print(f"  {p}", highlight=False, soft_wrap=True)
     report = result.report or f"({result.report_note})"
     _console.print(f"  {report}", highlight=False)
+    _console.print("Export (--format vllm, sglang, yaml or json):", highlight=False)
+    # soft_wrap: a command longer than the terminal is never broken by an inserted newline
     _console.print(
-        f"Export: slotune export {result.best_json} --format vllm|sglang|yaml|json",
-        highlight=False,
+        f"  slotune export {result.best_json} --format vllm", highlight=False, soft_wrap=True
     )
 
 

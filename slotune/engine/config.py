@@ -98,8 +98,10 @@ class EngineConfig:
             )
 
     @property
-    def prefix_caching_enabled(self) -> bool:
-        return self.prefix_caching != "none"
+    def chunk_cap(self) -> int:
+        """The most tokens one request computes in a step: ``long_prefill_token_threshold``,
+        or the whole budget where it is 0 (off)."""
+        return self.long_prefill_token_threshold or self.max_num_batched_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -94,7 +94,7 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.prefill_first = config.policy == "prefill_first"
         self.swap = config.preemption_mode == "swap"
-        self.threshold = config.long_prefill_token_threshold or config.max_num_batched_tokens
+        self.threshold = config.chunk_cap
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

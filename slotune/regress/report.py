@@ -41,15 +41,27 @@ HEADER = ["benchmark", "metric", "baseline", "current", "change", "tolerance", "
 
 
 def rich_table(comparison: Comparison) -> Any:
+    """One row per metric, under a row naming its benchmark: a metric name is never
+    wrapped, and a table of metric names up to ~28 characters fits 80 columns."""
     from rich.table import Table
 
-    table = Table(title="slotune regress")
-    for name in HEADER:
+    table = Table(title="slotune regress", box=None, pad_edge=False, header_style="bold")
+    for name in HEADER[1:]:
         right = name in ("baseline", "current", "change")
-        table.add_column(name, justify="right" if right else "left", overflow="fold")
+        verdict = name == "verdict"  # the one column that may wrap: "ok (report only)"
+        table.add_column(
+            name,
+            justify="right" if right else "left",
+            no_wrap=not verdict,
+            min_width=9 if verdict else None,
+        )
+    benchmark = None
     for j, row in zip(comparison.judgements, rows(comparison), strict=True):
+        if j.benchmark != benchmark:
+            benchmark = j.benchmark
+            table.add_row(f"[bold]{benchmark}[/bold]", *[""] * (len(HEADER) - 2))
         style = _STYLE[j.verdict] if j.gate or j.verdict == "ok" else "dim"
-        table.add_row(*row[:-1], f"[{style}]{row[-1]}[/{style}]")
+        table.add_row("  " + row[1], *row[2:-1], f"[{style}]{row[-1]}[/{style}]")
     return table
 
 

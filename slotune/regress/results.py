@@ -36,7 +36,7 @@ class SuiteResult:
 
     @classmethod
     def new(cls, suite: str, benchmarks: list[BenchmarkResult]) -> SuiteResult:
-        from slotune import __version__
+        from slotune._version import __version__
 
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         return cls(suite, benchmarks, __version__, now, platform.node())

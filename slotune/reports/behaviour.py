@@ -227,6 +227,18 @@ def queue_figure(runs: list[RunData]) -> go.Figure | None:
     return finish(fig, "Running and waiting requests")
 
 
+def preemption_cache_note(runs: list[RunData]) -> str | None:
+    """A line of text instead of two empty charts: no run preempted a request and none
+    hit the prefix cache (None when either happened, or nothing says)."""
+    preempted = [r.steps["preempted"].fillna(0).sum() for r in runs if "preempted" in r.steps]
+    rates = [prefix_cache_hit_rate(r) for r in runs]
+    if not preempted or any(preempted) or any(r is None or r > 0 for r in rates):
+        return None
+    return "No request was preempted and no prompt token came from the prefix cache in " + (
+        "either run." if len(runs) == 2 else "any run." if len(runs) > 2 else "the run."
+    )
+
+
 def preemption_cache_figure(runs: list[RunData]) -> go.Figure | None:
     """Cumulative preemptions over time, and each run's prefix-cache hit rate."""
     rates = [prefix_cache_hit_rate(r) for r in runs]

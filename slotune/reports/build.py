@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from slotune import __version__
+from slotune._version import __version__
 from slotune.reports import behaviour, fmt, search
 from slotune.reports.best import section, slo_targets_ms, slo_text
 from slotune.reports.diagnostics import diagnose
@@ -116,9 +116,16 @@ def behaviour_html(runs: list[RunData], slo: dict[str, float]) -> str:
             ),
             _blocks([("batch", behaviour.batch_figure(runs))]),
             _blocks([("queues", behaviour.queue_figure(runs))]),
-            _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))]),
+            _preemption_cache(runs),
         ]
     )
+
+
+def _preemption_cache(runs: list[RunData]) -> str:
+    quiet = behaviour.preemption_cache_note(runs)
+    if quiet is not None:
+        return f'<h3 class="quiet">Preemptions and prefix caching</h3>{note(quiet)}'
+    return _blocks([("preemption_cache", behaviour.preemption_cache_figure(runs))])
 
 
 def _itl_figure(runs: list[RunData], slo: dict[str, float]) -> go.Figure | None:

@@ -26,6 +26,19 @@ def num(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def sig(value: Any, digits: int = 4) -> str:
+    """``digits`` significant figures in plain notation, never an exponent: ``25,630``,
+    ``57.37``, ``0.01235``; trailing zeros dropped as ``g`` drops them."""
+    if not is_number(value):
+        return NA
+    v = float(value)
+    if v == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    shown = f"{round(v, decimals):,.{decimals}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
+
+
 def ms(value: Any) -> str:
     return f"{num(value, 1)} ms" if is_number(value) else NA
 

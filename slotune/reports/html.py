@@ -102,6 +102,7 @@ th,td{border-bottom:1px solid #e5e7eb;padding:4px 10px;text-align:left;white-spa
 th{background:#f3f4f6;white-space:normal;vertical-align:bottom}
 td.changed{font-weight:600;color:#1d4ed8}td.met{color:#047857}td.missed{color:#b91c1c;
 font-weight:600}
+table.metrics td:first-child,td.wrap{white-space:normal}
 td.infeasible{color:#6b7280}td.chosen{font-weight:700;background:#fef9c3}
 .grid{display:flex;flex-wrap:wrap;gap:24px}.grid>div{flex:1 1 420px;min-width:0;overflow-x:auto}
 .grid>div.wide{flex-grow:1.4}

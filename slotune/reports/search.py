@@ -6,6 +6,9 @@ holds nothing to draw. Feasible trials are blue dots, infeasible ones grey cross
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -104,6 +107,16 @@ def _mark_recommended(
     )
 
 
+# The unit of an objective on an axis (the others are scores without one).
+_OBJECTIVE_UNITS = {"goodput": "req/s"}
+
+
+def objective_label(name: str, direction: str | None = None) -> str:
+    """``goodput (req/s, maximize)``: an objective's axis title with its unit."""
+    extra = [x for x in (_OBJECTIVE_UNITS.get(name), direction) if x]
+    return f"{name} ({', '.join(extra)})" if extra else name
+
+
 def _best_so_far(frame: pd.DataFrame, column: str, direction: str) -> pd.Series:
     values = frame[column].where(frame["feasible"].astype(bool))
     return values.cummax() if direction == "maximize" else values.cummin()
@@ -137,7 +150,7 @@ def history_figure(trials: TrialsData) -> go.Figure | None:
             col=1,
         )
         _mark_recommended(fig, trials, "number", column, row=i + 1, col=1, legend=i == 0)
-        fig.update_yaxes(title_text=f"{name} ({direction})", row=i + 1, col=1)
+        fig.update_yaxes(title_text=objective_label(name, direction), row=i + 1, col=1)
     fig.update_xaxes(title_text="trial", row=n, col=1)
     return finish(fig, "Optimization history", height=320 + 180 * (n - 1))
 
@@ -184,7 +197,7 @@ def slice_figure(trials: TrialsData, params: list[str]) -> go.Figure | None:
     for j, param in enumerate(params):
         _points(fig, trials, f"params_{param}", "value_0", row=1, col=j + 1, legend=j == 0)
         fig.update_xaxes(title_text=param, row=1, col=j + 1, **_axis_kind(trials, param))
-    fig.update_yaxes(title_text=trials.objective_names[0], row=1, col=1)
+    fig.update_yaxes(title_text=objective_label(trials.objective_names[0]), row=1, col=1)
     return finish(fig, "Slices of the most important parameters")
 
 
@@ -199,11 +212,25 @@ def _is_log(values: np.ndarray) -> bool:
     return bool(values.min() > 0 and values.max() / values.min() >= 20)
 
 
-def _axis_kind(trials: TrialsData, param: str) -> dict[str, str]:
+def _axis_kind(trials: TrialsData, param: str) -> dict[str, Any]:
     values = _numeric(trials.completed[f"params_{param}"])
     if values is None or values.size == 0:
         return {"type": "category"}
-    return {"type": "log"} if _is_log(values) else {}
+    if not _is_log(values):
+        return {}
+    ticks = log_ticks(float(values.min()), float(values.max()))
+    return {"type": "log", "tickvals": ticks, "ticktext": [_tick(v) for v in ticks]}
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Ticks of a log axis over [low, high] at 1, 2 and 5 times the powers of ten (1, 2,
+    5 ... only 1 and 10s over more than three decades), every one labelled in full:
+    plotly's own labels the minor ticks with their first digit ("7 8 9 10 2 3")."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    steps = (1.0,) if last - first > 3 else (1.0, 2.0, 5.0)
+    ticks = [m * 10.0**k for k in range(first, last + 1) for m in steps]
+    inside = [t for t in ticks if low / 1.5 <= t <= high * 1.5]
+    return inside or [low, high]
 
 
 def _coords(series: pd.Series) -> tuple[np.ndarray, dict[str, object]]:
@@ -267,7 +294,7 @@ def contour_figure(trials: TrialsData, params: list[str]) -> go.Figure | None:
             z=z,
             colorscale="Blues",
             reversescale=trials.directions[0] != "maximize",
-            colorbar={"title": {"text": trials.objective_names[0]}},
+            colorbar={"title": {"text": objective_label(trials.objective_names[0])}},
             ncontours=14,
             hoverinfo="skip",
         )
@@ -332,6 +359,6 @@ def pareto_figure(trials: TrialsData) -> go.Figure | None:
             )
         )
     _mark_recommended(fig, trials, "value_0", "value_1")
-    fig.update_xaxes(title_text=f"{trials.objective_names[0]} ({trials.directions[0]})")
-    fig.update_yaxes(title_text=f"{trials.objective_names[1]} ({trials.directions[1]})")
+    fig.update_xaxes(title_text=objective_label(trials.objective_names[0], trials.directions[0]))
+    fig.update_yaxes(title_text=objective_label(trials.objective_names[1], trials.directions[1]))
     return finish(fig, "Pareto front", height=420)

@@ -150,7 +150,8 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
     completed = [f"{fmt.num(stat(s, 'completed'))} / {fmt.num(stat(s, 'failed'))}" for _, s in runs]
     rows.append(["completed / failed", "—", *completed])
     rows.append(["of which timed out", "—", *[fmt.num(timeouts(s)) for _, s in runs]])
-    rows.append(["scoring window", "—", *[window_text(s) for _, s in runs]])
+    windows = [Cell(window_text(s), css="wrap") for _, s in runs]  # long: may wrap
+    rows.append(["scoring window", "—", *windows])
     rows.append(["steady state reached", "—", *[steady_cell(s) for _, s in runs]])
     return table(["metric", "SLO", *[label for label, _ in runs]], rows, css="metrics")
 
@@ -165,12 +166,13 @@ def timeouts(summary: dict[str, Any]) -> int | None:
 
 
 def window_text(summary: dict[str, Any]) -> str:
-    """The arrivals a run's scores count: ``10–27 s of arrivals (1,234 requests)``."""
+    """The arrivals a run's scores count: ``10–27 s of arrivals, 1,234 requests``."""
     window = section(summary, "scoring_window")
     start, end = stat(window, "start_s"), stat(window, "end_s")
     if start is None or end is None:
         return "the whole run" if summary else fmt.NA
-    return f"{start:g}–{end:g} s of arrivals ({fmt.num(stat(window, 'requests'))} requests)"
+    requests = fmt.num(stat(window, "requests"))
+    return f"{fmt.sig(start, 3)}–{fmt.sig(end, 3)} s of arrivals, {requests} requests"
 
 
 def steady_cell(summary: dict[str, Any]) -> Cell:
@@ -240,7 +242,7 @@ def diagnostics_html(diagnostics: list[Diagnostic]) -> str:
 
 def _value_cell(value: Any, digits: int = 4) -> Cell:
     if fmt.is_number(value):
-        return Cell(f"{value:.{digits}g}" if isinstance(value, float) else str(value), sort=value)
+        return Cell(fmt.sig(value, digits) if isinstance(value, float) else str(value), sort=value)
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return Cell("n/a", sort="")
     return Cell(str(value))
@@ -304,7 +306,7 @@ def _compact(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_compact(v) for v in value) + "]"
     if isinstance(value, float) and fmt.is_number(value):
-        return f"{value:.4g}"
+        return fmt.sig(value)
     return fmt.text(value)
 
 

@@ -43,7 +43,7 @@ def _vllm_threshold(v: int, _c: EngineConfig) -> Flags:
 def _sglang_chunk(v: int, c: EngineConfig) -> Flags:
     if c.policy == "prefill_first":
         return Flags(("--chunked-prefill-size", "-1", "--max-prefill-tokens", str(v)))
-    chunk = c.long_prefill_token_threshold or v
+    chunk = c.chunk_cap
     comment = None
     if c.long_prefill_token_threshold:
         comment = (

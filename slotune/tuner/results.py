@@ -199,7 +199,7 @@ def write_outputs(
 ) -> Outputs:
     """Select the recommendation, rerun it and the baseline once at the report load into
     ``runs/``, and write ``trials.csv`` and ``best.json``."""
-    from slotune import __version__
+    from slotune._version import __version__
     from slotune.engine.config import EngineConfig
     from slotune.tuner.export import command_line, hf_model_name
     from slotune.tuner.space import SearchSpace, describe

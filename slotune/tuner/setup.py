@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SETUP_ATTR = "slotune_setup"
@@ -100,9 +100,6 @@ class TuneSetup:
         kwargs["load"] = LoadSpec(**kwargs["load"])
         kwargs["notes"] = tuple(kwargs.get("notes", ()))
         return cls(**kwargs)
-
-    def with_load_rate(self, rate: float) -> TuneSetup:
-        return replace(self, load=replace(self.load, rate=rate))
 
     def differences(self, other: TuneSetup) -> list[str]:
         """Fields (besides the sampler and notes) on which two setups disagree. Two traces

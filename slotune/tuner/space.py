@@ -199,7 +199,7 @@ class SearchSpace:
         else:
             threshold = int(knobs.get("long_prefill_token_threshold", 0) or 0)
             if params.get(THRESHOLD_GATE) is False or threshold >= budget:
-                threshold = 0
+                threshold = 0  # a cap at or over the budget caps nothing (EngineConfig.chunk_cap)
             knobs["long_prefill_token_threshold"] = threshold
         return EngineConfig(**{**self.fixed, **knobs})
 

@@ -116,10 +116,10 @@ def _open(url: str, heartbeat: Heartbeat | None) -> Any:
     try:
         with _schema_lock(url):
             storage = optuna.storages.RDBStorage(
-                _with_driver(url), engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(heartbeat)
+                with_driver(url), engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(heartbeat)
             )
     except Exception as e:  # SQLAlchemy raises many kinds for a bad URL or an unreachable DB
-        if is_outage(e):
+        if is_outage(e) or isinstance(e, StudyError):
             raise
         raise StudyError(
             f"--storage {redact(url)}: cannot open the storage ({first_line(e)})"
@@ -140,7 +140,7 @@ def open_reader(url: str) -> Any:
     if is_journal(url):
         return _open(url, None)
     return optuna.storages.RDBStorage(
-        _with_driver(url), engine_kwargs=_engine_kwargs(url), skip_table_creation=True
+        with_driver(url), engine_kwargs=_engine_kwargs(url), skip_table_creation=True
     )
 
 
@@ -203,18 +203,27 @@ def _fast_sqlite(engine: Any) -> None:
     engine.dispose()
 
 
-def _with_driver(url: str) -> str:
-    """``postgresql://`` with the driver that is installed: SQLAlchemy 2.1 defaults to
-    psycopg 3, while the ``postgres`` extra installs psycopg2."""
+# PostgreSQL drivers SQLAlchemy knows, in the order slotune prefers them: psycopg 3 (what
+# ``slotune[postgres]`` installs, and SQLAlchemy 2.1's default), then psycopg2.
+_PG_DRIVERS = (("psycopg", "psycopg"), ("psycopg2", "psycopg2"))
+
+
+def with_driver(url: str) -> str:
+    """A ``postgresql://`` (or ``postgres://``) URL with the driver that is installed named
+    in it: SQLAlchemy 2.1 maps a bare ``postgresql://`` to psycopg 3 and 2.0 to psycopg2,
+    so the bare URL works only when the one that version expects happens to be there. A
+    URL that names its driver (``postgresql+psycopg2://``) is left as it is."""
     import importlib.util
 
     for prefix in ("postgresql://", "postgres://"):
-        if (
-            url.startswith(prefix)
-            and importlib.util.find_spec("psycopg") is None
-            and (importlib.util.find_spec("psycopg2") is not None)
-        ):
-            return "postgresql+psycopg2://" + url[len(prefix) :]
+        if url.startswith(prefix):
+            for module, dialect in _PG_DRIVERS:
+                if importlib.util.find_spec(module) is not None:
+                    return f"postgresql+{dialect}://" + url[len(prefix) :]
+            raise StudyError(
+                f"--storage {redact(url)}: PostgreSQL needs the psycopg driver, which is not "
+                "installed here: pip install 'slotune[postgres]'"
+            )
     return url
 
 
@@ -258,7 +267,7 @@ def _lock_engine(url: str) -> Any:
     import sqlalchemy
 
     return sqlalchemy.create_engine(
-        _with_driver(url),
+        with_driver(url),
         pool_pre_ping=True,
         connect_args={"connect_timeout": _CONNECT_TIMEOUT_S},
     )
@@ -311,10 +320,10 @@ def is_outage(e: BaseException) -> bool:
         sqlalchemy.exc.DisconnectionError,
         ConnectionError,
     )
-    with contextlib.suppress(ImportError):
-        import psycopg2
-
-        kinds += (psycopg2.OperationalError, psycopg2.InterfaceError)
+    for module in ("psycopg", "psycopg2"):
+        driver = sys.modules.get(module)  # only a driver in use can have raised
+        if driver is not None:
+            kinds += (driver.OperationalError, driver.InterfaceError)
     seen: set[int] = set()
     current: BaseException | None = e
     while current is not None and id(current) not in seen:

@@ -7,6 +7,9 @@ baseline and write ``best.json``, ``trials.csv``, ``runs/`` and the report::
     result = slotune.tune(gpu="h100", slo="ttft=300ms,tpot=50ms", trials=20)
     print(result.config, result.best["goodput_rps"])
 
+The report is a view above the tuner: the caller hands in its builder (``report``;
+``slotune.tune`` passes ``slotune.reports.build_report``).
+
 Bad options raise ``TuneInputError`` naming the ``TuneOptions`` field; a study that cannot
 be created, joined or finished raises ``StudyError``; Ctrl-C raises ``TuneInterrupted``.
 ``on_event`` follows the stages and every finished trial (the CLI draws its display from it).
@@ -124,15 +127,20 @@ class TuneResult:
     verified_stack: Path | None = None  # the stack fitted to the measured runs
 
 
+ReportBuilder = Callable[[Path], Path]
+"""Writes the report of an output folder and returns its path."""
+
+
 def tune(
     options: TuneOptions | None = None,
     /,
     *,
     on_event: Callable[[TuneEvent], None] | None = None,
-    report: bool = True,
+    report: ReportBuilder | None = None,
     **option_fields: Any,
 ) -> TuneResult:
-    """Run a tuning study; ``options`` or the ``TuneOptions`` fields as keywords."""
+    """Run a tuning study; ``options`` or the ``TuneOptions`` fields as keywords. With
+    ``report``, write the report of the output folder with it at the end."""
     unknown = sorted(set(option_fields) - {f.name for f in fields(TuneOptions)})
     if unknown:
         raise TypeError(f"tune() got unknown options {unknown}; see the fields of TuneOptions")
@@ -178,7 +186,7 @@ class _Run:
         self.emit = emit
         self.evaluator = Evaluator(prepared.setup, prepared.trace)
 
-    def run(self, report: bool) -> TuneResult:
+    def run(self, report: ReportBuilder | None) -> TuneResult:
         from slotune.tuner import study as studies
 
         joined = self._create_or_join()
@@ -281,7 +289,7 @@ class _Run:
         baseline: dict[str, Any],
         created: bool,
         budget: int,
-        report: bool,
+        report: ReportBuilder | None,
     ) -> TuneResult:
         from slotune.tuner import study as studies
         from slotune.tuner.results import write_outputs
@@ -305,7 +313,7 @@ class _Run:
             outputs = replace(outputs, best=json.loads(outputs.best_json.read_text()))
         storage = self.place.storage
         database = Path(storage.split("///", 1)[1]) if storage.startswith("sqlite:///") else None
-        built = _build_report(self.place.out_dir) if report else "report not asked for"
+        built = _build_report(report, self.place.out_dir) if report else "report not asked for"
         return TuneResult(
             study_name=self.place.name,
             storage=storage,
@@ -372,13 +380,9 @@ def _best_trial(trial: Any) -> BestTrial | None:
     )
 
 
-def _build_report(out_dir: Path) -> Path | str:
+def _build_report(build: ReportBuilder, out_dir: Path) -> Path | str:
     try:
-        from slotune.reports import build_report
-    except ImportError:
-        return "report.html comes with the reports issue"
-    try:
-        return build_report(out_dir)
+        return build(out_dir)
     except Exception as e:  # the report is a view: a failure there must not lose the results
         return f"report.html not written: {e}"
 

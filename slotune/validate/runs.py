@@ -24,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from slotune.engine.config import EngineConfig
 from slotune.workloads.trace import Trace, TraceRequest
+
+_ENGINE = EngineConfig()  # the engine's defaults stand for a setting a run does not record
 
 
 class RunFormatError(ValueError):
@@ -37,9 +40,9 @@ class ServerSettings:
 
     model: str
     tp: int = 1
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
+    max_num_seqs: int = _ENGINE.max_num_seqs
+    max_num_batched_tokens: int = _ENGINE.max_num_batched_tokens
+    block_size: int = _ENGINE.block_size
     max_model_len: int = 4096
     num_gpu_blocks: int | None = None
     prefix_caching: str = "hash"
@@ -179,9 +182,11 @@ def _load_inference_perf(d: Path, *, gpu: str | None, model: str | None) -> Meas
     settings = ServerSettings(
         model=model,
         tp=int(cfg.get("tensor_parallelism", 1)),
-        max_num_seqs=int(cfg.get("max_num_seqs", 256)),
-        max_num_batched_tokens=int(cfg.get("max_num_batched_tokens", 2048)),
-        block_size=int(cfg.get("block_size", 16)),
+        max_num_seqs=int(cfg.get("max_num_seqs", _ENGINE.max_num_seqs)),
+        max_num_batched_tokens=int(
+            cfg.get("max_num_batched_tokens", _ENGINE.max_num_batched_tokens)
+        ),
+        block_size=int(cfg.get("block_size", _ENGINE.block_size)),
         max_model_len=_exp_max_model_len(d),
         num_gpu_blocks=int(cfg["kv_blocks_total_gpu"]) if cfg.get("kv_blocks_total_gpu") else None,
         gpu=gpu or "h100",
@@ -299,9 +304,11 @@ def _load_bench_output(d: Path, *, gpu: str | None, model: str | None) -> Measur
     settings = ServerSettings(
         model=str(model),
         tp=int(summary.get("tp") or 1),
-        max_num_seqs=int(cfg.get("max_num_seqs", 256)),
-        max_num_batched_tokens=int(cfg.get("max_num_batched_tokens", 2048)),
-        block_size=int(cfg.get("block_size", 16)),
+        max_num_seqs=int(cfg.get("max_num_seqs", _ENGINE.max_num_seqs)),
+        max_num_batched_tokens=int(
+            cfg.get("max_num_batched_tokens", _ENGINE.max_num_batched_tokens)
+        ),
+        block_size=int(cfg.get("block_size", _ENGINE.block_size)),
         max_model_len=int(cfg.get("max_model_len", 8192)),
         num_gpu_blocks=cfg.get("num_gpu_blocks"),
         prefix_caching=str(cfg.get("prefix_caching", "hash")),

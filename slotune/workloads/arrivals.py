@@ -14,7 +14,9 @@ stage; constant: every ``1/rate`` from its start). The stages fix the number of 
 the trace with ``Trace.repeat_to``.
 Closed loop: ``concurrency`` caps the sessions in flight (a single request is a session of
 one), so N concurrent users each send their next request when the previous one finishes.
-Later turns of a session always wait for the turn before them (see the runner).
+Later turns of a session always wait for the turn before them (see the runner), so a rate
+counts sessions: on a multi-turn trace it sends ``Trace.requests_per_session`` times as
+many requests per second while sessions arrive (``describe`` says both).
 """
 
 from __future__ import annotations
@@ -128,7 +130,17 @@ class ArrivalSpec:
         if self.num_sessions == 0:
             raise ValueError("ArrivalSpec.stages: the stages send no request (rate x duration)")
 
-    def describe(self) -> str:
+    def describe(self, requests_per_session: float = 1.0) -> str:
+        """The load in words. A rate counts sessions (each starts with its first request;
+        later turns follow the turn before them): with sessions of several requests
+        (``Trace.requests_per_session``) it says so, with the requests per second that
+        sends while sessions keep arriving."""
+
+        def per_s(rate: float) -> str:
+            if requests_per_session <= 1:
+                return f"{rate:g} req/s"
+            return f"{rate:g} sessions/s (~{rate * requests_per_session:.3g} req/s)"
+
         parts = []
         kind = (
             "constant"
@@ -140,10 +152,10 @@ class ArrivalSpec:
                 "trace timestamps" + (f" x{self.time_scale:g}" if self.time_scale != 1 else "")
             )
         elif self.stages:
-            steps = ", ".join(f"{s.rate:g} req/s for {s.duration_s:g} s" for s in self.stages)
+            steps = ", ".join(f"{per_s(s.rate)} for {s.duration_s:g} s" for s in self.stages)
             parts.append(f"{kind} stages: {steps}")
         elif self.rate is not None:
-            parts.append(f"{kind} at {self.rate:g} req/s")
+            parts.append(f"{kind} at {per_s(self.rate)}")
         elif self.concurrency is None:
             parts.append("all at once")
         if self.concurrency is not None:

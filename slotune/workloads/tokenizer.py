@@ -69,8 +69,14 @@ class BPETokenizer:
         self.encoding = encoding
         self.name = f"{encoding} BPE (offline){note}"
 
-    def encode(self, text: str) -> list[int]:
-        return self._bos + self._enc.encode_ordinary(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._enc.encode_ordinary(text)
+        return self._bos + ids if add_special_tokens else ids
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest token's length in bytes (so in characters too)."""
+        return max(map(len, self._enc.token_byte_values()))
 
     def decode(self, token_ids: list[int]) -> str:
         return self._enc.decode(list(token_ids))

@@ -161,6 +161,13 @@ class Trace:
         return bool(roots) and all(r.arrival_time is not None for r in roots)
 
     @property
+    def requests_per_session(self) -> float:
+        """Requests per session (a request without a parent and the turns that continue
+        it): 1 for a trace of single requests."""
+        roots = sum(1 for r in self.requests if r.parent_id is None)
+        return len(self.requests) / roots if roots else 1.0
+
+    @property
     def num_dropped(self) -> int:
         return sum(self.dropped.values())
 

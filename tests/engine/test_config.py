@@ -56,3 +56,14 @@ def test_valid_configs_round_trip() -> None:
     assert EngineConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown field"):
         EngineConfig.from_dict({"max_batch": 3})
+
+
+def test_chunk_cap_is_the_threshold_or_else_the_budget() -> None:
+    from slotune.tuner.export import export
+
+    off = EngineConfig(max_num_batched_tokens=512)
+    on = EngineConfig(max_num_batched_tokens=512, long_prefill_token_threshold=128)
+    assert (off.chunk_cap, on.chunk_cap) == (512, 128)
+    for config, chunk in ((off, 512), (on, 128)):
+        command = export({"config": config.to_dict(), "model": "llama-3-8b"}, "sglang")
+        assert f"--chunked-prefill-size {chunk} " in command

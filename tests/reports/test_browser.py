@@ -40,6 +40,10 @@ INSPECT = """JSON.stringify({
   vllm: (document.getElementById("cmd-vllm") || {}).textContent || null,
   sglang: (document.getElementById("cmd-sglang") || {}).textContent || null,
   configTable: (document.querySelector("table.config") || {}).innerText || null,
+  overflowing: Array.from(document.querySelectorAll(".grid table")).filter(
+    t => t.scrollWidth > t.parentElement.clientWidth + 1).map(t => t.className),
+  exponents: Array.from(document.querySelectorAll("#trials-table td")).map(
+    td => td.textContent).filter(text => /\\de[+-]\\d/.test(text)),
 })"""
 FIRST_TRIAL = "document.querySelector('#trials-table tbody tr td').dataset.sort"
 
@@ -140,6 +144,13 @@ def test_recommendation_matches_best_json(browser: dict[str, Any], best: dict[st
         assert key in info["configTable"]
     assert info["vllm"] == best["commands"]["vllm"]
     assert info["sglang"] == best["commands"]["sglang"]
+
+
+def test_tables_fit_at_1400_px_and_numbers_read_plainly(browser: dict[str, Any]) -> None:
+    info = browser["tune"]
+    where = f"(screenshot: {browser['shots'] / 'tune_report.png'})"
+    assert info["overflowing"] == [], f"tables behind a scrollbar: {info['overflowing']} {where}"
+    assert info["exponents"] == [], where
 
 
 def test_trials_table_sorts_and_copy_button_works(browser: dict[str, Any]) -> None:

@@ -211,3 +211,43 @@ def test_search_builders_return_none_without_completed_trials() -> None:
     assert search.slice_figure(trials, ["x"]) is None
     assert search.contour_figure(trials, ["x", "y"]) is None
     assert search.pareto_figure(trials) is None
+
+
+def test_log_axes_label_every_tick_in_full(trials: TrialsData) -> None:
+    assert search.log_ticks(11, 1024) == [10, 20, 50, 100, 200, 500, 1000]
+    assert search.log_ticks(806, 17435) == [1000, 2000, 5000, 10000, 20000]
+    assert search.log_ticks(1, 1e6) == [1, 10, 100, 1000, 10000, 100000, 1000000]
+    params = [p for p in trials.param_names if f"params_{p}" in trials.completed]
+    for param in params:
+        axis = search._axis_kind(trials, param)
+        if axis.get("type") == "log":
+            labels = axis["ticktext"]
+            assert len(labels) >= 2 and all(len(label.replace(",", "")) > 0 for label in labels)
+            values = [float(label.replace(",", "")) for label in labels]
+            assert values == sorted(values) and values == axis["tickvals"]
+
+
+def test_objective_axes_carry_their_unit(trials: TrialsData) -> None:
+    assert search.objective_label("goodput", "maximize") == "goodput (req/s, maximize)"
+    assert search.objective_label("weighted_score") == "weighted_score"
+    history = search.history_figure(trials)
+    assert history is not None
+    titles = " | ".join(str(axis.title.text) for axis in history.select_yaxes())
+    assert trials.objective_names == ("goodput",)
+    assert titles == "goodput (req/s, maximize)"
+
+
+def test_quiet_preemption_and_prefix_cache_is_a_line_of_text(runs: list[RunData]) -> None:
+    assert behaviour.preemption_cache_note(runs) is None  # the synthetic runs preempt
+    quiet = [
+        replace(
+            r,
+            steps=r.steps.assign(preempted=0),
+            summary={**r.summary, "prefix_cache_hit_rate": 0.0},
+        )
+        for r in runs
+    ]
+    text = behaviour.preemption_cache_note(quiet)
+    assert text is not None and text.endswith("in either run.")
+    hit = [quiet[0], replace(quiet[1], summary={**quiet[1].summary, "prefix_cache_hit_rate": 0.2})]
+    assert behaviour.preemption_cache_note(hit) is None

@@ -89,7 +89,7 @@ def _expected_run(run_dir: Path) -> dict[str, Any]:
     scored = requests[(arrival >= start) & (arrival <= end)]
     errors = scored["error"].fillna("")
     return {
-        "window": f"{start:g}–{end:g} s of arrivals ({len(scored):,} requests)",
+        "window": f"{start:.3g}–{end:.3g} s of arrivals, {len(scored):,} requests",
         "timeouts": int((errors == "timeout").sum()),
         "failed": int((errors != "").sum()),
     }

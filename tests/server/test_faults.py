@@ -17,7 +17,8 @@ from slotune.engine.outputs import RequestOutput
 from slotune.engine.server import simulated_model
 from slotune.engine.server.protocol import GenerationRequest
 from slotune.engine.server.responses import Completion
-from slotune.engine.server.text import CheckpointTokenizer, SimTextTokenizer
+from slotune.engine.server.text import CheckpointTokenizer
+from slotune.workloads.tokenizer import family_tokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.helpers import InnocentStream, assert_openai_error, call, post
 
@@ -116,9 +117,10 @@ def test_stop_tokens_covering_the_sim_range_stall_no_stream(sim_server: ServerTh
 def test_chat_first_chunk_comes_with_the_first_token() -> None:
     """The prefill of 1,500 prompt tokens takes half a simulated second on an L4; the first
     chunk a client sees (the role) must not come before it, and the first token follows."""
-    prompt = "y" * 1500
+    prompt = "why " * 1500
     engine = Engine.simulated(SIM_CONFIG, gpu="l4", model="llama-3-8b")
-    ids = SimTextTokenizer().encode("user: " + prompt + "\nassistant:")
+    ids = family_tokenizer("llama-3-8b").encode("user: " + prompt + "\nassistant:")
+    assert len(ids) > 1500
     engine.add_request("ref", ids, SamplingParams(max_tokens=2, ignore_eos=True))
     ttft = 0.0
     while not any(out.new_token_ids for out in engine.step()):

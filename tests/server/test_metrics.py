@@ -10,7 +10,7 @@ import pytest
 
 from slotune.engine import Engine, SamplingParams
 from slotune.engine.server import simulated_model
-from slotune.engine.server.text import SimTextTokenizer
+from slotune.workloads.tokenizer import family_tokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.helpers import call, scrape
 from tests.server.load import run_load
@@ -85,9 +85,9 @@ def test_metrics_after_a_load_with_disconnects(request: pytest.FixtureRequest, w
 def test_simulated_histograms_hold_simulated_times(fresh_sim_server: ServerThread) -> None:
     """One request alone: its TTFT and e2e latency are the simulated step durations of an
     in-process engine running the same request, to the last bit of rounding."""
-    prompt = "x" * 600
+    prompt = "hello " * 600
     engine = Engine.simulated(SIM_CONFIG, gpu="h100", model="llama-3-8b")
-    ids = SimTextTokenizer().encode(prompt)
+    ids = family_tokenizer("llama-3-8b").encode(prompt)
     engine.add_request("ref", ids, SamplingParams(max_tokens=8, ignore_eos=True))
     clock, ttft = 0.0, None
     while engine.has_unfinished_requests():

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from slotune.cli.app import app
-from slotune.tuner.storage import open_storage
+from slotune.tuner.storage import open_storage, with_driver
 from tests.tuner.studies import SLO, new_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +63,7 @@ def fresh_url(url: str) -> Iterator[str]:
     import sqlalchemy
 
     db = f"slotune_t_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(
-        url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
-    )
+    admin = sqlalchemy.create_engine(with_driver(url), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sqlalchemy.text(f'CREATE DATABASE "{db}"'))
     fresh = url.rsplit("/", 1)[0] + "/" + db

@@ -36,7 +36,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-import slotune
+from slotune._version import __version__
 from slotune.engine.engine import Engine
 from slotune.engine.server.async_engine import AsyncEngine, EngineError
 from slotune.engine.server.drain import CUT_GRACE_S, Drain, ShuttingDown
@@ -266,7 +266,7 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _version(request: web.Request) -> web.Response:
-    return web.json_response({"version": slotune.__version__})
+    return web.json_response({"version": __version__})
 
 
 async def _health(request: web.Request) -> web.Response:

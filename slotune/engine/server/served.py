@@ -83,15 +83,20 @@ def simulated_model(
     stack: str | None = None,
 ) -> tuple[Engine, ServedModel]:
     """A simulated GPU: responses are paced by the cost model's step durations (the
-    ``stack`` that ``bench`` and ``tune`` simulate prices the steps)."""
+    ``stack`` that ``bench`` and ``tune`` simulate prices the steps); prompts are counted
+    with the model family's tokenizer (``workloads.tokenizer``)."""
+    from slotune.workloads.tokenizer import family_tokenizer
+
     engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
     executor: Any = engine.executor
+    prompts = family_tokenizer(model)
     served = ServedModel(
         name=served_model_name or model,
-        tokenizer=SimTextTokenizer(),
+        tokenizer=SimTextTokenizer(prompts),
         vocab_size=executor.model.vocab_size,
         max_model_len=config.max_model_len,
         pace=True,
+        max_token_chars=prompts.max_token_bytes,
         synthetic_logprobs=True,
         max_num_seqs=config.max_num_seqs,
     )

@@ -2,11 +2,11 @@
 
 A real checkpoint is served with its own ``tokenizer.json`` (through ``tokenizers``). The
 simulated engine has no text: its sampled tokens are hashes. It is served with
-:class:`SimTextTokenizer`, which encodes prompts byte-level (``ByteTokenizer``, also the
-workloads' ``bytes`` tokenizer, so a trace's synthetic ids sent as text keep their lengths)
-and shows each sampled token as one printable ASCII character, so that every token streams as one
-visible chunk, as a client timing tokens needs. A checkpoint without ``tokenizer.json`` is
-served the same way.
+:class:`SimTextTokenizer`, which counts prompts with the simulated model family's BPE
+vocabulary (the workloads' offline tokenizer: what vLLM serving that model counts) and
+shows each sampled token as one printable ASCII character, so that every token streams as
+one visible chunk, as a client timing tokens needs. A checkpoint without
+``tokenizer.json`` is served the same way, with byte-level prompts (``ByteTokenizer``).
 """
 
 from __future__ import annotations
@@ -53,14 +53,22 @@ class CheckpointTokenizer:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
 
-class SimTextTokenizer:
-    """Byte-level prompts; one printable ASCII character per simulated output token."""
+class PromptEncoder(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def __init__(self) -> None:
+
+class SimTextTokenizer:
+    """Prompts encoded with ``prompts`` (byte-level without one); one printable ASCII
+    character per simulated output token."""
+
+    def __init__(self, prompts: PromptEncoder | None = None) -> None:
         self._bytes = ByteTokenizer()
+        self._prompts = prompts
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._bytes.encode(text)
+        if self._prompts is None:
+            return self._bytes.encode(text)
+        return self._prompts.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: list[int]) -> str:
         return self._bytes.decode(

@@ -9,6 +9,7 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.request import Request
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.sim.batch import batch_totals
 from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
@@ -86,21 +87,17 @@ class SimExecutor:
         so = scheduler_output
         requests, samples, seeds = so.requests, so.num_samples, self._seeds
         table = self._table
-        num_decodes = context_sum = prefill_context = 0
-        chunks: list[tuple[int, int]] = []
+        scheduled = so.num_scheduled_tokens
+        num_decodes, context_sum, chunks = batch_totals(
+            [(n, requests[rid].num_computed_tokens) for rid, n in scheduled.items()]
+        )
         sampled: dict[str, list[int]] = {}
-        for rid, n in so.num_scheduled_tokens.items():
-            req = requests[rid]
-            prior = req.num_computed_tokens
-            if n == 1:
-                num_decodes += 1
-                context_sum += prior + 1
-            else:
-                chunks.append((n, prior))
-                prefill_context += prior + n
+        for rid, n in scheduled.items():
             k = samples.get(rid)
             if not k:
                 continue
+            req = requests[rid]
+            prior = req.num_computed_tokens
             if k > 1:
                 sampled[rid] = [self._token(req, prior + n, i) for i in range(k)]
                 continue
@@ -124,6 +121,7 @@ class SimExecutor:
         )
         for rid in so.finished_request_ids:
             seeds.pop(rid, None)
+        prefill_context = sum([n + prior for n, prior in chunks])
         return ExecutorOutput(
             sampled, duration, decode_context_sum=context_sum, prefill_context_sum=prefill_context
         )
