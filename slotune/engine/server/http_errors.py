@@ -25,6 +25,7 @@ from aiohttp import web
 from slotune.engine.server.protocol import error_body, error_type
 
 MAX_MESSAGE_CHARS = 200  # aiohttp's parser messages quote the request's bytes
+TESTED = "install an aiohttp release that has them (3.9 to 3.14 do)"
 _HANDLE_ERROR_PARAMS = ["self", "request", "status", "exc", "message"]
 
 
@@ -47,7 +48,7 @@ def check_aiohttp() -> None:
         raise RuntimeError(
             f"aiohttp {aiohttp.__version__} changed what slotune's server relies on to "
             f"answer HTTP parser errors as OpenAI errors ({', '.join(missing)}); "
-            "install the aiohttp range in slotune's pyproject.toml"
+            f"{TESTED}"
         )
 
 
@@ -97,8 +98,7 @@ class Runner(web.AppRunner):
         ):
             raise RuntimeError(
                 f"aiohttp {aiohttp.__version__} builds its server differently "
-                f"({type(server).__name__}); slotune's server needs the aiohttp range in "
-                "its pyproject.toml"
+                f"({type(server).__name__}); {TESTED}"
             )
         server.__class__ = _Server  # the app's server as aiohttp built it; only __call__ differs
         return server
