@@ -13,7 +13,7 @@ from aiohttp import web
 
 from slotune.engine import EngineConfig
 from slotune.engine.server import ServedModel, create_app, local_model, simulated_model
-from slotune.engine.server.app import ASYNC_ENGINE, runner_options
+from slotune.engine.server.app import ASYNC_ENGINE, make_runner
 from slotune.engine.server.async_engine import AsyncEngine
 
 T = TypeVar("T")
@@ -61,7 +61,7 @@ class ServerThread:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self.app, **runner_options())
+        self._runner = make_runner(self.app)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())

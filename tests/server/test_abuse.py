@@ -357,24 +357,83 @@ def test_headers_that_never_end_close_the_connection(sim_server: ServerThread) -
     assert time.monotonic() - start < KEEPALIVE_S + 15
 
 
+H = b" HTTP/1.1\r\nHost: x\r\n"
+POST_C = b"POST /v1/completions" + H
+PARSER_ERRORS = [
+    ("duplicate Content-Length", POST_C + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
+    ("negative Content-Length", POST_C + b"Content-Length: -1\r\n\r\n"),
+    ("NUL in the path", b"GET /he\x00alth" + H + b"\r\n"),
+    ("bad method", b"G@T /health" + H + b"\r\n"),
+    ("bad version", b"GET /health HTTP/9.Z\r\nHost: x\r\n\r\n"),
+    ("space in a header name", b"GET /health" + H + b"X Y: 1\r\n\r\n"),
+    ("request line too long", b"GET /" + b"a" * 20_000 + H + b"\r\n"),
+    (
+        "Content-Length with chunked",
+        POST_C + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ),
+    ("bad chunk size", POST_C + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n"),
+]
+
+
+def _until_closed(server: ServerThread, request: bytes) -> bytes:
+    """Send bytes on a new connection; everything the server answers until it closes the
+    connection (a ``TimeoutError`` if it does not within 10 s)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
 @pytest.mark.parametrize(
-    "request_bytes",
-    [
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-        b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-        b"GET /he\x00alth HTTP/1.1\r\nHost: x\r\n\r\n",
-    ],
-    ids=["duplicate Content-Length", "negative Content-Length", "NUL in the path"],
+    "request_bytes", [c[1] for c in PARSER_ERRORS], ids=[c[0] for c in PARSER_ERRORS]
 )
-def test_parser_errors_are_400s_that_hurt_nothing(
+def test_parser_errors_are_openai_400s_that_close_and_hurt_nothing(
     sim_server: ServerThread, request_bytes: bytes
 ) -> None:
-    """aiohttp's HTTP parser answers these before any handler (plain text, no hook)."""
+    """aiohttp's HTTP parser refuses these before any handler runs."""
     with InnocentStream(sim_server, max_tokens=30):
-        answer = _raw(sim_server, request_bytes)
-        assert answer.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), answer[:100]
+        answer = _until_closed(sim_server, request_bytes)  # closed, as aiohttp does
+        assert answer.startswith((b"HTTP/1.0 400 ", b"HTTP/1.1 400 ")), answer[:100]
+        assert b"\r\ncontent-type: application/json" in answer.lower(), answer[:300]
+        status, data = _status_and_json(answer)
+        assert_openai_error(status, data, 400)
+        assert len(data["error"]["message"]) < 300  # the request's bytes are not echoed whole
         assert call(sim_server, "/health")[0] == 200
+
+
+def test_an_error_outside_the_middlewares_is_a_generic_openai_500() -> None:
+    """An exception no middleware catches (here an ``Expect`` handler's) gets aiohttp's
+    500 from ``handle_error``: an OpenAI error without the exception's text."""
+
+    async def fail(request: Any) -> None:
+        raise RuntimeError("secret detail")
+
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100")
+    server = ServerThread(engine, served)
+    server.app.router.add_post("/fail", fail, expect_handler=fail)
+    with server as s:
+        request = b"POST /fail" + H + b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n{}"
+        answer = _until_closed(s, request)
+        status, data = _status_and_json(answer)
+        assert_openai_error(status, data, 500)
+        assert b"secret" not in answer and b"Traceback" not in answer
+        assert call(s, "/health")[0] == 200
+
+
+def test_an_aiohttp_without_the_hooks_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiohttp import web
+
+    from slotune.engine.server.app import make_runner
+
+    def handle_error(self: Any, request: Any, status: int = 500) -> None: ...
+
+    monkeypatch.setattr(web.RequestHandler, "handle_error", handle_error)
+    with pytest.raises(RuntimeError, match=r"aiohttp .* changed .*handle_error"):
+        make_runner(web.Application())
 
 
 # -- 3: drain keeps its word ---------------------------------------------------------------------

@@ -153,3 +153,28 @@ def test_sigterm_exits_within_the_drain_timeout() -> None:
             start = time.monotonic()
         assert server.proc.wait(timeout=15) == 0
         assert time.monotonic() - start < 15
+
+
+def test_a_second_sigterm_stops_without_waiting_for_the_drain() -> None:
+    with _Served("--drain-timeout", "60") as server:
+        stream = InnocentStream(server, max_tokens=1900)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError), stream:
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(1)
+            assert server.proc.poll() is None  # draining
+            server.proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+        assert server.proc.wait(timeout=15) == 0
+        assert time.monotonic() - start < 15
+
+
+def test_slotune_serve_answers_parser_errors_as_openai_errors() -> None:
+    with _Served() as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /he\x00alth HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert_openai_error(int(head.split()[1]), json.loads(body), 400)

@@ -10,10 +10,10 @@ with ``data: [DONE]``, one chunk per generated token, the usage in a last chunk 
 disconnects aborts its request. Every error (400 bad input naming the field, 401 without the
 API key, 404 unknown path or model, 405, 408 a body too slow to arrive, 413, 415 an unknown
 ``Content-Encoding``, 503 when the queue is full) is an OpenAI error object
-``{"error": {"message", "type", "param", "code"}}``, except those aiohttp's HTTP parser
-answers before any handler runs (a malformed request line or header, a duplicate or
-negative ``Content-Length``, a NUL in the path: a plain-text 400 that closes the
-connection; aiohttp has no hook for its body).
+``{"error": {"message", "type", "param", "code"}}``, those aiohttp's HTTP parser answers
+before any handler runs included (a malformed request line or header, a duplicate or
+negative ``Content-Length``, a NUL in the path: a 400 that closes the connection;
+``http_errors.Runner``).
 
 Bounds against hostile clients: headers must arrive within ``KEEPALIVE_S`` of the
 connection opening (aiohttp's keep-alive timer closes it), a body within ``body_read_s``;
@@ -25,9 +25,11 @@ sizes are bounded in ``protocol``. On shutdown, ``drain.Drain`` keeps the drain 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
+import signal
 import time
 import uuid
 import zlib
@@ -40,12 +42,14 @@ from slotune._version import __version__
 from slotune.engine.engine import Engine
 from slotune.engine.server.async_engine import AsyncEngine, EngineError
 from slotune.engine.server.drain import CUT_GRACE_S, Drain, ShuttingDown
+from slotune.engine.server.http_errors import Runner
 from slotune.engine.server.memory import keep_large_blocks_mapped
 from slotune.engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from slotune.engine.server.protocol import (
     InvalidRequest,
     check_model,
     error_body,
+    error_type,
     parse_detokenize,
     parse_request,
     parse_tokenize,
@@ -84,6 +88,12 @@ def runner_options() -> dict[str, Any]:
     }
 
 
+def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The runner :func:`create_app`'s app needs: :func:`runner_options`, and the errors
+    aiohttp answers itself as OpenAI errors. ``kwargs``: more ``AppRunner`` options."""
+    return Runner(app, **runner_options(), **kwargs)
+
+
 def create_app(
     engine: Engine,
     served: ServedModel,
@@ -96,8 +106,8 @@ def create_app(
     drain_timeout_s: float = 30.0,
 ) -> web.Application:
     """An app whose startup starts the engine loop and whose cleanup stops it. Run it with
-    :func:`runner_options` (as :func:`serve` does) so that a client leaving a
-    non-streamed request also aborts it. ``api_key``: required as ``Authorization: Bearer``
+    :func:`make_runner` (as :func:`serve` does) so that a client leaving a non-streamed
+    request also aborts it. ``api_key``: required as ``Authorization: Bearer``
     on ``/v1/*``; ``max_queue``: while the engine sequences waiting (prompts x ``n``) and a
     request's own would pass it, the request gets a 503; ``drain_timeout_s``: on shutdown,
     how long requests in flight may run before they are cut (0: cut at once)."""
@@ -143,12 +153,36 @@ def serve(
 ) -> None:
     """Serve until interrupted. On SIGINT or SIGTERM the server stops accepting connections,
     lets the requests in flight finish for up to ``drain_timeout_s`` (0: none), cuts the
-    rest (a stream ends with an error event and ``[DONE]``; aborting them) and returns."""
+    rest (a stream ends with an error event and ``[DONE]``; aborting them) and returns. A
+    second signal stops at once."""
     app = create_app(
         engine, served, api_key=api_key, max_queue=max_queue, drain_timeout_s=drain_timeout_s
     )
     keep_large_blocks_mapped()
-    web.run_app(app, host=host, port=port, print=None, access_log=None, **runner_options())
+    asyncio.run(_serve_until_signal(app, host, port))
+
+
+async def _serve_until_signal(app: web.Application, host: str, port: int) -> None:
+    # web.run_app would build a plain AppRunner: this is its loop, with make_runner's
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    stopping = asyncio.Event()
+
+    def on_signal() -> None:
+        if stopping.is_set() and main is not None:
+            main.cancel()  # the second signal: no drain
+        stopping.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    runner = make_runner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        await stopping.wait()
+    finally:
+        with contextlib.suppress(asyncio.CancelledError):  # the second signal
+            await runner.cleanup()
 
 
 async def _start_engine(app: web.Application) -> None:
@@ -196,8 +230,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        type_ = "server_error" if exc.status >= 500 else "invalid_request_error"
-        body = error_body(_http_message(exc), type_=type_)
+        body = error_body(_http_message(exc), type_=error_type(exc.status))
         return web.json_response(body, status=exc.status, headers=_kept_headers(exc))
     except ShuttingDown as exc:
         body = error_body(str(exc), type_="server_error")

@@ -93,6 +93,11 @@ class InvalidRequest(ValueError):
         self.status = status
 
 
+def error_type(status: int) -> str:
+    """The OpenAI error ``type`` of an HTTP error status."""
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
 def error_body(
     message: str,
     param: str | None = None,
