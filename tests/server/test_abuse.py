@@ -422,8 +422,8 @@ def test_an_error_outside_the_middlewares_is_a_generic_openai_500() -> None:
         assert call(s, "/health")[0] == 200
 
 
-def test_an_aiohttp_without_the_hooks_is_refused_in_one_line(
-    monkeypatch: pytest.MonkeyPatch,
+def test_an_aiohttp_without_the_hooks_still_serves_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from aiohttp import web
 
@@ -432,8 +432,9 @@ def test_an_aiohttp_without_the_hooks_is_refused_in_one_line(
     def handle_error(self: Any, request: Any, status: int = 500) -> None: ...
 
     monkeypatch.setattr(web.RequestHandler, "handle_error", handle_error)
-    with pytest.raises(RuntimeError, match=r"aiohttp .* changed .*handle_error"):
-        make_runner(web.Application())
+    runner = make_runner(web.Application())
+    assert type(runner) is web.AppRunner  # plain aiohttp: its own parser errors
+    assert any("changed" in r.message and "handle_error" in r.message for r in caplog.records)
 
 
 # -- 3: drain keeps its word ---------------------------------------------------------------------

@@ -90,8 +90,15 @@ def runner_options() -> dict[str, Any]:
 
 def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     """The runner :func:`create_app`'s app needs: :func:`runner_options`, and the errors
-    aiohttp answers itself as OpenAI errors. ``kwargs``: more ``AppRunner`` options."""
-    return Runner(app, **runner_options(), **kwargs)
+    aiohttp answers itself as OpenAI errors. ``kwargs``: more ``AppRunner`` options.
+
+    An aiohttp whose internals changed still serves: its own plain-text parser errors
+    then, with a warning, rather than no server at all."""
+    try:
+        return Runner(app, **runner_options(), **kwargs)
+    except RuntimeError as exc:
+        logging.getLogger(__name__).warning("%s: parser errors stay plain text", exc)
+        return web.AppRunner(app, **runner_options(), **kwargs)
 
 
 def create_app(

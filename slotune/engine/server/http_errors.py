@@ -17,6 +17,7 @@ response.
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 import aiohttp
@@ -96,9 +97,12 @@ class Runner(web.AppRunner):
         if type(server) is not web.Server or not all(
             hasattr(server, name) for name in ("_loop", "_kwargs")
         ):
-            raise RuntimeError(
-                f"aiohttp {aiohttp.__version__} builds its server differently "
-                f"({type(server).__name__}); {TESTED}"
+            logging.getLogger(__name__).warning(
+                "aiohttp %s builds its server differently (%s): parser errors stay plain text; %s",
+                aiohttp.__version__,
+                type(server).__name__,
+                TESTED,
             )
+            return server
         server.__class__ = _Server  # the app's server as aiohttp built it; only __call__ differs
         return server
