@@ -288,10 +288,11 @@ def drive_engine(
             deadlines.start(i, rel.arrival_time)
         return requests
 
-    # without finishes that release requests (or deadlines), a stretch runs on through arrivals
+    # without finishes that release requests (or deadlines, or a horizon), a stretch runs
+    # on through arrivals
     feed = (
         _Feed(disp, due, schedule_ahead)
-        if stretches and not stop_at_finish and timeout_s is None
+        if stretches and not stop_at_finish and timeout_s is None and horizon_s is None
         else None
     )
     step_start: float | None = None  # of the last step run, while the engine stays busy
@@ -317,7 +318,7 @@ def drive_engine(
             and (
                 stretch := engine.run_stretch(
                     now,
-                    earliest(disp.next_time(), deadlines.next_time()),
+                    earliest(disp.next_time(), deadlines.next_time(), horizon_s),
                     stop_at_finish=stop_at_finish,
                     arrivals=feed,
                 )
