@@ -47,7 +47,9 @@ def main() -> None:
     inst = InstanceSpec(cfg, model=args.model)
     alone = summarize(run_simulated(cfg, trace.head(1), model=args.model), slo)
     alone_tpot = alone["tpot_ms"]["p50"]
-    deployments = [(f"{args.gpus} co-located", ClusterSpec.replicas(args.gpus, inst, "least-outstanding"))]
+    deployments = [
+        (f"{args.gpus} co-located", ClusterSpec.replicas(args.gpus, inst, "least-outstanding"))
+    ]
     for p in range(1, args.gpus):
         deployments.append(
             (

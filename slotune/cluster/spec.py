@@ -83,17 +83,19 @@ def get_link(name: str) -> Link:
 
 @dataclass(frozen=True)
 class RouterSpec:
-    """How requests pick an instance. ``prefix-aware`` follows SGLang's cache-aware router:
-    when the load is balanced (busiest minus idlest outstanding requests at most
-    ``balance_abs``, or busiest at most ``balance_rel`` × idlest) it sends a request to
-    the replica whose earlier prompts share the longest prefix with it, if that covers at
-    least ``cache_threshold`` of the prompt, and otherwise (or when unbalanced) to the
-    least loaded. Prefixes are matched in blocks of ``block_tokens``."""
+    """How requests pick an instance. ``prefix-aware`` follows the cache-aware policy of
+    SGLang's router (and vLLM's, its fork), with their defaults: while the load is
+    balanced (busiest minus idlest outstanding requests at most ``balance_abs``, or
+    busiest at most ``balance_rel`` × idlest) a request goes to the replica whose earlier
+    prompts share the longest prefix with it if that covers at least ``cache_threshold``
+    of the prompt, and otherwise (or when unbalanced) to the least loaded (their routers
+    take the replica with the smallest prefix tree there). Prefixes are matched in blocks
+    of ``block_tokens``."""
 
     policy: str = "round-robin"
-    balance_abs: int = 32
+    balance_abs: int = 64
     balance_rel: float = 1.5
-    cache_threshold: float = 0.5
+    cache_threshold: float = 0.3
     block_tokens: int = 64
 
     def __post_init__(self) -> None:
