@@ -52,6 +52,7 @@ def deploy(
         int, opt("--single-trials", "More trials on one instance alone, for comparison.")
     ] = 8,
     tp: Annotated[str, opt("--tp", "Tensor-parallel sizes tried.")] = "1,2,4,8",
+    pp: Annotated[str, opt("--pp", "Pipeline-parallel sizes tried (co-located replicas).")] = "1",
     modes: Annotated[str, opt("--modes", "co-located,disaggregated.")] = "co-located,disaggregated",
     routers: Annotated[
         str, opt("--routers", "Routers tried.")
@@ -92,6 +93,7 @@ def deploy(
             stack,
             EngineConfig(),
             _ints(tp, "--tp"),
+            _ints(pp, "--pp"),
             _names(modes, "--modes", MODES),
             _names(routers, "--routers", ROUTERS),
             get_link(link),
@@ -155,13 +157,14 @@ def _print_study(study: Any, slo: Any, gpus: int, rate: float) -> None:
         table.add_row(label, *cells)
     _console.print(table)
     inst = Table(title="Instances of the best deployment")
-    for col in ("kind", "count", "TP", "max_num_batched_tokens", "max_num_seqs"):
+    for col in ("kind", "count", "TP", "PP", "max_num_batched_tokens", "max_num_seqs"):
         inst.add_column(col)
     for i in best["instances"]:
         inst.add_row(
             i["role"],
             str(i["count"]),
             str(i["tp"]),
+            str(i["pp"]),
             str(i["max_num_batched_tokens"]),
             str(i["max_num_seqs"]),
         )

@@ -40,8 +40,15 @@ _ROUTER_POLICY = {
 
 
 def kind_name(inst: InstanceSpec, k: int) -> str:
-    """A DNS-1035 name for instance kind ``k``: ``prefill-tp2``, ``mixed-tp1``..."""
-    return f"{inst.role}-tp{inst.tp}" + (f"-{k}" if k else "")
+    """A DNS-1035 name for instance kind ``k``: ``prefill-tp2``, ``mixed-tp1-pp2``..."""
+    pp = f"-pp{inst.pp}" if inst.pp > 1 else ""
+    return f"{inst.role}-tp{inst.tp}{pp}" + (f"-{k}" if k else "")
+
+
+def _pipeline_args(inst: InstanceSpec, engine: str) -> list[str]:
+    if inst.pp <= 1:
+        return []
+    return ["--pipeline-parallel-size" if engine == "vllm" else "--pp-size", str(inst.pp)]
 
 
 def _kinds(spec: ClusterSpec) -> list[tuple[str, InstanceSpec, int]]:
@@ -90,7 +97,8 @@ def launch_lines(spec: ClusterSpec, engine: str) -> dict[str, str]:
     out = {}
     for name, inst, _ in _kinds(spec):
         text = _engine_line(inst, engine)
-        extra = [*_disaggregation_args(inst, engine), "--port", str(PORT)]
+        extra = [*_pipeline_args(inst, engine), *_disaggregation_args(inst, engine)]
+        extra += ["--port", str(PORT)]
         lines = text.splitlines()
         lines[-1] += " " + " ".join(shlex.quote(w) for w in extra)
         out[name] = "\n".join(lines)
@@ -267,7 +275,8 @@ def manifests(spec: ClusterSpec, engine: str) -> list[dict[str, Any]]:
     lines = launch_lines(spec, engine)
     for name, inst, n in _kinds(spec):
         words = _command_words(lines[name])
-        docs.append(_deployment(name, n, words, IMAGES[engine], inst.tp, role=inst.role))
+        gpus = inst.num_gpus
+        docs.append(_deployment(name, n, words, IMAGES[engine], gpus, role=inst.role))
         docs.append(_service(name, PORT))
     router = _command_words(router_command(spec, kubernetes=True))
     docs += _rbac()

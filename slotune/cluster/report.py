@@ -26,7 +26,10 @@ def instance_kinds(spec: ClusterSpec) -> list[tuple[InstanceSpec, int]]:
 
 def describe(spec: ClusterSpec) -> str:
     """``4 × mixed TP2`` or ``3 × prefill TP1 + 1 × decode TP1``, with the router."""
-    kinds = " + ".join(f"{n} × {i.role} TP{i.tp}" for i, n in instance_kinds(spec))
+    kinds = " + ".join(
+        f"{n} × {i.role} TP{i.tp}" + (f" PP{i.pp}" if i.pp > 1 else "")
+        for i, n in instance_kinds(spec)
+    )
     link = f", KV over {spec.link.name}" if spec.disaggregated else ""
     return f"{kinds} ({spec.num_gpus} GPUs; router {spec.router.policy}{link})"
 
@@ -71,6 +74,7 @@ def run_report(scored: Scored, slo: SLO) -> dict[str, Any]:
                 "role": i.role,
                 "count": n,
                 "tp": i.tp,
+                "pp": i.pp,
                 "gpu": i.gpu,
                 "model": i.model,
                 **{k: getattr(i.config, k) for k in _TUNED},

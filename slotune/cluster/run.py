@@ -153,15 +153,29 @@ def _make_instance(j: int, spec: InstanceSpec, timeout_s: float | None, trace: T
     from slotune.engine.engine import Engine
     from slotune.engine.sim import SimExecutor
 
-    engine = Engine.simulated(
-        spec.config,
-        gpu=spec.gpu,
-        model=spec.model,
-        tp=spec.tp,
-        stack=spec.stack,
-        quantization=spec.quantization,
-        ep=spec.ep,
-    )
+    if spec.pp > 1:
+        from slotune.engine.sim.pipeline import PipelineSimExecutor
+
+        executor = PipelineSimExecutor(
+            spec.gpu,
+            spec.model,
+            spec.tp,
+            spec.stack,
+            pp=spec.pp,
+            micro_batches=spec.micro_batches,
+            quantization=spec.quantization,
+        )
+        engine = Engine(spec.config, executor)
+    else:
+        engine = Engine.simulated(
+            spec.config,
+            gpu=spec.gpu,
+            model=spec.model,
+            tp=spec.tp,
+            stack=spec.stack,
+            quantization=spec.quantization,
+            ep=spec.ep,
+        )
     n = len(trace)
     stack = cast(SimExecutor, engine.executor).stack
     lat = stack.request_latency_s

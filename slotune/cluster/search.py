@@ -1,6 +1,6 @@
 """How to spend N GPUs: an Optuna search over deployments at a given load, under an SLO.
 
-A trial is a deployment: co-located replicas (count, TP, router) or prefill/decode
+A trial is a deployment: co-located replicas (count, TP, PP, router) or prefill/decode
 disaggregation (prefill and decode counts — the P:D ratio — each side's TP, the router
 in front of the prefill instances), with each instance kind's engine flags
 (``max_num_batched_tokens``, ``max_num_seqs``). Its score is the goodput per GPU at the
@@ -47,6 +47,7 @@ class DeploySpace:
     stack: str | None = None
     base: EngineConfig = field(default_factory=EngineConfig)
     tps: tuple[int, ...] = (1, 2, 4, 8)
+    pps: tuple[int, ...] = (1,)
     modes: tuple[str, ...] = MODES
     routers: tuple[str, ...] = ROUTERS
     link: Link | None = None
@@ -68,6 +69,7 @@ class DeploySpace:
         role: Role = "mixed",
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
+        pp: int = 1,
     ) -> InstanceSpec:
         """An instance on ``tp`` GPUs with the base config and the flags given."""
         changes: dict[str, Any] = {}
@@ -76,7 +78,7 @@ class DeploySpace:
         if max_num_seqs is not None:
             changes["max_num_seqs"] = max_num_seqs
         config = replace(self.base, **changes)
-        return InstanceSpec(config, self.gpu, self.model, tp, self.stack, role=role)
+        return InstanceSpec(config, self.gpu, self.model, tp, self.stack, role=role, pp=pp)
 
 
 class Unfit(Exception):
@@ -90,11 +92,13 @@ def suggest(trial: optuna.Trial, space: DeploySpace, single: bool = False) -> Cl
     routers = list(space.routers)
     if mode == "co-located":
         tp = trial.suggest_categorical("tp", tps)
+        pp = trial.suggest_categorical("pp", list(space.pps)) if len(space.pps) > 1 else 1
         n = 1 if single else trial.suggest_int("replicas", 1, space.gpus)
-        if n * tp > space.gpus:
-            raise Unfit(f"{n} replicas × TP {tp} > {space.gpus} GPUs")
+        if n * tp * pp > space.gpus:
+            raise Unfit(f"{n} replicas × TP {tp} × PP {pp} > {space.gpus} GPUs")
         inst = space.instance(
             tp,
+            pp=pp,
             max_num_batched_tokens=trial.suggest_categorical(
                 "max_num_batched_tokens", list(BATCHED_TOKENS)
             ),

@@ -21,7 +21,8 @@ ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-aware")
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """One serving instance: an engine with its configuration on ``tp`` GPUs."""
+    """One serving instance: an engine with its configuration on ``tp × pp`` GPUs
+    (``pp`` pipeline stages, ``micro_batches`` per step: ``engine.sim.pipeline``)."""
 
     config: EngineConfig = field(default_factory=EngineConfig)
     gpu: str = "h100"
@@ -31,16 +32,18 @@ class InstanceSpec:
     quantization: str | None = None
     ep: int = 1
     role: Role = "mixed"
+    pp: int = 1
+    micro_batches: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"InstanceSpec.role: {self.role!r} is not one of {', '.join(ROLES)}")
-        if self.tp < 1:
-            raise ValueError(f"InstanceSpec.tp: must be >= 1 (got {self.tp})")
+        if self.tp < 1 or self.pp < 1:
+            raise ValueError(f"InstanceSpec: tp and pp must be >= 1 (got {self.tp}, {self.pp})")
 
     @property
     def num_gpus(self) -> int:
-        return self.tp
+        return self.tp * self.pp
 
 
 @dataclass(frozen=True)
