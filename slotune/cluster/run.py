@@ -261,6 +261,9 @@ class _ClusterRun:
         duration = max(ends)
         if end_time is not None:
             duration = max(duration, end_time + self.insts[0].latency_s)
+        if horizon is not None:
+            for rel in disp.pop_due(horizon):  # sent before the horizon, never routed
+                self.rec.sent(rel.index, rel.arrival_time, len(rel.prompt))
         for i in self.rec.pending():  # in transit at the horizon
             self._end(i, None, duration, error=UNFINISHED_ERROR)
         return self._result(duration)
@@ -339,6 +342,10 @@ class _ClusterRun:
         now = x.t
         engine = x.engine
         if self.horizon_s is not None and now >= self.horizon_s:
+            for item in x.inbox:  # sent during its last step: in flight
+                if not item.external and item.arrival <= self.horizon_s:
+                    self.rec.sent(item.index, item.arrival, len(item.prompt))
+                    x.pending.add(item.index)
             for i in sorted(x.pending):
                 self._end(i, x, now, error=UNFINISHED_ERROR)
             x.stopped, x.active = True, False
