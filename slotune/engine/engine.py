@@ -283,8 +283,7 @@ class Engine:
         ``arrivals``: the next arrival, which the caller adds after it; with them: a
         horizon, the requests due at that step's end left to the caller). A stretch also
         ends after ``max_steps``, before a step the planner is unsure of, or with the first
-        finish if
-        ``stop_at_finish`` (a caller that may send requests when one finishes).
+        finish if ``stop_at_finish`` (a caller that may send requests when one finishes).
         ``last_steps`` holds one ``StepStats`` per step. Returns each request's output with
         the index (into ``last_steps``) of the step that sampled its first new token; it
         sampled one token in each step from there.
