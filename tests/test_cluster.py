@@ -218,3 +218,27 @@ def test_disaggregated_requests_finish_with_all_their_tokens(chat) -> None:
     assert pre["num_scheduled_tokens"].sum() == sum(q.prompt_len for q in chat.requests)
     assert dec["num_scheduled_tokens"].sum() == sum(q.output_len for q in chat.requests)
     assert not math.isnan(c.result.duration_s)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"timeout_s": 4.0}, {"horizon_s": 15.0}],
+    ids=["timeout", "horizon"],
+)
+def test_disaggregated_sessions_do_not_depend_on_stretches(agent, kw) -> None:
+    spec = ClusterSpec.disaggregate(
+        InstanceSpec(EngineConfig(prefix_caching="hash")),
+        2,
+        InstanceSpec(CFG),
+        2,
+        router="prefix-aware",
+        link="tcp",
+    )
+    fast = run_cluster(spec, agent, arrivals=ArrivalSpec(rate=10), **kw)
+    slow = run_cluster(spec, agent, arrivals=ArrivalSpec(rate=10), stretches=False, **kw)
+    _same(fast.result, slow.result)
+    assert fast.transfers == slow.transfers
+    done = fast.result.requests["error"].isna()
+    assert done.sum() > len(agent) // 2
+    # a later turn hits the prefix cache of the prefill instance its session went to
+    assert fast.result.requests["cached_tokens"][done].sum() > 0
