@@ -142,3 +142,23 @@ def test_deploy_refuses_bad_input_in_one_line(flag, value) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert "error" in result.output and flag.lstrip("-") in result.output
+
+
+def test_slo_losses_are_counted_per_answering_instance() -> None:
+    from slotune.cluster import run_cluster
+    from slotune.cluster.report import serving_instance, slo_losses, slo_losses_by_instance
+
+    trace = load_trace("sharegpt-like").head(80)
+    spec = ClusterSpec.disaggregate(InstanceSpec(), 1, InstanceSpec(), 2, link="tcp")
+    run = run_cluster(spec, trace, arrivals=ArrivalSpec(rate=40))
+    r = run.result.requests
+    ttft = (r["first_token_time"] - r["arrival_time"]) * 1e3
+    median = float(ttft.median())
+    slo = parse_slo(f"ttft={median}ms,tpot=9ms")
+    total = slo_losses(run, slo)
+    by = slo_losses_by_instance(run, slo)
+    assert total["ttft"] == int((ttft > median).sum()) > 0
+    assert set(by) <= {1, 2}  # decode instances answer
+    for key in total:
+        assert sum(v[key] for v in by.values()) == total[key]
+    assert set(serving_instance(run)) == {1, 2}

@@ -175,6 +175,8 @@ def _print_study(study: Any, slo: Any, gpus: int, rate: float) -> None:
     )
     _console.print(f"Busy share per instance: {util}")
     _console.print(f"Router: {best['router']}; decisions: {best.get('router_decisions')}")
+    for index, lost in best.get("slo_lost_by_instance", {}).items():
+        _console.print(f"SLO lost on instance #{index}: {_fmt(lost)}")
     if "kv_transfers" in best:
         kv = best["kv_transfers"]
         _console.print(

@@ -34,9 +34,24 @@ def describe(spec: ClusterSpec) -> str:
     return f"{kinds} ({spec.num_gpus} GPUs; router {spec.router.policy}{link})"
 
 
+def serving_instance(run: ClusterResult) -> list[int]:
+    """Which instance answered each request (its decode instance when disaggregated; -1:
+    never routed)."""
+    where = [-1] * len(run.result.requests)
+    for d in run.decisions:
+        where[d.index] = d.instance
+    for t in run.transfers:
+        where[t.index] = t.decode
+    return where
+
+
 def slo_losses(run: ClusterResult, slo: SLO) -> dict[str, int]:
     """How many requests missed each per-request target (a request may miss several), and
     how many failed outright."""
+    return {k: int(v.sum()) for k, v in _misses(run, slo).items()}
+
+
+def _misses(run: ClusterResult, slo: SLO) -> dict[str, np.ndarray]:
     r = run.result.requests
     ok = r["error"].isna().to_numpy()
     ttft = (r["first_token_time"] - r["arrival_time"]).to_numpy() * 1e3
@@ -49,11 +64,23 @@ def slo_losses(run: ClusterResult, slo: SLO) -> dict[str, int]:
         )
     e2e = (r["finish_time"] - r["arrival_time"]).to_numpy() * 1e3
     values = {"ttft": ttft, "tpot": tpot, "e2e": e2e}
-    losses = {"failed": int((~ok).sum())}
+    losses = {"failed": ~ok}
     for t in slo.targets:
         if t.metric in values:
-            losses[t.metric] = int((ok & (values[t.metric] > t.threshold_ms)).sum())
+            losses[t.metric] = ok & (values[t.metric] > t.threshold_ms)
     return losses
+
+
+def slo_losses_by_instance(run: ClusterResult, slo: SLO) -> dict[int, dict[str, int]]:
+    """``slo_losses`` per answering instance (only instances that lost some)."""
+    where = np.array(serving_instance(run))
+    out = {}
+    for x in run.instances:
+        mine = where == x.index
+        lost = {k: int((v & mine).sum()) for k, v in _misses(run, slo).items()}
+        if any(lost.values()):
+            out[x.index] = lost
+    return out
 
 
 def run_report(scored: Scored, slo: SLO) -> dict[str, Any]:
@@ -127,4 +154,5 @@ def run_report(scored: Scored, slo: SLO) -> dict[str, Any]:
             "p99_ms": float(np.percentile(secs, 99) * 1e3),
         }
     out["slo_lost"] = slo_losses(run, slo)
+    out["slo_lost_by_instance"] = slo_losses_by_instance(run, slo)
     return out
