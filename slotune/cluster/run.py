@@ -27,6 +27,7 @@ client. The request's per-request costs outside the engine are paid on both inst
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -227,7 +228,7 @@ class _ClusterRun:
 
     # -- events --------------------------------------------------------------------------
 
-    _DECIDE, _LAND, _POLL = 0, 1, 2
+    _DECIDE, _LAND = 0, 1
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1
@@ -276,17 +277,20 @@ class _ClusterRun:
             when, _, kind, payload = heapq.heappop(self.events)
             if kind == self._DECIDE:
                 self._hand_over(when, *payload)
-            elif kind == self._LAND:
+            else:
                 inst, item = payload
                 self._deliver(inst, item, when)
-            else:
-                self._arrive(when)
 
-    def _arrive(self, t: float) -> None:
+    def _arrive(self, t: float, polled: bool = False) -> None:
+        """Route what the dispatcher sends at ``t`` (``polled``: as an instance takes its
+        requests). A flow that waited for a free concurrency slot joins its instance's
+        next step, whatever its send time, as in ``drive_engine``."""
         for rel in self.disp.pop_due(t):
             x = self._route(rel.index, rel.prompt, t)
+            waited = self.capped and self.trace.requests[rel.index].parent_id is None
+            waited = waited and (polled or rel.arrival_time != t)
             item = _Item(
-                rel.arrival_time,
+                -math.inf if waited else rel.arrival_time,
                 rel.index,
                 rel.request_id,
                 rel.prompt,
@@ -351,7 +355,10 @@ class _ClusterRun:
             x.stopped, x.active = True, False
             return
         busy = x.schedule_ahead and x.step_start is not None and engine.has_unfinished_requests()
-        self._take(x, x.step_start if busy and x.step_start is not None else now, now)
+        cut = x.step_start if busy and x.step_start is not None else now
+        if self.capped:
+            self._arrive(cut, polled=True)  # flows that finishes let start
+        self._take(x, cut, now)
         if not engine.has_unfinished_requests():
             x.active = False
             return
@@ -408,8 +415,6 @@ class _ClusterRun:
         for i in x.deadlines.pop_expired(now):
             engine.abort_request(self.trace.requests[i].request_id)
             self._give_up(i, x)
-        if self.capped and ended:
-            self._push(now, self._POLL, None)  # a freed slot may start a waiting flow
 
     def _take(self, x: _Instance, cut: float, now: float) -> None:
         """What ``drive_engine``'s ``due`` does: the inbox's requests ready by ``cut``."""
