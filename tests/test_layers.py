@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("calibration", ("slotune.calibration",)),
     ("regress", ("slotune.regress",)),
     ("tuner", ("slotune.tuner",)),
+    ("cluster", ("slotune.cluster",)),
     ("reports", ("slotune.reports",)),
     ("api", ("slotune.api",)),
     ("cli", ("slotune.cli", "slotune.__main__")),

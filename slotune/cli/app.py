@@ -38,6 +38,7 @@ def _root(
 
 _COMMAND_MODULES = (
     "tune",
+    "deploy",
     "worker",
     "bench",
     "validate",

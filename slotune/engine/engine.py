@@ -280,11 +280,12 @@ class Engine:
         For a virtual clock: step ``j`` ends at ``start_time_s`` plus the durations of steps
         1..j, added left to right. With ``arrivals``, the requests due by each step's end
         (its start where ``arrivals.at_step_start``) join the waiting queue after it, as a
-        caller adding them between steps would do, and the stretch runs on through them;
-        without, it ends with the first step that ends at or after ``until_time_s`` (the
-        caller adds the next arrival after it). A stretch also ends after ``max_steps``,
-        before a step the planner is unsure of, or with the first finish if
-        ``stop_at_finish`` (a caller that may send requests when one finishes).
+        caller adding them between steps would do, and the stretch runs on through them.
+        It ends with the first step that ends at or after ``until_time_s`` (without
+        ``arrivals``: the next arrival, which the caller adds after it; with them: a
+        horizon, the requests due at that step's end left to the caller). A stretch also
+        ends after ``max_steps``, before a step the planner is unsure of, or with the first
+        finish if ``stop_at_finish`` (a caller that may send requests when one finishes).
         ``last_steps`` holds one ``StepStats`` per step. Returns each request's output with
         the index (into ``last_steps``) of the step that sampled its first new token; it
         sampled one token in each step from there.
@@ -316,13 +317,13 @@ class Engine:
             )
             durations.append(d)
             t += d
+            if until_time_s is not None and t >= until_time_s:
+                break
             if arrivals is not None:
                 cut = t - d if arrivals.at_step_start else t
                 if next_arrival is not None and cut >= next_arrival:
                     planner.arrive(arrivals.due(cut))
                     next_arrival = arrivals.next_time()
-            elif until_time_s is not None and t >= until_time_s:
-                break
             if len(durations) >= max_steps or not planner.plan_step():
                 break
         plan = planner.finish()

@@ -51,6 +51,9 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first schedule
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    # prompt tokens whose KV another instance computed and sent (prefill/decode
+    # disaggregation): a first admission takes their blocks without computing them
+    num_external_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.parent_id:

@@ -287,6 +287,8 @@ class Scheduler:
     def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
         """Allocate a waiting (new or recompute-preempted) request's first chunk."""
         kv = self.kv_cache
+        if req.num_external_tokens and req.status is WAITING:
+            return self._admit_external(req, out, budget)
         hit = kv.get_computed_blocks(req)
         num_hit = hit.num_tokens if hit is not None else 0
         n = self.chunk(req, num_hit, budget)
@@ -300,6 +302,20 @@ class Scheduler:
             out.new_request_ids.append(req.request_id)
         else:
             out.resumed_request_ids.append(req.request_id)
+        return n
+
+    def _admit_external(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:
+        """A new request whose first ``num_external_tokens`` of KV arrived from another
+        instance: they take blocks here but no compute (no prefix-cache lookup)."""
+        external = req.num_external_tokens
+        n = self.chunk(req, external, budget)
+        if n is None:
+            return None
+        req.num_computed_tokens = external
+        if not self.kv_cache.allocate_slots(req, n):
+            req.num_computed_tokens = 0
+            return self._never_fits(req)
+        out.new_request_ids.append(req.request_id)
         return n
 
     def _admit_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> int | None:

@@ -113,3 +113,16 @@ def test_stretches_equal_single_steps_for_a_quantized_moe_model() -> None:
     assert on.engine_stats["stretch_steps"] > len(on.steps) // 4
     plain = run_simulated(config, trace, arrivals=arrivals, model="mixtral-8x7b", tp=2)
     assert plain.duration_s != on.duration_s  # the precision and EP reached the cost model
+
+
+def test_stretches_stop_at_the_horizon() -> None:
+    """A stretch must not run (or take arrivals) past a run's horizon."""
+    trace = sharegpt_like(200, seed=3)
+    cfg = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=64)
+    runs = [
+        run_simulated(cfg, trace, arrivals=ArrivalSpec(rate=40), horizon_s=3.0, stretches=s)
+        for s in (True, False)
+    ]
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
+    assert runs[0].duration_s == runs[1].duration_s
+    assert (runs[0].requests["error"] == "not sent").any()

@@ -56,6 +56,14 @@ def kv_block_bytes(model: ModelSpec, tp: int, block_size: int, kv_cache_dtype: s
     return model.num_layers * per_layer
 
 
+def kv_bytes(
+    model: ModelSpec, num_tokens: int, block_size: int, kv_cache_dtype: str = "auto"
+) -> float:
+    """The KV cache of ``num_tokens`` tokens, all TP ranks together (MLA's latent once): a
+    full block's bytes per token (``ModelSpec.kv_bytes_per_token`` at the model's dtype)."""
+    return kv_block_bytes(model, 1, block_size, kv_cache_dtype) * num_tokens / block_size
+
+
 def determine_capacity(
     profile: GpuProfile, model: ModelSpec, tp: int, config: EngineConfig
 ) -> KVCacheCapacity:

@@ -499,6 +499,7 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
     cache = s.kv_cache.cache
     return (
         head.status is RequestStatus.WAITING
+        and not head.num_external_tokens
         and not s.prefill_first
         and head.sampling_params.n == 1
         and not head.sampling_params.logprobs

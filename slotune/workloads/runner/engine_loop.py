@@ -288,7 +288,8 @@ def drive_engine(
             deadlines.start(i, rel.arrival_time)
         return requests
 
-    # without finishes that release requests (or deadlines), a stretch runs on through arrivals
+    # without finishes that release requests (or deadlines), a stretch runs on through
+    # arrivals, up to the horizon
     feed = (
         _Feed(disp, due, schedule_ahead)
         if stretches and not stop_at_finish and timeout_s is None
@@ -298,6 +299,8 @@ def drive_engine(
     while True:
         now = clock.now()
         if horizon_s is not None and now >= horizon_s:
+            for rel in disp.pop_due(horizon_s):  # sent during the last step: in flight
+                rec.sent(rel.index, rel.arrival_time, len(rel.prompt))
             for i in rec.pending():
                 end(i, now, error=UNFINISHED_ERROR, output_tokens=len(token_times[i]))
             break
@@ -317,7 +320,9 @@ def drive_engine(
             and (
                 stretch := engine.run_stretch(
                     now,
-                    earliest(disp.next_time(), deadlines.next_time()),
+                    horizon_s
+                    if feed is not None
+                    else earliest(disp.next_time(), deadlines.next_time(), horizon_s),
                     stop_at_finish=stop_at_finish,
                     arrivals=feed,
                 )

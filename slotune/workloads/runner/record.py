@@ -87,7 +87,7 @@ class Recorder:
         self._step_times.extend(times)
         self._steps.extend(steps)
 
-    def _steps_frame(self) -> pd.DataFrame:
+    def steps_frame(self) -> pd.DataFrame:
         if not self._steps:
             return empty_steps()
         # numpy converts a column of Python numbers a few times faster than pandas does
@@ -121,7 +121,7 @@ class Recorder:
         requests = pd.DataFrame(data, columns=list(REQUEST_COLUMNS))
         return RunResult(
             requests=requests,
-            steps=self._steps_frame(),
+            steps=self.steps_frame(),
             duration_s=self.seen_at(duration_s),
             engine_stats=dict(engine_stats or {}),
         )
