@@ -13,13 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "slotune"
 
-# Lowest first. A module may import from its own layer and the layers before it. The
-# server is its own layer (it moves from slotune.engine.server to slotune.server).
+# Lowest first. A module may import from its own layer and the layers before it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("slotune._extras", "slotune._version", "slotune.outputs")),
     ("engine", ("slotune.engine",)),
     ("workloads", ("slotune.workloads",)),
-    ("server", ("slotune.engine.server",)),
+    ("server", ("slotune.server",)),
     ("validate", ("slotune.validate",)),
     ("calibration", ("slotune.calibration",)),
     ("regress", ("slotune.regress",)),
@@ -113,7 +112,22 @@ def test_the_engine_knows_nothing_above_it() -> None:
     engine = layer_of("slotune.engine.scheduler")
     for above in ("workloads", "tuner", "reports", "cli", "regress", "validate", "calibration"):
         assert layer_of(f"slotune.{above}") > engine
-    assert layer_of("slotune.engine.server.app") > engine
+    assert layer_of("slotune.server.app") > engine
+
+
+def test_the_engine_has_no_http_code() -> None:
+    """The OpenAI server lives beside the engine (``slotune/server/``), not inside it."""
+    for path in (ROOT / "engine").rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.split(".")[0] == "aiohttp" for n in names), path
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -134,7 +148,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
         "import slotune.reports.fmt\n",
         "def f():\n    from slotune.tuner import space\n    return space\n",  # lazy
         "from ..tuner import space\n",  # relative
-        "from slotune.engine.server import app\n",  # the engine below its server
+        "from slotune.server import app\n",  # the engine below its server
     ],
 )
 def test_an_upward_import_is_found(tmp_path: Path, source: str) -> None:
@@ -142,7 +156,7 @@ def test_an_upward_import_is_found(tmp_path: Path, source: str) -> None:
         tmp_path,
         {
             "engine/scheduler.py": source,
-            "engine/server/app.py": "",
+            "server/app.py": "",
             "tuner/space.py": "",
             "reports/fmt.py": "",
         },

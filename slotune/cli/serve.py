@@ -89,8 +89,8 @@ def serve(
         )
     except ValueError as exc:
         fail(str(exc))
-    from slotune.engine.server import local_model, simulated_model
-    from slotune.engine.server import serve as run_server
+    from slotune.server import local_model, simulated_model
+    from slotune.server import serve as run_server
 
     try:
         if model is not None:
@@ -133,7 +133,7 @@ def serve(
 
 def _model_max_len(model: str | None, sim_model: str) -> int:
     if model is not None:
-        from slotune.engine.server.served import checkpoint_max_len
+        from slotune.server.served import checkpoint_max_len
 
         length = checkpoint_max_len(model)
     else:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from slotune.engine import EngineConfig
-from slotune.engine.server import simulated_model
 from slotune.regress import RunError, load_suite, run_benchmark
+from slotune.server import simulated_model
 from slotune.workloads import load_trace, run_simulated, summarize
 from tests.regress.conftest import write
 from tests.server.conftest import ServerThread

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from slotune.engine import EngineConfig
-from slotune.engine.server import ServedModel, create_app, local_model, simulated_model
-from slotune.engine.server.app import ASYNC_ENGINE, make_runner
-from slotune.engine.server.async_engine import AsyncEngine
+from slotune.server import ServedModel, create_app, local_model, simulated_model
+from slotune.server.app import ASYNC_ENGINE, make_runner
+from slotune.server.async_engine import AsyncEngine
 
 T = TypeVar("T")
 

@@ -30,9 +30,9 @@ import torch
 import slotune
 from slotune.engine import EngineConfig, SamplingParams
 from slotune.engine.model.sampler import Sampler, SampleRow
-from slotune.engine.server import ServedModel, simulated_model
-from slotune.engine.server.drain import Drain, ShuttingDown
-from slotune.engine.server.protocol import (
+from slotune.server import ServedModel, simulated_model
+from slotune.server.drain import Drain, ShuttingDown
+from slotune.server.protocol import (
     MAX_STOP_STRINGS,
     InvalidRequest,
     parse_detokenize,
@@ -348,7 +348,7 @@ def test_a_body_that_never_arrives_is_a_408() -> None:
 def test_headers_that_never_end_close_the_connection(sim_server: ServerThread) -> None:
     """aiohttp's keep-alive timer (``KEEPALIVE_S``) also closes a connection whose
     request never completes its headers."""
-    from slotune.engine.server.app import KEEPALIVE_S
+    from slotune.server.app import KEEPALIVE_S
 
     with socket.create_connection(("127.0.0.1", sim_server.port), timeout=KEEPALIVE_S + 20) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -427,7 +427,7 @@ def test_an_aiohttp_without_the_hooks_still_serves_with_a_warning(
 ) -> None:
     from aiohttp import web
 
-    from slotune.engine.server.app import make_runner
+    from slotune.server.app import make_runner
 
     def handle_error(self: Any, request: Any, status: int = 500) -> None: ...
 
@@ -478,7 +478,7 @@ def test_drain_cuts_streams_at_its_timeout_with_an_error_then_done(timeout_s: fl
 _HEAP_SCRIPT = """
 import gc, sys
 from pathlib import Path
-from slotune.engine.server.memory import keep_large_blocks_mapped
+from slotune.server.memory import keep_large_blocks_mapped
 
 def rss_mb():
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -17,7 +17,7 @@ import pytest
 
 import slotune
 from slotune.engine import EngineConfig
-from slotune.engine.server import simulated_model
+from slotune.server import simulated_model
 from tests.server.conftest import CONFIG, SIM_CONFIG, ServerThread
 from tests.server.helpers import InnocentStream, assert_openai_error, call
 

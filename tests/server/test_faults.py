@@ -14,10 +14,10 @@ import torch
 from slotune.engine import Engine, EngineConfig, SamplingParams
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.outputs import RequestOutput
-from slotune.engine.server import simulated_model
-from slotune.engine.server.protocol import GenerationRequest
-from slotune.engine.server.responses import Completion
-from slotune.engine.server.text import CheckpointTokenizer
+from slotune.server import simulated_model
+from slotune.server.protocol import GenerationRequest
+from slotune.server.responses import Completion
+from slotune.server.text import CheckpointTokenizer
 from slotune.workloads.tokenizer import family_tokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.helpers import InnocentStream, assert_openai_error, call, post

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from slotune.engine.server import simulated_model
+from slotune.server import simulated_model
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.load import run_load
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from slotune.engine import Engine, SamplingParams
-from slotune.engine.server import simulated_model
+from slotune.server import simulated_model
 from slotune.workloads.tokenizer import family_tokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.helpers import call, scrape

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from slotune.engine import Engine, SamplingParams
-from slotune.engine.server.text import render_chat
+from slotune.server.text import render_chat
 from slotune.workloads import ArrivalSpec, Trace, TraceRequest, run_http, summarize
 from tests.server.conftest import CONFIG, ServerThread
 from tests.server.helpers import post

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from slotune.cli.app import app
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.server.async_engine import AsyncEngine, EngineError
-from slotune.engine.server.text import (
+from slotune.server.async_engine import AsyncEngine, EngineError
+from slotune.server.text import (
     CheckpointTokenizer,
     IncrementalDetokenizer,
     SimTextTokenizer,
@@ -145,7 +145,7 @@ def test_engine_loop_stops_while_a_step_hangs() -> None:
 
 
 def test_health_fails_while_a_step_is_stuck() -> None:
-    from slotune.engine.server import simulated_model
+    from slotune.server import simulated_model
     from tests.server.conftest import ServerThread
     from tests.server.helpers import call
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.sampling_params import MAX_LOGPROBS, SamplingParams
-from slotune.engine.server.served import ServedModel
-from slotune.engine.server.text import render_chat
+from slotune.server.served import ServedModel
+from slotune.server.text import render_chat
 
 # Sizes are checked before anything proportional to them is built or iterated.
 MAX_CHOICES = 4096  # prompts x n in one request: the choices its response holds

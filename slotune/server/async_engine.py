@@ -26,7 +26,7 @@ from typing import Any
 from slotune.engine.engine import Engine
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.sampling_params import SamplingParams
-from slotune.engine.server.metrics import ServerMetrics
+from slotune.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

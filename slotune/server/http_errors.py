@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from slotune.engine.server.protocol import error_body, error_type
+from slotune.server.protocol import error_body, error_type
 
 MAX_MESSAGE_CHARS = 200  # aiohttp's parser messages quote the request's bytes
 TESTED = "install an aiohttp release that has them (3.9 to 3.14 do)"

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slotune.engine.outputs import RequestOutput
-from slotune.engine.server.logprobs import (
+from slotune.server.logprobs import (
     TokenLogprob,
     chat_logprobs,
     completion_logprobs,
     token_logprobs,
 )
-from slotune.engine.server.protocol import GenerationRequest
-from slotune.engine.server.text import IncrementalDetokenizer, TextTokenizer
+from slotune.server.protocol import GenerationRequest
+from slotune.server.text import IncrementalDetokenizer, TextTokenizer
 
 
 @dataclass

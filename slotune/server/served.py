@@ -10,7 +10,7 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.engine import Engine
-from slotune.engine.server.text import (
+from slotune.server.text import (
     CheckpointTokenizer,
     SimTextTokenizer,
     TextTokenizer,

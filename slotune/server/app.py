@@ -40,12 +40,12 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from slotune._version import __version__
 from slotune.engine.engine import Engine
-from slotune.engine.server.async_engine import AsyncEngine, EngineError
-from slotune.engine.server.drain import CUT_GRACE_S, Drain, ShuttingDown
-from slotune.engine.server.http_errors import Runner
-from slotune.engine.server.memory import keep_large_blocks_mapped
-from slotune.engine.server.metrics import CONTENT_TYPE, ServerMetrics
-from slotune.engine.server.protocol import (
+from slotune.server.async_engine import AsyncEngine, EngineError
+from slotune.server.drain import CUT_GRACE_S, Drain, ShuttingDown
+from slotune.server.http_errors import Runner
+from slotune.server.memory import keep_large_blocks_mapped
+from slotune.server.metrics import CONTENT_TYPE, ServerMetrics
+from slotune.server.protocol import (
     InvalidRequest,
     check_model,
     error_body,
@@ -54,8 +54,8 @@ from slotune.engine.server.protocol import (
     parse_request,
     parse_tokenize,
 )
-from slotune.engine.server.responses import Completion
-from slotune.engine.server.served import ServedModel
+from slotune.server.responses import Completion
+from slotune.server.served import ServedModel
 
 logger = logging.getLogger(__name__)
 
