@@ -67,3 +67,17 @@ def test_run_engine_gives_up_at_the_timeout_and_frees_blocks(tiny_model: Path) -
     assert pd.isna(df.loc["short", "error"]) and df.loc["short", "output_tokens"] == 2
     assert not engine.has_unfinished_requests()
     assert res.engine_stats["num_free_blocks"] == res.engine_stats["num_total_blocks"]
+
+
+def test_the_real_engine_records_what_its_steps_attend_to(tiny_model: Path) -> None:
+    """The hardware view's inputs: a 40-token prefill attends to 40 tokens, and each of the
+    three decodes after it to the prompt and the outputs so far (41, 42, 43)."""
+    engine = Engine.local(
+        EngineConfig(max_num_batched_tokens=64, max_model_len=256),
+        model=str(tiny_model),
+        device="cpu",
+    )
+    trace = Trace(name="one", requests=(TraceRequest(request_id="a", prompt_len=40, output_len=4),))
+    steps = run_engine(engine, trace).steps
+    assert steps["prefill_context_sum"].tolist() == [40, 0, 0, 0]
+    assert steps["decode_context_sum"].tolist() == [0, 41, 42, 43]

@@ -24,6 +24,7 @@ from slotune.engine.model.llama import ForwardBatch
 from slotune.engine.model.loader import load_model
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.sim.batch import batch_totals, prefill_context_sum
 
 logger = logging.getLogger(__name__)
 
@@ -168,11 +169,19 @@ class TorchExecutor:
                     top_logprobs[row.request_id] = result.top_logprobs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        duration = self.timer() - start
+        requests = scheduler_output.requests
+        _, decode_context, chunks = batch_totals(
+            (n, requests[rid].num_computed_tokens)
+            for rid, n in scheduler_output.num_scheduled_tokens.items()
+        )
         return ExecutorOutput(
             sampled_token_ids=sampled,
-            duration_s=self.timer() - start,
+            duration_s=duration,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            decode_context_sum=decode_context,
+            prefill_context_sum=prefill_context_sum(chunks),
         )
 
     def _copy_blocks(self, so: SchedulerOutput) -> None:

@@ -21,3 +21,9 @@ def batch_totals(scheduled: Iterable[tuple[int, int]]) -> tuple[int, int, list[t
         else:
             chunks.append((n, computed))
     return num_decodes, context_sum, chunks
+
+
+def prefill_context_sum(chunks: Iterable[tuple[int, int]]) -> int:
+    """The KV tokens a step's prefill chunks ``(n, computed)`` attend to: each its prior
+    ones and itself."""
+    return sum([n + computed for n, computed in chunks])

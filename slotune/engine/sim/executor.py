@@ -9,7 +9,7 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
 from slotune.engine.request import Request
 from slotune.engine.scheduler_output import SchedulerOutput
-from slotune.engine.sim.batch import batch_totals
+from slotune.engine.sim.batch import batch_totals, prefill_context_sum
 from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
@@ -121,9 +121,11 @@ class SimExecutor:
         )
         for rid in so.finished_request_ids:
             seeds.pop(rid, None)
-        prefill_context = sum([n + prior for n, prior in chunks])
         return ExecutorOutput(
-            sampled, duration, decode_context_sum=context_sum, prefill_context_sum=prefill_context
+            sampled,
+            duration,
+            decode_context_sum=context_sum,
+            prefill_context_sum=prefill_context_sum(chunks),
         )
 
     # -- for the engine's stretches (``Engine.run_stretch``) ---------------------------
