@@ -122,15 +122,14 @@ def tune(
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
-    stack: Annotated[
-        str | None,
-        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
-    ] = None,
+    stack: eo.Stack = None,
+    target: eo.TargetName = None,
     out: Annotated[
         str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
 ) -> None:
-    """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
+    """Find the configuration of the target engine that best meets the SLO; compare it with
+    that engine's defaults."""
     from slotune.tuner.workflow import (
         StudyError,
         TuneInputError,
@@ -173,6 +172,7 @@ def tune(
         heartbeat=heartbeat,
         quantization=quantization,
         ep=ep,
+        target=target,
     )
     display = _Display(options)
     try:
@@ -325,6 +325,7 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
 
 def _print_result(result: Any) -> None:
     _console.print(_comparison_table(result.best))
+    _console.print(result.best.get("headline", ""), highlight=False)
     for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
     paths = [result.best_json, result.trials_csv, result.best_run, result.baseline_run]
@@ -335,10 +336,11 @@ def _print_result(result: Any) -> None:
         _console.print(f"  {p}", highlight=False)
     report = result.report or f"({result.report_note})"
     _console.print(f"  {report}", highlight=False)
-    _console.print(
-        f"Export: slotune export {result.best_json} --format vllm|sglang|yaml|json",
-        highlight=False,
-    )
+    refused = result.best.get("export_refused")
+    if refused:
+        _console.print(f"Export refused: {refused}", highlight=False)
+    else:
+        _console.print(f"Export: slotune export {result.best_json}", highlight=False)
 
 
 def _comparison_table(best: dict[str, Any]) -> Any:
@@ -349,13 +351,14 @@ def _comparison_table(best: dict[str, Any]) -> Any:
 
     base = best["baseline"]
     load = best["load"]["description"]
+    defaults = base.get("name", "vLLM serving defaults").replace("serving ", "")
     table = Table(
-        title=f"Recommended vs vLLM defaults ({best['gpu']}, {best['model']}, "
+        title=f"Recommended vs {defaults} ({best['gpu']}, {best['model']}, "
         f"trace {best['trace']['name']}, load {load})"
     )
     table.add_column("")
     table.add_column("recommended", justify="right")
-    table.add_column("vLLM defaults", justify="right")
+    table.add_column(defaults, justify="right")
     for name, value in best["config"].items():
         theirs = base["config"].get(name)
         style = "bold green" if value != theirs else ""

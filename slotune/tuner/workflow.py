@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class Stage(Enum):
-    BASELINE = "measuring vLLM's defaults (the baseline)"
+    BASELINE = "measuring the target engine's defaults (the baseline)"
     TRIALS = "running trials"
     FINISH = "rerunning the recommendation and the baseline for the report"
 

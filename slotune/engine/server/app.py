@@ -69,7 +69,9 @@ def create_app(
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors, _auth])
     metrics = ServerMetrics(served.name)
     app[METRICS] = metrics
-    app[ASYNC_ENGINE] = AsyncEngine(engine, pace=served.pace, metrics=metrics)
+    app[ASYNC_ENGINE] = AsyncEngine(
+        engine, pace=served.pace, metrics=metrics, request_delay_s=served.request_delay_s
+    )
     app[SERVED] = served
     app[LIMITS] = {"api_key": api_key, "max_queue": max_queue, "stuck_step_s": stuck_step_s}
     app.on_startup.append(_start_engine)

@@ -89,10 +89,16 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 class AsyncEngine:
     def __init__(
-        self, engine: Engine, *, pace: bool = False, metrics: ServerMetrics | None = None
+        self,
+        engine: Engine,
+        *,
+        pace: bool = False,
+        metrics: ServerMetrics | None = None,
+        request_delay_s: float = 0.0,
     ) -> None:
         self.engine = engine
         self.pace = pace
+        self.request_delay_s = request_delay_s  # the stack's per-request cost outside the engine
         self.metrics = metrics
         self.num_aborted = 0
         self.num_step_errors = 0
@@ -157,6 +163,8 @@ class AsyncEngine:
         ``ValueError`` when it refuses the request."""
         if not self.running:
             raise EngineError("the engine loop is not running")
+        if self.request_delay_s > 0:
+            await asyncio.sleep(self.request_delay_s)
         pending = _Pending(
             request_id, prompt_token_ids, params, asyncio.get_running_loop().create_future()
         )

@@ -37,6 +37,7 @@ class ServedModel:
     pace: bool = False
     max_token_chars: int = 1
     synthetic_logprobs: bool = False
+    request_delay_s: float = 0.0  # a simulated stack's per-request latency (HTTP, tokenizer)
 
 
 def local_model(
@@ -78,9 +79,12 @@ def simulated_model(
     model: str = "llama-3-8b",
     tp: int = 1,
     served_model_name: str | None = None,
+    stack: str | None = None,
 ) -> tuple[Engine, ServedModel]:
-    """A simulated GPU: responses are paced by the cost model's step durations."""
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp)
+    """A simulated GPU: responses are paced by the cost model's step durations, on the
+    serving ``stack`` that ``slotune bench`` simulates (its per-request latency delays
+    each request before the engine sees it, as the bench runner's client clock does)."""
+    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
     executor: Any = engine.executor
     served = ServedModel(
         name=served_model_name or model,
@@ -89,6 +93,7 @@ def simulated_model(
         max_model_len=config.max_model_len,
         pace=True,
         synthetic_logprobs=True,
+        request_delay_s=executor.stack.request_latency_s,
     )
     return engine, served
 
