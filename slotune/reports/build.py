@@ -20,6 +20,7 @@ from slotune.reports.sections import (
     bench_provenance_items,
     bench_summary_html,
     diagnostics_html,
+    importance_note,
     provenance_html,
     provenance_items,
     recommendation_html,
@@ -76,7 +77,7 @@ def _redact(source: str | Path) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", str(source))
 
 
-def search_html(trials: TrialsData) -> str:
+def search_html(trials: TrialsData, best: dict[str, Any] | None = None) -> str:
     if trials.completed.empty:
         reason = f" ({trials.importance_note})" if trials.source == "none" else ""
         return note(f"No completed trials to plot{reason}.")
@@ -86,6 +87,7 @@ def search_html(trials: TrialsData) -> str:
     importances = search.importance_figure(trials)
     parts.append(
         _blocks([("importances", importances)])
+        + f"<p>{e(importance_note(trials.importances, best or {}))}</p>"
         if importances
         else note(trials.importance_note or "Parameter importances not computed.")
     )
@@ -170,7 +172,7 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         html_section(
             "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
         ),
-        html_section("search", "Search", search_html(trials)),
+        html_section("search", "Search", search_html(trials, best)),
         html_section("trials", "All trials", trials_table_html(trials)),
         html_section(
             "provenance",

@@ -103,6 +103,9 @@ def recommendation_sentence(best: dict[str, Any]) -> str:
         f"{fmt.pct(stat(metrics, 'slo_attainment'))} of requests, a goodput of "
         f"{fmt.num(stat(metrics, 'goodput'))} req/s at the test load"
     )
+    stored = best.get("headline")
+    if isinstance(stored, str) and stored:  # noise-checked, with what drives the gain
+        return f"For {where}: {stored} {result}."
     return f"For {where}: {setting}. {result}{_gain_clause(best, base)}.{_score_clause(best, base)}"
 
 
@@ -214,15 +217,38 @@ def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
     if section(base, "metrics"):
         runs.append(("vLLM defaults (baseline)", _with_tuner_figures(base)))
     commands = section(best, "commands")
+    refused = best.get("export_refused")
+    blocks = "".join(
+        command_block(name.replace("=", "-"), name, cmd) for name, cmd in commands.items()
+    )
+    if refused:
+        blocks += note(f"Export refused: {refused}")
     return (
         f'<p class="lead" id="recommendation-text">{e(recommendation_sentence(best))}</p>'
         + _notes(best)
         + '<div class="grid">'
         f"<div><h3>Configuration</h3>{_config_table(config, section(base, 'config'))}</div>"
         f'<div class="wide"><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>'
-        "<h3>Run it</h3>"
-        + command_block("vllm", "vLLM", commands.get("vllm"))
-        + command_block("sglang", "SGLang", commands.get("sglang"))
+        "<h3>Run it</h3>" + blocks
+    )
+
+
+def importance_note(importances: dict[str, float], best: dict[str, Any]) -> str:
+    """Reconcile the importance chart with the recommendation: the top-ranked knob moves
+    the objective most across trials, which is not the same as being worth changing."""
+    if not importances:
+        return ""
+    top = max(importances, key=lambda k: importances[k])
+    name = top.removesuffix("_on")
+    config, base = section(best, "config"), section(section(best, "baseline"), "config")
+    changed = [k for k in config if base and config.get(k) != base.get(k)]
+    if name in changed:
+        return f"{name} ranks first in importance; the recommendation changes it."
+    kept = "keeps it at the default" if base else "keeps it"
+    return (
+        f"{name} ranks first in importance: it moves the objective most across the trials "
+        f"(often by making it worse), while the recommendation {kept}"
+        + (f" and changes {', '.join(changed)}." if changed else ".")
     )
 
 
