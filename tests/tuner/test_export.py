@@ -106,7 +106,7 @@ def test_tensor_and_expert_parallel_flags() -> None:
 def test_formats_pick_the_engine_and_refuse_what_it_cannot_run() -> None:
     b = best()  # vLLM defaults-like: hash prefix caching
     assert export(b, "vllm") == export(b)
-    with pytest.raises(ExportRefused, match="sglang==0.5.23 does not run prefix_caching=hash"):
+    with pytest.raises(ExportRefused, match=r"sglang==0\.5\.23 does not run prefix_caching=hash"):
         export(b, "sglang")
     assert export(b, "vllm", target="vllm==0.15").startswith("vllm serve")
     with pytest.raises(ValueError, match="name different engines"):

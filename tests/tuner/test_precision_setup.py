@@ -3,8 +3,8 @@ used by every trial's simulation, and carried into the exported launch commands.
 
 from __future__ import annotations
 
-from slotune.tuner.evaluate import Evaluator
 from slotune.targets import Launch, get_target
+from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.export import command_line
 from slotune.tuner.prepare import TuneOptions, prepare
 
