@@ -193,6 +193,24 @@ def test_vllm_defaults_are_the_baseline(checkpoint: Path) -> None:
     assert bool(field(theirs, "enable_prefix_caching")) is True
 
 
+@needs_vllm
+def test_vllm_reads_the_yaml_config_file(checkpoint: Path, tmp_path: Path) -> None:
+    from slotune.tuner.export import export
+
+    target = get_target("vllm==0.34")
+    config = dataclasses.replace(
+        target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN),
+        prefix_caching="none",
+        long_prefill_token_threshold=512,
+        max_num_seqs=64,
+    )
+    best = {"config": config.to_dict(), "model": SIM_MODEL, "gpu": GPU, "target": target.name}
+    path = tmp_path / "serve.yaml"
+    path.write_text(export(best, "yaml", served_model=str(checkpoint)))
+    resolved = engines.vllm_resolve([str(checkpoint), "--config", str(path)], gpu=GPU)
+    vllm_check(config, [], resolved)
+
+
 # -- SGLang 0.5.23 --------------------------------------------------------------------------
 
 
