@@ -200,7 +200,7 @@ FLAGS: dict[str, dict[str, Rule]] = {
 """EngineConfig field -> target name -> rule."""
 
 
-def _launch_head(target: Target, launch: Launch) -> list[str]:
+def launch_head(target: Target, launch: Launch) -> list[str]:
     tp = launch.tp
     if target.family == "vllm":
         words = ["vllm", "serve", launch.served]
@@ -270,7 +270,7 @@ def launch_words(config: EngineConfig, target: Target, launch: Launch) -> list[s
     problems = target.problems(config)
     if problems:
         raise ExportRefused("; ".join(problems))
-    words = _launch_head(target, launch) + _weights(target, launch)
+    words = launch_head(target, launch) + _weights(target, launch)
     for name, rules in FLAGS.items():
         words.extend(rules[target.name](getattr(config, name), config, launch))
     return words

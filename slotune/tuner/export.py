@@ -16,6 +16,7 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 from slotune.engine.hf_config import quantization_method
 from slotune.targets import ExportRefused, Launch, Target, get_target, launch_words
+from slotune.targets.flags import launch_head
 from slotune.targets.registry import LEGACY_TARGET
 
 FORMATS = ("command", "vllm", "sglang", "slotune", "yaml", "json")
@@ -60,6 +61,28 @@ def launch_of(best: dict[str, Any], served_model: str | None = None) -> Launch:
 def command_line(config: EngineConfig, target: Target, launch: Launch) -> str:
     """The ready shell command (raises ``ExportRefused``)."""
     return " ".join(shlex.quote(w) for w in launch_words(config, target, launch))
+
+
+def engine_args(
+    config: EngineConfig,
+    engine: str,
+    quantization: str | None = None,
+    *,
+    gpu: str | None = None,
+    model: str | None = None,
+    tp: int = 1,
+    ep: int = 1,
+) -> tuple[list[str], list[str]]:
+    """The flags of ``config`` on ``engine`` (a target name or family) without the launch
+    head, for a server command the user wrote (``tune --verify``: its checkpoint is the
+    user's, so no checkpoint kind is asked for); no comments ever (the second item, kept
+    for callers of the former API). Raises ``ExportRefused`` like ``export``."""
+    target = get_target(engine)
+    launch = Launch(
+        "MODEL", gpu=gpu, model=model, tp=tp, ep=ep, quantization=quantization, served_given=True
+    )
+    words = launch_words(config, target, launch)
+    return words[len(launch_head(target, launch)) :], []
 
 
 def vllm_config_file(config: EngineConfig, target: Target, launch: Launch) -> str:

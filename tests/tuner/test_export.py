@@ -198,3 +198,16 @@ def test_slotune_engine_serves_16_bit_weights_only() -> None:
     b = {**best("slotune"), "quantization": "fp8"}
     with pytest.raises(ExportRefused, match="does not serve fp8 weights"):
         export(b)
+
+
+def test_engine_args_are_the_flags_without_the_launch_head() -> None:
+    from slotune.tuner.export import engine_args
+
+    config = EngineConfig(max_model_len=2048, max_num_seqs=64, prefix_caching="none")
+    flags, comments = engine_args(config, "vllm", "int4")  # the user's checkpoint: no refusal
+    assert comments == [] and flags[:2] == ["--max-num-batched-tokens", "2048"]
+    assert "vllm" not in flags and "--no-enable-prefix-caching" in flags
+    with pytest.raises(ExportRefused, match="names none"):
+        engine_args(config, "sglang")  # SGLang's memory fraction needs the simulated GPU
+    flags, _ = engine_args(config, "sglang", gpu="h100", model="llama-3-8b")
+    assert flags[0] == "--chunked-prefill-size" and "--disable-radix-cache" in flags
