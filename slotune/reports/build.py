@@ -17,6 +17,7 @@ from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
 from slotune.reports.runs import RunData, load_run, read_json
 from slotune.reports.sections import (
+    baseline_label,
     bench_provenance_items,
     bench_summary_html,
     diagnostics_html,
@@ -30,7 +31,6 @@ from slotune.reports.trials import TrialsData, empty_trials, load_csv_trials, lo
 
 REPORT_NAME = "report.html"
 RECOMMENDED = "recommended"
-BASELINE = "vLLM defaults"
 
 
 def _blocks(figures: list[tuple[str, go.Figure | None]], pair: bool = False) -> str:
@@ -162,7 +162,9 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     base = section(best, "baseline")
     candidates = [
         load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
-        load_run(out_dir / "runs" / "baseline", BASELINE, section(base, "config") or None),
+        load_run(
+            out_dir / "runs" / "baseline", baseline_label(best), section(base, "config") or None
+        ),
     ]
     runs = [r for r in candidates if _has_data(r)]
     trace_stats = section(section(best, "trace"), "stats")
@@ -170,7 +172,9 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         html_section("recommendation", "Recommendation", recommendation_html(best, slo)),
         html_section("diagnostics", "Diagnostics", _diagnostics_block(runs, trace_stats)),
         html_section(
-            "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
+            "behaviour",
+            f"Behaviour: recommended vs {baseline_label(best)}",
+            behaviour_html(runs, slo),
         ),
         html_section("search", "Search", search_html(trials, best)),
         html_section("trials", "All trials", trials_table_html(trials)),

@@ -109,13 +109,24 @@ def recommendation_sentence(best: dict[str, Any]) -> str:
     return f"For {where}: {setting}. {result}{_gain_clause(best, base)}.{_score_clause(best, base)}"
 
 
-def _config_table(config: dict[str, Any], baseline: dict[str, Any]) -> str:
+def baseline_label(best: dict[str, Any]) -> str:
+    """The baseline's name: the target's defaults ("vLLM 0.34 defaults", "SGLang 0.5.23
+    defaults"), or vLLM's for a best.json from before targets."""
+    name = section(best, "baseline").get("name")
+    if isinstance(name, str) and name:
+        return name.replace(" serving defaults", " defaults")
+    return "vLLM defaults"
+
+
+def _config_table(
+    config: dict[str, Any], baseline: dict[str, Any], label: str = "vLLM defaults"
+) -> str:
     rows: list[list[Cell | str]] = []
     for key in _config_keys(config, baseline):
         ours, theirs = config.get(key), baseline.get(key)
         css = "changed" if baseline and ours != theirs else ""
         rows.append([key, Cell(fmt.text(ours), css=css), fmt.text(theirs) if baseline else "n/a"])
-    return table(["parameter", "recommended", "vLLM defaults (baseline)"], rows, css="config")
+    return table(["parameter", "recommended", f"{label} (baseline)"], rows, css="config")
 
 
 def _slo_cell(value: float | None, target: float | None) -> Cell:
@@ -201,7 +212,7 @@ def _with_tuner_figures(result: dict[str, Any]) -> dict[str, Any]:
 def _notes(best: dict[str, Any]) -> str:
     stored = best.get("notes")
     notes = [str(n) for n in stored] if isinstance(stored, list) else []
-    for label, run in (("recommended", best), ("vLLM defaults", section(best, "baseline"))):
+    for label, run in (("recommended", best), (baseline_label(best), section(best, "baseline"))):
         check = section(section(run, "metrics"), "steady_state")
         if check.get("steady") is False and check.get("note"):
             notes.append(f"{label} run not in steady state: {check['note']}")
@@ -215,7 +226,8 @@ def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
     base = section(best, "baseline")
     runs = [("recommended", _with_tuner_figures(best))]
     if section(base, "metrics"):
-        runs.append(("vLLM defaults (baseline)", _with_tuner_figures(base)))
+        runs.append((f"{baseline_label(best)} (baseline)", _with_tuner_figures(base)))
+    config_html = _config_table(config, section(base, "config"), baseline_label(best))
     commands = section(best, "commands")
     refused = best.get("export_refused")
     blocks = "".join(
@@ -227,7 +239,7 @@ def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
         f'<p class="lead" id="recommendation-text">{e(recommendation_sentence(best))}</p>'
         + _notes(best)
         + '<div class="grid">'
-        f"<div><h3>Configuration</h3>{_config_table(config, section(base, 'config'))}</div>"
+        f"<div><h3>Configuration</h3>{config_html}</div>"
         f'<div class="wide"><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>'
         "<h3>Run it</h3>" + blocks
     )
