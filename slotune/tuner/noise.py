@@ -68,10 +68,11 @@ def judge(
     best: EngineConfig,
     baseline: EngineConfig,
     first: tuple[float, float],
-    start_rung: int | None = None,
+    start_rungs: tuple[int | None, int | None] = (None, None),
 ) -> Verdict:
     """Measure ``best`` and ``baseline`` at ``NOISE_SEEDS`` more seeds; ``first`` holds
-    their values at the study's seed (already measured)."""
+    their values at the study's seed (already measured), ``start_rungs`` the rungs their
+    goodput searches found there (each search at another seed starts from its own)."""
     from slotune.tuner.evaluate import Evaluator
 
     setup = evaluator.setup
@@ -80,10 +81,13 @@ def judge(
     ours, theirs = [first[0]], [first[1]]
     for seed in seeds[1:]:
         other = Evaluator(replace(setup, seed=seed), evaluator.trace)
-        for config, out in ((best, ours), (baseline, theirs)):
+        for config, out, start in (
+            (best, ours, start_rungs[0]),
+            (baseline, theirs, start_rungs[1]),
+        ):
             if by_rate:
                 assert other.ladder is not None
-                rung = start_rung if start_rung is not None else other.ladder.rung(16.0)
+                rung = start if start is not None else other.ladder.rung(16.0)
                 out.append(other.goodput(config, rung, exact=True).value)
             else:
                 out.append(other.measure(config).score)

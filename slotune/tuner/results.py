@@ -352,7 +352,7 @@ def _verdict(setup: Any, best: Any, baseline: dict[str, Any], evaluator: Any) ->
         EngineConfig.from_dict(best.user_attrs["config"]),
         EngineConfig.from_dict(baseline["config"]),
         first,
-        baseline.get("goodput_rung"),
+        (best.user_attrs.get("goodput_rung"), baseline.get("goodput_rung")),
     )
 
 
