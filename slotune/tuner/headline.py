@@ -31,8 +31,8 @@ def drivers(best: dict[str, Any], base: dict[str, Any], attainment_target: float
     att = base.get("slo_attainment")
     steady = (base.get("steady_state") or {}).get("steady")
     if att is not None and att < attainment_target:
-        out.append("slo")
-    elif (base.get("num_preemptions") or 0) > (best.get("num_preemptions") or 0):
+        return ["slo"]  # a run that misses the SLO is usually unsteady too: the miss says it
+    if (base.get("num_preemptions") or 0) > (best.get("num_preemptions") or 0):
         out.append("capacity")
     if steady is False and (best.get("steady_state") or {}).get("steady") is not False:
         out.append("steadiness")
@@ -83,12 +83,8 @@ def headline(
             f" ({what} {100 * verdict.gain:+.1f}%, beyond the noise band of "
             f"{100 * verdict.band:.1f}% over seeds {', '.join(map(str, verdict.seeds))})"
         )
-    only = "only " if found == ["steadiness"] else ""
-    text = (
-        f"Set {_settings(changed)}{gain}: the gain comes {only}from "
-        + "; ".join(why[d] for d in found)
-        + "."
-    )
+    only = "only steadiness: " if found == ["steadiness"] else ""
+    text = f"Set {_settings(changed)}{gain}. Why: {only}" + "; ".join(why[d] for d in found) + "."
     kv = changed.get("kv_cache_dtype")
     if kv in KV_COST:
         text += f" Cost: {KV_COST[kv]}."

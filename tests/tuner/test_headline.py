@@ -29,6 +29,7 @@ STEADY = {"steady_state": {"steady": True}}
     ("base", "expected"),
     [
         ({"slo_attainment": 0.9, **STEADY}, ["slo"]),
+        ({"slo_attainment": 0.5, "steady_state": {"steady": False}}, ["slo"]),
         ({"slo_attainment": 1.0, "num_preemptions": 40, **STEADY}, ["capacity"]),
         ({"slo_attainment": 1.0, "steady_state": {"steady": False}}, ["steadiness"]),
         ({"slo_attainment": 1.0, **STEADY}, ["latency"]),
@@ -63,7 +64,7 @@ def test_a_real_gain_names_its_driver_and_cost() -> None:
         attainment_target=0.99,
         rate=60,
     )
-    assert found == ["steadiness"] and "only from" in text and "not a steady state" in text
+    assert found == ["steadiness"] and "Why: only steadiness" in text and "not a steady" in text
     assert "Cost: an fp8 (e4m3) KV cache" in text and "+17.3%" in text
 
 
