@@ -87,6 +87,12 @@ def headline(
     text = f"Set {_settings(changed)}{gain}. Why: {only}" + "; ".join(why[d] for d in found) + "."
     kv = changed.get("kv_cache_dtype")
     if kv in KV_COST:
+        if not base_metrics.get("num_preemptions"):
+            text += (
+                f" The {kv} KV cache helps by reading fewer bytes per step (attention is "
+                "memory-bound), not by capacity: the defaults never ran out of KV cache "
+                "(no preemptions)."
+            )
         text += f" Cost: {KV_COST[kv]}."
     return text, found
 

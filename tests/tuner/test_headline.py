@@ -66,6 +66,7 @@ def test_a_real_gain_names_its_driver_and_cost() -> None:
     )
     assert found == ["steadiness"] and "Why: only steadiness" in text and "not a steady" in text
     assert "Cost: an fp8 (e4m3) KV cache" in text and "+17.3%" in text
+    assert "not by capacity" in text  # no preemptions in the defaults' run
 
 
 def test_importance_is_reconciled_with_the_recommendation() -> None:
