@@ -211,6 +211,19 @@ def test_vllm_reads_the_yaml_config_file(checkpoint: Path, tmp_path: Path) -> No
     vllm_check(config, [], resolved)
 
 
+@needs_vllm
+@pytest.mark.parametrize("kind", ["awq", "gptq", "compressed-tensors"])
+def test_vllm_serves_the_prequantized_checkpoint(tmp_path: Path, kind: str) -> None:
+    """int4 weights: no --quantization flag; vLLM reads the checkpoint's method."""
+    target = get_target("vllm==0.34")
+    path = engines.make_hf_checkpoint(tmp_path / kind, quantization=kind)
+    config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
+    words = launch_words(config, target, launch(path, quantization="int4"))
+    assert "--quantization" not in words
+    resolved = engines.vllm_resolve(words[2:], gpu=GPU)
+    assert str(field(resolved, "quantization")).startswith(kind.split("-")[0])
+
+
 # -- SGLang 0.5.23 --------------------------------------------------------------------------
 
 
@@ -221,7 +234,9 @@ def sglang_check(config: EngineConfig, words: list[str], resolved: dict[str, Any
     assert field(resolved, "page_size") == config.block_size
     assert field(resolved, "max_running_requests") == config.max_num_seqs
     assert bool(field(resolved, "disable_radix_cache")) == (config.prefix_caching == "none")
-    assert bool(field(resolved, "enable_mixed_chunk")) == (config.policy == "chunked")
+    if "enable_mixed_chunk" in resolved:
+        assert bool(resolved["enable_mixed_chunk"]) == (config.policy == "chunked")
+    assert ("--enable-mixed-chunk" in words) == (config.policy == "chunked")
     kv = {"auto": "auto", "fp8": "fp8_e4m3"}[config.kv_cache_dtype]
     assert field(resolved, "kv_cache_dtype") == kv
     frac = float(words[words.index("--mem-fraction-static") + 1])
@@ -254,6 +269,17 @@ def test_sglang_accepts_search_overrides(checkpoint: Path, overrides: dict[str, 
             continue
         words = launch_words(config, target, launch(checkpoint))
         sglang_check(config, words, engines.sglang_resolve(words[3:], gpu=GPU))
+
+
+@needs_sglang
+@pytest.mark.parametrize("kind", ["awq", "gptq"])
+def test_sglang_serves_the_prequantized_checkpoint(tmp_path: Path, kind: str) -> None:
+    target = get_target("sglang")
+    path = engines.make_hf_checkpoint(tmp_path / kind, quantization=kind)
+    config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
+    words = launch_words(config, target, launch(path, quantization="int4"))
+    assert "--quantization" not in words  # SGLang picks gptq_marlin/awq_marlin itself
+    engines.sglang_resolve(words[3:], gpu=GPU)
 
 
 @needs_sglang
