@@ -40,10 +40,13 @@ MAX_MODEL_LEN = 2048
 SIM_MODEL = "llama-3-8b"  # prices the pool behind SGLang's --mem-fraction-static
 
 
-def _installed(module: str) -> str | None:
+def _installed(distribution: str) -> str | None:
+    """The installed version, without importing the engine (the harness prepares that)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return __import__(module).__version__
-    except ImportError:
+        return version(distribution)
+    except PackageNotFoundError:
         return None
 
 
