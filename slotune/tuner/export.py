@@ -87,7 +87,7 @@ def engine_args(
 
 def vllm_config_file(config: EngineConfig, target: Target, launch: Launch) -> str:
     """A ``vllm serve MODEL --config FILE`` YAML: each flag as ``key: value``, a bare
-    ``--flag`` as ``flag: true`` and ``--no-flag`` as ``flag: false``."""
+    ``--flag`` (``--no-flag`` too) as ``flag: true``."""
     import yaml
 
     if target.family != "vllm":
@@ -106,8 +106,8 @@ def vllm_config_file(config: EngineConfig, target: Target, launch: Launch) -> st
             value: Any = flags[i + 1]
             data[key] = int(value) if value.lstrip("-").isdigit() else _number(value)
             i += 2
-        elif key.startswith("no-"):
-            data[key[3:]] = False
+        elif key.startswith("no-"):  # `flag: false` is dropped where only the subcommand
+            data[key] = True  # knows --no-flag (vLLM 0.34's serve): `no-flag: true` lands
             i += 1
         else:
             data[key] = True

@@ -115,6 +115,17 @@ def launch(checkpoint: Path, **kw: Any) -> Launch:
     return Launch(str(checkpoint), gpu=GPU, model=SIM_MODEL, served_given=True, **kw)
 
 
+def vllm_resolve(argv: list[str]) -> dict[str, Any]:
+    """vLLM's resolved config; an expected failure where the harness's stubbed kernels, not
+    the engine's rules, stop the config builder (a kernel capability query)."""
+    try:
+        return engines.vllm_resolve(argv, gpu=GPU)
+    except engines.EngineRejected as e:
+        if "_OpNamespace" in str(e):
+            pytest.xfail(f"harness: vLLM's config builder queried a stubbed kernel ({e})")
+        raise
+
+
 def field(resolved: dict[str, Any], *names: str) -> Any:
     for name in names:
         if name in resolved:
@@ -151,7 +162,7 @@ def test_vllm_accepts_every_value_of_the_default_space(checkpoint: Path) -> None
     target = get_target("vllm==0.34")
     for config in emitted(space_of(target), target):
         words = launch_words(config, target, launch(checkpoint))
-        vllm_check(config, words, engines.vllm_resolve(words[2:], gpu=GPU))
+        vllm_check(config, words, vllm_resolve(words[2:]))
 
 
 @needs_vllm
@@ -171,7 +182,7 @@ def test_vllm_accepts_search_overrides(checkpoint: Path, overrides: dict[str, An
         if target.problems(config):  # a defaults-derived case outside the narrowed space
             continue
         words = launch_words(config, target, launch(checkpoint))
-        vllm_check(config, words, engines.vllm_resolve(words[2:], gpu=GPU))
+        vllm_check(config, words, vllm_resolve(words[2:]))
 
 
 @needs_vllm
@@ -179,11 +190,11 @@ def test_vllm_parallel_and_weights(checkpoint: Path) -> None:
     target = get_target("vllm==0.34")
     config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
     words = launch_words(config, target, launch(checkpoint, tp=2))
-    resolved = engines.vllm_resolve(words[2:], gpu=GPU)
+    resolved = vllm_resolve(words[2:])
     assert field(resolved, "tensor_parallel_size") == 2
     words = launch_words(config, target, launch(checkpoint, quantization="fp8"))
     assert "fp8_per_tensor" in words
-    resolved = engines.vllm_resolve(words[2:], gpu=GPU)
+    resolved = vllm_resolve(words[2:])
     assert field(resolved, "quantization") == "fp8_per_tensor"
 
 
@@ -210,7 +221,7 @@ def test_vllm_reads_the_yaml_config_file(checkpoint: Path, tmp_path: Path) -> No
     best = {"config": config.to_dict(), "model": SIM_MODEL, "gpu": GPU, "target": target.name}
     path = tmp_path / "serve.yaml"
     path.write_text(export(best, "yaml", served_model=str(checkpoint)))
-    resolved = engines.vllm_resolve([str(checkpoint), "--config", str(path)], gpu=GPU)
+    resolved = vllm_resolve([str(checkpoint), "--config", str(path)])
     vllm_check(config, [], resolved)
 
 
@@ -223,7 +234,7 @@ def test_vllm_serves_the_prequantized_checkpoint(tmp_path: Path, kind: str) -> N
     config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
     words = launch_words(config, target, launch(path, quantization="int4"))
     assert "--quantization" not in words
-    resolved = engines.vllm_resolve(words[2:], gpu=GPU)
+    resolved = vllm_resolve(words[2:])
     assert str(field(resolved, "quantization")).startswith(kind.split("-")[0])
 
 

@@ -131,7 +131,7 @@ def test_json_is_the_engine_config_and_yaml_a_vllm_config_file() -> None:
     text = export(b, "yaml")
     assert text.startswith("# vllm serve meta-llama/Meta-Llama-3-8B-Instruct --config")
     data = yaml.safe_load(text)
-    assert data["max-num-seqs"] == 77 and data["enable-prefix-caching"] is False
+    assert data["max-num-seqs"] == 77 and data["no-enable-prefix-caching"] is True
     assert data["gpu-memory-utilization"] == 0.9
     with pytest.raises(ExportRefused, match="vllm serve --config"):
         export(best("sglang", prefix_caching="radix"), "yaml")
