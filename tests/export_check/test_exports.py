@@ -186,12 +186,21 @@ def test_vllm_accepts_search_overrides(checkpoint: Path, overrides: dict[str, An
 
 
 @needs_vllm
-def test_vllm_parallel_and_weights(checkpoint: Path) -> None:
+def test_vllm_parallel(checkpoint: Path) -> None:
     target = get_target("vllm==0.34")
     config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
     words = launch_words(config, target, launch(checkpoint, tp=2))
     resolved = vllm_resolve(words[2:])
     assert field(resolved, "tensor_parallel_size") == 2
+    words = launch_words(config, target, launch(checkpoint, tp=2, ep=2))
+    resolved = vllm_resolve(words[2:])
+    assert field(resolved, "enable_expert_parallel") is True
+
+
+@needs_vllm
+def test_vllm_online_fp8_weights(checkpoint: Path) -> None:
+    target = get_target("vllm==0.34")
+    config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
     words = launch_words(config, target, launch(checkpoint, quantization="fp8"))
     assert "fp8_per_tensor" in words
     resolved = vllm_resolve(words[2:])
