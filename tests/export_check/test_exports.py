@@ -192,9 +192,7 @@ def test_vllm_parallel(checkpoint: Path) -> None:
     words = launch_words(config, target, launch(checkpoint, tp=2))
     resolved = vllm_resolve(words[2:])
     assert field(resolved, "tensor_parallel_size") == 2
-    words = launch_words(config, target, launch(checkpoint, tp=2, ep=2))
-    resolved = vllm_resolve(words[2:])
-    assert field(resolved, "enable_expert_parallel") is True
+    # EP (--enable-expert-parallel) needs a MoE checkpoint, which the harness does not make
 
 
 @needs_vllm
