@@ -299,8 +299,10 @@ def test_sglang_serves_the_prequantized_checkpoint(tmp_path: Path, kind: str) ->
     path = engines.make_hf_checkpoint(tmp_path / kind, quantization=kind)
     config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
     words = launch_words(config, target, launch(path, quantization="int4"))
-    assert "--quantization" not in words  # SGLang picks gptq_marlin/awq_marlin itself
-    engines.sglang_resolve(words[3:], gpu=GPU)
+    # a GPTQ checkpoint is named gptq_marlin (the only GPTQ method SGLang registers on CUDA)
+    assert ("--quantization" in words) == (kind == "gptq")
+    resolved = engines.sglang_resolve(words[3:], gpu=GPU)
+    assert str(field(resolved, "quantization") or kind).startswith(kind)
 
 
 @needs_sglang

@@ -211,3 +211,13 @@ def test_engine_args_are_the_flags_without_the_launch_head() -> None:
         engine_args(config, "sglang")  # SGLang's memory fraction needs the simulated GPU
     flags, _ = engine_args(config, "sglang", gpu="h100", model="llama-3-8b")
     assert flags[0] == "--chunked-prefill-size" and "--disable-radix-cache" in flags
+
+
+def test_sglang_serves_a_gptq_checkpoint_as_gptq_marlin(tmp_path) -> None:
+    """SGLang registers gptq_marlin only on CUDA: a GPTQ checkpoint needs it named."""
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq"}})
+    )
+    b = {**best("sglang", prefix_caching="none"), "quantization": "int4"}
+    assert flag(export(b, served_model=str(tmp_path)), "--quantization") == "gptq_marlin"
+    assert "--quantization" not in export({**b, "target": "vllm"}, served_model=str(tmp_path))
