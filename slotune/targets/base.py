@@ -24,11 +24,13 @@ class WeightServing:
     """How a target serves one weight format: ``online`` is the ``--quantization`` value
     that quantizes a 16-bit checkpoint at load (None: it needs a pre-quantized
     checkpoint), ``checkpoint`` the kind of checkpoint it needs, ``methods`` the
-    ``quant_method`` values such a checkpoint's config.json may name."""
+    ``quant_method`` values such a checkpoint's config.json may name, ``rename`` those the
+    engine does not take as named (SGLang registers ``gptq_marlin`` only, on CUDA)."""
 
     online: str | None = None
     checkpoint: str = ""
     methods: tuple[str, ...] = ()
+    rename: Mapping[str, str] = field(default_factory=dict)  # method -> --quantization needed
 
     @property
     def needs_checkpoint(self) -> bool:

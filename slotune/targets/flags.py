@@ -238,6 +238,8 @@ def _weights(target: Target, launch: Launch) -> list[str]:
                 f"{launch.served} holds {method} weights; {target.name} serves the measured "
                 f"{launch.quantization} weights from {serving.checkpoint or 'a 16-bit checkpoint'}"
             )
+        if method in serving.rename:
+            return ["--quantization", serving.rename[method]]
         return []
     if serving.needs_checkpoint:
         if not launch.served_given:

@@ -62,6 +62,7 @@ SGLANG_0_5 = Target(
         "int4": WeightServing(
             checkpoint="a 4-bit weight-only AWQ or GPTQ checkpoint",
             methods=("awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"),
+            rename={"gptq": "gptq_marlin"},
         ),
         "mxfp4": WeightServing(checkpoint="an MXFP4 checkpoint (gpt-oss)", methods=("mxfp4",)),
     },
