@@ -22,6 +22,7 @@ ENGINE_REQUIREMENTS=(
     regex psutil pyzmq urllib3 requests fastapi pillow pybase64 cachetools openai
     openai-harmony cbor2 msgspec cloudpickle py-cpuinfo partial-json-parser uvicorn
     watchfiles orjson einops uvloop ipython dill sentencepiece gguf "compressed-tensors==0.17.0"
+    pytest hypothesis  # the test run itself (tests/conftest.py imports hypothesis)
 )
 STAMP="$VENV/.engines-installed"
 want="$(sha256sum "$0" pyproject.toml | sha256sum | cut -c1-16)"

@@ -212,6 +212,15 @@ def _install_vllm_platform() -> None:
 
     vllm.platforms._current_platform = FakeCudaPlatform()
 
+    # Kernel capability queries answered by the compiled extension, asked at import time by
+    # the quantization modules: CUTLASS's rules (fp8 from sm89, block fp8 sm90, fp4 sm100).
+    from vllm import _custom_ops as ops
+
+    ops.cutlass_scaled_mm_supports_fp8 = lambda capability: capability >= 89
+    ops.cutlass_scaled_mm_supports_block_fp8 = lambda capability: capability >= 90
+    ops.cutlass_scaled_mm_supports_fp4 = lambda capability: capability >= 100
+    ops.cutlass_group_gemm_supported = lambda capability: 90 <= capability < 110
+
     # The model-info cache writer imports vLLM's model loader (kernels at import time); the
     # same JSON, written without it, keeps the model inspection subprocess to the first call.
     def save_modelinfo(self: Any, mi: Any, module_hash: str) -> None:
@@ -320,8 +329,14 @@ def _clear_sglang_device_caches() -> None:
     common = sys.modules.get("sglang.srt.utils.common")
     if common is None:
         return
-    for name in ("get_device_memory_capacity", "get_device_name", "get_device_capability",
-                 "get_device_sm", "get_device_count", "get_device_core_count"):
+    for name in (
+        "get_device_memory_capacity",
+        "get_device_name",
+        "get_device_capability",
+        "get_device_sm",
+        "get_device_count",
+        "get_device_core_count",
+    ):
         cached = getattr(common, name, None)
         if hasattr(cached, "cache_clear"):
             cached.cache_clear()
@@ -349,7 +364,7 @@ SGLANG_FIELDS = (
 
 
 def sglang_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
-    """`sglang serve ARGV` (ARGV holds `--model-path`) through prepare_server_args + resolve_once."""
+    """`sglang serve ARGV` (ARGV holds `--model-path`): prepare_server_args + resolve_once."""
     _prepare_imports()
     with _sglang_gpu(GPUS[gpu]):
         from sglang.srt.server_args import prepare_server_args
@@ -406,19 +421,44 @@ _GROUP_W4A16 = {
 # What the config.json of a real pre-quantized checkpoint of each kind carries (AutoAWQ,
 # AutoGPTQ/GPTQModel, llm-compressor W4A16, an FP8 checkpoint, bitsandbytes 4-bit).
 QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
-    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
-            "version": "gemm", "modules_to_not_convert": None},
-    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-             "sym": True, "damp_percent": 0.01, "true_sequential": True, "static_groups": False,
-             "lm_head": False, "checkpoint_format": "gptq"},
-    "compressed-tensors": {"quant_method": "compressed-tensors", "format": "pack-quantized",
-                           "config_groups": {"group_0": _GROUP_W4A16}, "ignore": ["lm_head"],
-                           "quantization_status": "compressed", "kv_cache_scheme": None},
-    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128]},
-    "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
-                     "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16",
-                     "bnb_4bit_use_double_quant": False, "bnb_4bit_quant_storage": "uint8"},
+    "awq": {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": 128,
+        "zero_point": True,
+        "version": "gemm",
+        "modules_to_not_convert": None,
+    },
+    "gptq": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "desc_act": False,
+        "sym": True,
+        "damp_percent": 0.01,
+        "true_sequential": True,
+        "static_groups": False,
+        "lm_head": False,
+        "checkpoint_format": "gptq",
+    },
+    "compressed-tensors": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": _GROUP_W4A16},
+        "ignore": ["lm_head"],
+        "quantization_status": "compressed",
+        "kv_cache_scheme": None,
+    },
+    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    "bitsandbytes": {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "load_in_8bit": False,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_use_double_quant": False,
+        "bnb_4bit_quant_storage": "uint8",
+    },
 }
 
 
@@ -435,7 +475,9 @@ def make_hf_checkpoint(
     config = dict(_LLAMA_CONFIG)
     if quantization is not None:
         if quantization not in QUANTIZATION_CONFIGS:
-            raise ValueError(f"no checkpoint kind {quantization!r}; one of {list(QUANTIZATION_CONFIGS)}")
+            raise ValueError(
+                f"no checkpoint kind {quantization!r}; one of {list(QUANTIZATION_CONFIGS)}"
+            )
         config["quantization_config"] = QUANTIZATION_CONFIGS[quantization]
         if quantization != "bitsandbytes":
             config["torch_dtype"] = "float16" if quantization in ("awq", "gptq") else "bfloat16"
