@@ -114,6 +114,10 @@ class _StandInFinder(importlib.abc.MetaPathFinder):
 
 class _StandInLoader(importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if spec.name == "sgl_kernel.scalar_type" and vllm_available():
+            # Pure Python in sgl_kernel, the same file as vLLM's: SGLang's Marlin checks
+            # (can this GPTQ/AWQ checkpoint run as gptq_marlin?) read real types from it.
+            return importlib.import_module("vllm.scalar_type")
         module = _AnyAttributeModule(spec.name)
         module.__path__ = []
         return module

@@ -323,18 +323,38 @@ def test_sglang_has_no_plain_gptq_on_cuda(
     sglang: None, checkpoints: dict[str | None, Path]
 ) -> None:
     gptq = str(checkpoints["gptq"])
-    with pytest.raises(EngineRejected, match="Unknown quantization method: gptq"):
-        sglang_resolve(["--model-path", str(checkpoints[None]), "--quantization", "gptq"])
-    with pytest.raises(EngineRejected, match="does not match"):
-        sglang_resolve(["--model-path", gptq, "--quantization", "gptq_marlin"])
+    for path in (str(checkpoints[None]), gptq):
+        with pytest.raises(EngineRejected, match="Unknown quantization method: gptq"):
+            sglang_resolve(["--model-path", path, "--quantization", "gptq"])
+    assert (
+        sglang_resolve(["--model-path", gptq, "--quantization", "gptq_marlin"])["quantization"]
+        == "gptq_marlin"
+    )
 
 
-@pytest.mark.parametrize("kind", ["awq", "compressed-tensors", "fp8", "bitsandbytes"])
-def test_sglang_accepts_quantization_on_its_checkpoint_kind(
-    sglang: None, checkpoints: dict[str | None, Path], kind: str
+def test_sglang_refuses_a_method_that_does_not_match_the_checkpoint(
+    sglang: None, checkpoints: dict[str | None, Path]
 ) -> None:
-    argv = ["--model-path", str(checkpoints[kind]), "--quantization", kind]
-    assert sglang_resolve(argv)["quantization"] == kind
+    with pytest.raises(EngineRejected, match=r"model config \(awq\) does not match"):
+        sglang_resolve(["--model-path", str(checkpoints["awq"]), "--quantization", "gptq_marlin"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "flag"),
+    [
+        ("awq", "awq"),
+        ("awq", "awq_marlin"),
+        ("gptq", "gptq_marlin"),
+        ("compressed-tensors", "compressed-tensors"),
+        ("fp8", "fp8"),
+        ("bitsandbytes", "bitsandbytes"),
+    ],
+)
+def test_sglang_accepts_quantization_on_its_checkpoint_kind(
+    sglang: None, checkpoints: dict[str | None, Path], kind: str, flag: str
+) -> None:
+    argv = ["--model-path", str(checkpoints[kind]), "--quantization", flag]
+    assert sglang_resolve(argv)["quantization"] == flag
 
 
 @pytest.mark.parametrize("dtype", ["int8", "fp8", "fp4_e2m1", "int8_per_token_head"])
