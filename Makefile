@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast tune lint typecheck bench bench-baseline clean
+.PHONY: install test test-fast tune lint typecheck bench bench-baseline clean check-export
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ bench: $(STAMP)
 bench-baseline: $(STAMP)
 	$(BIN)/slotune regress baseline benchmarks/suite.yaml --out benchmarks/baseline.json
 
+# Every exported launch line through the real vLLM / SGLang parsers and config builders, in a
+# separate venv (CPU torch, engine wheels with --no-deps; scripts/install_engines.sh).
+ENGINES_VENV ?= .venv-engines
+check-export:
+	ENGINES_VENV=$(ENGINES_VENV) bash scripts/install_engines.sh
+	$(ENGINES_VENV)/bin/python -m pytest tests/export_check -p no:cacheprovider
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -45,4 +52,4 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) slotune-out .pytest_cache
+	rm -rf $(VENV) .venv-engines slotune-out .pytest_cache
