@@ -217,28 +217,16 @@ def write_outputs(
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])
     found = best.user_attrs["config"]
-    changed = {
-        k: v for k, v in chosen.user_attrs["config"].items() if baseline["config"].get(k) != v
-    }
-    text, drivers = headline(
+    changed = {k: v for k, v in found.items() if baseline["config"].get(k) != v}
+    text, drivers = headline(  # within noise, it says so and names what was found
         target_label=target.label,
-        changed=changed if not keep else {},
+        changed=changed,
         verdict=verdict,
         best_metrics=runs["best"]["summary"],
         base_metrics=runs["baseline"]["summary"],
         attainment_target=setup.attainment,
         rate=rate,
     )
-    if keep:
-        text, _ = headline(
-            target_label=target.label,
-            changed={k: v for k, v in found.items() if baseline["config"].get(k) != v},
-            verdict=verdict,
-            best_metrics={},
-            base_metrics={},
-            attainment_target=setup.attainment,
-            rate=rate,
-        )
     best_dict = {**setup.to_dict(), "config": chosen.user_attrs["config"]}
     launch = launch_of(best_dict)
     try:
