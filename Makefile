@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the simulator needs; `make tune` stops there, `make test` adds the engine and dev extras.
 LIGHT_STAMP := $(VENV)/.installed-light
 
-.PHONY: install test test-fast tune lint typecheck bench bench-baseline clean
+.PHONY: install test test-fast tune lint typecheck bench bench-baseline clean check-export
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ bench: $(STAMP)
 bench-baseline: $(STAMP)
 	$(BIN)/slotune regress baseline benchmarks/suite.yaml --out benchmarks/baseline.json
 
+# Every exported launch line through the real vLLM / SGLang parsers and config builders, in a
+# separate venv (CPU torch, engine wheels with --no-deps; scripts/install_engines.sh).
+ENGINES_VENV ?= .venv-engines
+check-export:
+	ENGINES_VENV=$(ENGINES_VENV) bash scripts/install_engines.sh
+	$(ENGINES_VENV)/bin/python -m pytest tests/export_check -p no:cacheprovider
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -52,4 +59,4 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) slotune-out .pytest_cache
+	rm -rf $(VENV) .venv-engines slotune-out .pytest_cache

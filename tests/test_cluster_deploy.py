@@ -22,17 +22,19 @@ from slotune.workloads.arrivals import ArrivalSpec
 tuner_export = importlib.import_module("slotune.tuner.export")
 
 PD = ClusterSpec.disaggregate(
-    InstanceSpec(EngineConfig(max_num_batched_tokens=16384), tp=2),
+    InstanceSpec(EngineConfig(max_num_batched_tokens=16384, prefix_caching="none"), tp=2),
     3,
-    InstanceSpec(EngineConfig(max_num_seqs=512)),
+    InstanceSpec(EngineConfig(max_num_seqs=512, prefix_caching="none")),
     2,
     router="prefix-aware",
 )
-REPLICAS = ClusterSpec.replicas(4, InstanceSpec(EngineConfig(max_num_seqs=128), tp=2), "least-kv")
+REPLICAS = ClusterSpec.replicas(
+    4, InstanceSpec(EngineConfig(max_num_seqs=128, prefix_caching="none"), tp=2), "least-kv"
+)
 
 
 def _tuner_line(inst: InstanceSpec, engine: str) -> str:
-    best = {"config": inst.config.to_dict(), "model": inst.model, "tp": inst.tp}
+    best = {"config": inst.config.to_dict(), "gpu": inst.gpu, "model": inst.model, "tp": inst.tp}
     return tuner_export.export(best, engine)
 
 

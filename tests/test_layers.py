@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "slotune"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("slotune._extras", "slotune._version", "slotune.outputs")),
     ("engine", ("slotune.engine",)),
+    ("targets", ("slotune.targets",)),
     ("workloads", ("slotune.workloads",)),
     ("server", ("slotune.server",)),
     ("validate", ("slotune.validate",)),

@@ -76,10 +76,8 @@ def bench(
         opt("--cooldown", "Leave requests arriving in the last N seconds out of the scores."),
     ] = 0.0,
     slo: Annotated[str | None, opt("--slo", "SLO, e.g. ttft=300ms,tpot=50ms.")] = None,
-    stack: Annotated[
-        str | None,
-        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
-    ] = None,
+    stack: eo.Stack = None,
+    target_name: eo.TargetName = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -135,6 +133,10 @@ def bench(
     if out is not None:
         writable_folder(out, "--out")
     console = Console(stderr=as_json)
+    try:
+        stack = eo.resolve_stack(stack, target_name)
+    except ValueError as exc:
+        fail(f"--target: {exc}")
     try:
         slo_obj = parse_slo(slo) if slo else None
     except ValueError as exc:

@@ -99,3 +99,29 @@ def build_engine_config(
         return EngineConfig.from_dict(data)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"engine config: {exc}") from None
+
+
+TargetName = Annotated[
+    str | None,
+    opt(
+        "--target",
+        "Engine the configuration is for: vllm (newest supported, 0.34) | vllm==0.15 | sglang "
+        "| slotune (its own engine, every knob); sets the simulator's stack.",
+    ),
+]
+Stack = Annotated[
+    str | None,
+    opt(
+        "--stack",
+        "Serving stack the simulator models: a name or JSON (default: --target's, else vllm-v1).",
+    ),
+]
+
+
+def resolve_stack(stack: str | None, target: str | None) -> str | None:
+    """``--stack`` when given, else ``--target``'s stack profile, else None (the default)."""
+    if stack is not None or target is None:
+        return stack
+    from slotune.targets import get_target
+
+    return get_target(target).stack

@@ -1,4 +1,6 @@
-"""``slotune export``: a tuned configuration as a vLLM or SGLang command, or a file."""
+"""``slotune export``: the measured configuration as the target engine's launch line, a
+``vllm serve --config`` file, or slotune's EngineConfig JSON; refused, with the reason,
+when the engine cannot run it exactly."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from slotune.cli import engine_options as eo
 from slotune.cli.app import app
 from slotune.cli.common import fail
 
@@ -17,10 +20,24 @@ def export(
     best: Annotated[Path, typer.Argument(help="best.json written by `slotune tune`.")],
     format: Annotated[
         str,
-        typer.Option("--format", "-f", help="vllm | sglang | yaml | json (slotune EngineConfig)."),
-    ] = "vllm",
+        typer.Option(
+            "--format",
+            "-f",
+            help="command (the study's target) | vllm | sglang | slotune | yaml "
+            "(`vllm serve --config` file) | json (slotune EngineConfig).",
+        ),
+    ] = "command",
+    target: eo.TargetName = None,
+    served_model: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model",
+            help="Checkpoint the engine serves (path or Hugging Face id; default: the "
+            "tuned model's); a pre-quantized one for quantized weights.",
+        ),
+    ] = None,
 ) -> None:
-    """Print the recommended configuration as a ready command line or config file."""
+    """Print exactly the measured configuration for the target engine, or why it cannot."""
     from slotune.tuner.export import FORMATS
     from slotune.tuner.export import export as render
 
@@ -30,9 +47,9 @@ def export(
         data = json.loads(best.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ValueError('no "config" mapping; expected the best.json of `slotune tune`')
-        text = render(data, format)
+        text = render(data, format, target=target, served_model=served_model)
     except OSError as e:
         fail(f"{best}: cannot read ({e.strerror})")
-    except ValueError as e:
+    except ValueError as e:  # ExportRefused is one: the reason, on one line
         fail(f"{best}: {e}")
     typer.echo(text)

@@ -52,7 +52,7 @@ def explain(
     """Explain the recommendation in hardware terms: each stored run's time by op, MBU,
     MFU and bound op, recommended against the vLLM defaults (runs nothing)."""
     from slotune.reports.best import section
-    from slotune.reports.build import BASELINE, RECOMMENDED
+    from slotune.reports.build import RECOMMENDED, baseline_label
     from slotune.reports.hardware import OP_LABELS, analyse, kv_sentence, utilization_sentence
     from slotune.reports.runs import load_run, read_json
 
@@ -65,7 +65,7 @@ def explain(
     runs_dir = path.parent / "runs"
     labelled = (
         ("best", RECOMMENDED, section(best, "config")),
-        ("baseline", BASELINE, section(section(best, "baseline"), "config")),
+        ("baseline", baseline_label(best), section(section(best, "baseline"), "config")),
     )
     hws = []
     for folder, label, config in labelled:

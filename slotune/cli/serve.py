@@ -23,10 +23,8 @@ def serve(
     ] = None,
     sim_model: Annotated[str, opt("--sim-model", "Simulated model (with --gpu).")] = "llama-3-8b",
     tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs (with --gpu).")] = 1,
-    stack: Annotated[
-        str | None,
-        opt("--stack", "Serving stack the simulated engine prices steps with (with --gpu)."),
-    ] = None,
+    stack: eo.Stack = None,
+    target_name: eo.TargetName = None,
     device: Annotated[str, opt("--device", "auto | cpu | cuda (with --model).")] = "auto",
     host: Annotated[str, opt("--host", "Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, opt("--port", "Port to listen on.")] = 8000,
@@ -82,6 +80,10 @@ def serve(
         fail(f"--max-queue must be >= 0 (got {max_queue})")
     if not drain_timeout >= 0:
         fail(f"--drain-timeout must be >= 0 seconds (got {drain_timeout})")
+    try:
+        stack = eo.resolve_stack(stack, target_name)
+    except ValueError as exc:
+        fail(f"--target: {exc}")
     overrides = eo.flag_overrides(locals())
     try:
         engine_config = eo.build_engine_config(

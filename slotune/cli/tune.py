@@ -123,10 +123,8 @@ def tune(
     backend: Annotated[
         str, opt("--backend", "sim (simulated GPU) | engine (real embedded engine).")
     ] = "sim",
-    stack: Annotated[
-        str | None,
-        opt("--stack", "Serving stack the simulator models: a name or JSON (default vllm-v1)."),
-    ] = None,
+    stack: eo.Stack = None,
+    target: eo.TargetName = None,
     out: Annotated[
         str | None, opt("--out", "Output folder (default: slotune-out/<study-name>/).")
     ] = None,
@@ -153,7 +151,8 @@ def tune(
         float, opt("--verify-timeout", "Seconds a verified server may take to start.")
     ] = 600.0,
 ) -> None:
-    """Find the engine configuration that best meets the SLO; compare it with vLLM's defaults."""
+    """Find the configuration of the target engine that best meets the SLO; compare it with
+    that engine's defaults."""
     from slotune.api import tune
     from slotune.tuner.workflow import (
         StudyError,
@@ -201,6 +200,7 @@ def tune(
         verify_repeats=verify_repeats,
         verify_flags=verify_flags,
         verify_timeout=verify_timeout,
+        target=target,
     )
     display = _Display(options)
     try:
@@ -355,6 +355,7 @@ def _print_result(result: Any) -> None:
     if result.verified is not None:
         _print_verify(result.verified, result.verified_stack)
     _console.print(_comparison_table(result.best))
+    _console.print(result.best.get("headline", ""), highlight=False)
     for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
     paths = [result.best_json, result.trials_csv, result.best_run, result.baseline_run]
@@ -365,11 +366,14 @@ def _print_result(result: Any) -> None:
         _console.print(f"  {p}", highlight=False, soft_wrap=True)
     report = result.report or f"({result.report_note})"
     _console.print(f"  {report}", highlight=False)
-    _console.print("Export (--format vllm, sglang, yaml or json):", highlight=False)
-    # soft_wrap: a command longer than the terminal is never broken by an inserted newline
-    _console.print(
-        f"  slotune export {result.best_json} --format vllm", highlight=False, soft_wrap=True
-    )
+    refused = result.best.get("export_refused")
+    if refused:
+        _console.print(f"Export refused: {refused}", highlight=False)
+    else:
+        # soft_wrap: a command longer than the terminal is never broken by an inserted newline
+        _console.print(
+            f"Export: slotune export {result.best_json}", highlight=False, soft_wrap=True
+        )
 
 
 def _print_verify(outcome: Any, stack: Path | None) -> None:
@@ -413,13 +417,14 @@ def _comparison_table(best: dict[str, Any]) -> Any:
 
     base = best["baseline"]
     load = best["load"]["description"]
+    defaults = base.get("name", "vLLM serving defaults").replace("serving ", "")
     table = Table(
-        title=f"Recommended vs vLLM defaults ({best['gpu']}, {best['model']}, "
+        title=f"Recommended vs {defaults} ({best['gpu']}, {best['model']}, "
         f"trace {best['trace']['name']}, load {load})"
     )
     table.add_column("")
     table.add_column("recommended", justify="right")
-    table.add_column("vLLM defaults", justify="right")
+    table.add_column(defaults, justify="right")
     for name, value in best["config"].items():
         theirs = base["config"].get(name)
         style = "bold green" if value != theirs else ""

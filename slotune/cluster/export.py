@@ -64,20 +64,17 @@ def _kinds(spec: ClusterSpec) -> list[tuple[str, InstanceSpec, int]]:
 
 def _engine_line(inst: InstanceSpec, engine: str) -> str:
     """The launch line of ``slotune.tuner.export`` for one instance (comments first)."""
-    import inspect
-
     from slotune.tuner.export import export
 
     best = {
         "config": inst.config.to_dict(),
+        "gpu": inst.gpu,
         "model": inst.model,
         "tp": inst.tp,
         "ep": inst.ep,
         "quantization": inst.quantization,
     }
-    if "target" in inspect.signature(export).parameters:  # per-target export
-        return str(export(best, "command", target=engine))  # type: ignore[call-arg]
-    return str(export(best, engine))
+    return export(best, "command", target=engine)
 
 
 def _disaggregation_args(inst: InstanceSpec, engine: str) -> list[str]:

@@ -18,9 +18,11 @@ from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
 from slotune.reports.runs import RunData, load_run, read_json
 from slotune.reports.sections import (
+    baseline_label,
     bench_provenance_items,
     bench_summary_html,
     diagnostics_html,
+    importance_note,
     provenance_html,
     provenance_items,
     recommendation_html,
@@ -30,7 +32,6 @@ from slotune.reports.trials import TrialsData, empty_trials, load_csv_trials, lo
 
 REPORT_NAME = "report.html"
 RECOMMENDED = "recommended"
-BASELINE = "vLLM defaults"
 
 
 def _blocks(figures: list[tuple[str, go.Figure | None]], pair: bool = False) -> str:
@@ -77,7 +78,7 @@ def _redact(source: str | Path) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", str(source))
 
 
-def search_html(trials: TrialsData) -> str:
+def search_html(trials: TrialsData, best: dict[str, Any] | None = None) -> str:
     if trials.completed.empty:
         reason = f" ({trials.importance_note})" if trials.source == "none" else ""
         return note(f"No completed trials to plot{reason}.")
@@ -87,6 +88,7 @@ def search_html(trials: TrialsData) -> str:
     importances = search.importance_figure(trials)
     parts.append(
         _blocks([("importances", importances)])
+        + f"<p>{e(importance_note(trials.importances, best or {}))}</p>"
         if importances
         else note(trials.importance_note or "Parameter importances not computed.")
     )
@@ -168,7 +170,9 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     base = section(best, "baseline")
     candidates = [
         load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
-        load_run(out_dir / "runs" / "baseline", BASELINE, section(base, "config") or None),
+        load_run(
+            out_dir / "runs" / "baseline", baseline_label(best), section(base, "config") or None
+        ),
     ]
     runs = [r for r in candidates if _has_data(r)]
     trace_stats = section(section(best, "trace"), "stats")
@@ -177,12 +181,14 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         *_verified(best),
         html_section("diagnostics", "Diagnostics", _diagnostics_block(runs, trace_stats)),
         html_section(
-            "behaviour", "Behaviour: recommended vs vLLM defaults", behaviour_html(runs, slo)
+            "behaviour",
+            f"Behaviour: recommended vs {baseline_label(best)}",
+            behaviour_html(runs, slo),
         ),
         html_section(
             "hardware", "Hardware: recommended vs vLLM defaults", hardware_html(runs, best)
         ),
-        html_section("search", "Search", search_html(trials)),
+        html_section("search", "Search", search_html(trials, best)),
         html_section("trials", "All trials", trials_table_html(trials)),
         html_section(
             "provenance",

@@ -103,16 +103,30 @@ def recommendation_sentence(best: dict[str, Any]) -> str:
         f"{fmt.pct(stat(metrics, 'slo_attainment'))} of requests, a goodput of "
         f"{fmt.num(stat(metrics, 'goodput'))} req/s at the test load"
     )
+    stored = best.get("headline")
+    if isinstance(stored, str) and stored:  # noise-checked, with what drives the gain
+        return f"For {where}: {stored} {result}."
     return f"For {where}: {setting}. {result}{_gain_clause(best, base)}.{_score_clause(best, base)}"
 
 
-def _config_table(config: dict[str, Any], baseline: dict[str, Any]) -> str:
+def baseline_label(best: dict[str, Any]) -> str:
+    """The baseline's name: the target's defaults ("vLLM 0.34 defaults", "SGLang 0.5.23
+    defaults"), or vLLM's for a best.json from before targets."""
+    name = section(best, "baseline").get("name")
+    if isinstance(name, str) and name:
+        return name.replace(" serving defaults", " defaults")
+    return "vLLM defaults"
+
+
+def _config_table(
+    config: dict[str, Any], baseline: dict[str, Any], label: str = "vLLM defaults"
+) -> str:
     rows: list[list[Cell | str]] = []
     for key in _config_keys(config, baseline):
         ours, theirs = config.get(key), baseline.get(key)
         css = "changed" if baseline and ours != theirs else ""
         rows.append([key, Cell(fmt.text(ours), css=css), fmt.text(theirs) if baseline else "n/a"])
-    return table(["parameter", "recommended", "vLLM defaults (baseline)"], rows, css="config")
+    return table(["parameter", "recommended", f"{label} (baseline)"], rows, css="config")
 
 
 def _slo_cell(value: float | None, target: float | None) -> Cell:
@@ -200,7 +214,7 @@ def _with_tuner_figures(result: dict[str, Any]) -> dict[str, Any]:
 def _notes(best: dict[str, Any]) -> str:
     stored = best.get("notes")
     notes = [str(n) for n in stored] if isinstance(stored, list) else []
-    for label, run in (("recommended", best), ("vLLM defaults", section(best, "baseline"))):
+    for label, run in (("recommended", best), (baseline_label(best), section(best, "baseline"))):
         check = section(section(run, "metrics"), "steady_state")
         if check.get("steady") is False and check.get("note"):
             notes.append(f"{label} run not in steady state: {check['note']}")
@@ -214,17 +228,41 @@ def recommendation_html(best: dict[str, Any], slo: dict[str, float]) -> str:
     base = section(best, "baseline")
     runs = [("recommended", _with_tuner_figures(best))]
     if section(base, "metrics"):
-        runs.append(("vLLM defaults (baseline)", _with_tuner_figures(base)))
+        runs.append((f"{baseline_label(best)} (baseline)", _with_tuner_figures(base)))
+    config_html = _config_table(config, section(base, "config"), baseline_label(best))
     commands = section(best, "commands")
+    refused = best.get("export_refused")
+    blocks = "".join(
+        command_block(name.replace("=", "-"), name, cmd) for name, cmd in commands.items()
+    )
+    if refused:
+        blocks += note(f"Export refused: {refused}")
     return (
         f'<p class="lead" id="recommendation-text">{e(recommendation_sentence(best))}</p>'
         + _notes(best)
         + '<div class="grid">'
-        f"<div><h3>Configuration</h3>{_config_table(config, section(base, 'config'))}</div>"
+        f"<div><h3>Configuration</h3>{config_html}</div>"
         f'<div class="wide"><h3>Latency against the SLO</h3>{metrics_table(runs, slo)}</div></div>'
-        "<h3>Run it</h3>"
-        + command_block("vllm", "vLLM", commands.get("vllm"))
-        + command_block("sglang", "SGLang", commands.get("sglang"))
+        "<h3>Run it</h3>" + blocks
+    )
+
+
+def importance_note(importances: dict[str, float], best: dict[str, Any]) -> str:
+    """Reconcile the importance chart with the recommendation: the top-ranked knob moves
+    the objective most across trials, which is not the same as being worth changing."""
+    if not importances:
+        return ""
+    top = max(importances, key=lambda k: importances[k])
+    name = top.removesuffix("_on")
+    config, base = section(best, "config"), section(section(best, "baseline"), "config")
+    changed = [k for k in config if base and config.get(k) != base.get(k)]
+    if name in changed:
+        return f"{name} ranks first in importance; the recommendation changes it."
+    kept = "keeps it at the default" if base else "keeps it"
+    return (
+        f"{name} ranks first in importance: it moves the objective most across the trials "
+        f"(often by making it worse), while the recommendation {kept}"
+        + (f" and changes {', '.join(changed)}." if changed else ".")
     )
 
 

@@ -361,6 +361,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     _check_queue(request, 0)
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
+    if served.request_delay_s > 0:  # a simulated stack's cost before the engine sees it
+        await asyncio.sleep(served.request_delay_s)
     batch = len(gen.prompts)
     _check_queue(request, batch * gen.params.n, "prompt" if batch > 1 else "n")
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

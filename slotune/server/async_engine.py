@@ -89,7 +89,11 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 class AsyncEngine:
     def __init__(
-        self, engine: Engine, *, pace: bool = False, metrics: ServerMetrics | None = None
+        self,
+        engine: Engine,
+        *,
+        pace: bool = False,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.pace = pace

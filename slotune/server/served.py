@@ -38,6 +38,7 @@ class ServedModel:
     max_token_chars: int = 1
     synthetic_logprobs: bool = False
     max_num_seqs: int | None = None  # the engine's: ``n`` above it could never run together
+    request_delay_s: float = 0.0  # a simulated stack's per-request latency (HTTP, tokenizer)
 
 
 def local_model(
@@ -82,9 +83,10 @@ def simulated_model(
     served_model_name: str | None = None,
     stack: str | None = None,
 ) -> tuple[Engine, ServedModel]:
-    """A simulated GPU: responses are paced by the cost model's step durations (the
-    ``stack`` that ``bench`` and ``tune`` simulate prices the steps); prompts are counted
-    with the model family's tokenizer (``workloads.tokenizer``)."""
+    """A simulated GPU: responses are paced by the cost model's step durations, on the
+    serving ``stack`` that ``slotune bench`` simulates (its per-request latency delays
+    each request before the engine sees it, as the bench runner's client clock does);
+    prompts are counted with the model family's tokenizer (``workloads.tokenizer``)."""
     from slotune.workloads.tokenizer import family_tokenizer
 
     engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
@@ -99,6 +101,7 @@ def simulated_model(
         max_token_chars=prompts.max_token_bytes,
         synthetic_logprobs=True,
         max_num_seqs=config.max_num_seqs,
+        request_delay_s=executor.stack.request_latency_s,
     )
     return engine, served
 

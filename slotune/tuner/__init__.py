@@ -4,10 +4,9 @@
 
     space = build_space(max_model_len=2048, overrides={"block_size": 16})
     config = space.suggest(trial)                      # inside any Optuna objective
-    print(command_line(config, "vllm", model="meta-llama/Meta-Llama-3-8B-Instruct"))
+    print(export({"config": config.to_dict(), "model": "llama-3-8b"}, "vllm"))
 """
 
-from slotune.tuner.baseline import vllm_defaults
 from slotune.tuner.export import FORMATS, command_line, export
 from slotune.tuner.objectives import (
     OBJECTIVES,
@@ -32,6 +31,5 @@ __all__ = [
     "load_search_file",
     "parse_weights",
     "resolve_weights",
-    "vllm_defaults",
     "weighted_score",
 ]

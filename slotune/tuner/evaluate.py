@@ -133,10 +133,12 @@ class Evaluator:
             self._repeats = {n: self.trace.repeat_to(n)}
         return self._repeats[n]
 
-    def summarize(self, result: Any) -> dict[str, Any]:
+    def summarize(self, result: Any, rate: float | None = None) -> dict[str, Any]:
+        """The run's summary; ``rate``: the open-loop rate it offered (caps goodput)."""
         from slotune.workloads import summarize
 
         setup = self.setup
+        offered = None if setup.load.timestamps or setup.load.concurrency else rate
         return _plain(
             summarize(
                 result,
@@ -144,6 +146,7 @@ class Evaluator:
                 percentiles=self.percentiles,
                 warmup_s=setup.warmup_s,
                 cooldown_s=setup.cooldown_s,
+                offered_rate=offered,
             )
         )
 
@@ -152,7 +155,7 @@ class Evaluator:
             rate = self.setup.load.rate
         key = (config_key(config), rate)
         if key not in self._cache:
-            summary = self.summarize(self.run(config, rate))
+            summary = self.summarize(self.run(config, rate), rate)
             self._cache[key] = self.measurement(summary, rate)
         return self._cache[key]
 

@@ -1,313 +1,146 @@
-"""Export a configuration as a vLLM or SGLang command line, or as a YAML/JSON file.
+"""Export a measured configuration: the target engine's launch line, a ``vllm serve
+--config`` YAML file, or slotune's ``EngineConfig`` JSON.
 
-``FLAGS`` is the one table from ``EngineConfig`` fields to each engine's flags. A rule
-returns the flags for a value and, where the engine cannot express the choice, a comment
-saying so and which nearest equivalent it used. ``QUANTIZATION`` does the same for the
-model's weight precision, which is given (by ``best.json`` or the checkpoint), not tuned.
+The flags come from one table (``slotune.targets.flags.FLAGS``). A configuration the
+target cannot run exactly as measured is refused with one line saying why
+(``ExportRefused``); nothing is substituted.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.hf_config import quantization_method
+from slotune.targets import ExportRefused, Launch, Target, get_target, launch_words
+from slotune.targets.flags import launch_head
+from slotune.targets.registry import LEGACY_TARGET
 
-FORMATS = ("vllm", "sglang", "yaml", "json")
-VLLM_BLOCK_SIZES = (16, 32, 64, 128)
-"""Block sizes vLLM serves on CUDA: ``--block-size`` takes 1 to 128, and its FlashAttention
-backend needs a multiple of 16."""
-
-Rule = Callable[[Any, EngineConfig], "Flags"]
-
-
-@dataclass(frozen=True)
-class Flags:
-    args: tuple[str, ...] = ()
-    comment: str | None = None
+FORMATS = ("command", "vllm", "sglang", "slotune", "yaml", "json")
+"""``command``: the study's target's launch line; ``vllm``/``sglang``/``slotune``: that
+engine's (the study's release when it targeted that engine, else the newest supported);
+``yaml``: a ``vllm serve --config`` file; ``json``: the ``EngineConfig`` (``slotune bench
+--config``)."""
 
 
-def _value(flag: str) -> Rule:
-    return lambda v, _c: Flags((flag, str(v)))
+def study_target(best: dict[str, Any]) -> Target:
+    """The target a ``best.json`` was tuned for (slotune's engine for files that predate
+    targets: their studies searched every knob)."""
+    return get_target(str(best.get("target") or LEGACY_TARGET))
 
 
-def _vllm_threshold(v: int, _c: EngineConfig) -> Flags:
-    return Flags(("--long-prefill-token-threshold", str(v))) if v else Flags()
+def export_target(best: dict[str, Any], fmt: str, target: str | None = None) -> Target:
+    if target is not None:
+        chosen = get_target(target)
+        if fmt in ("vllm", "sglang", "slotune") and chosen.family != fmt:
+            raise ValueError(f"--format {fmt} and --target {chosen.name} name different engines")
+        return chosen
+    tuned = study_target(best)
+    if fmt in ("command", "yaml", "json") or tuned.family == fmt:
+        return tuned
+    return get_target(fmt)
 
 
-def _sglang_chunk(v: int, c: EngineConfig) -> Flags:
-    if c.policy == "prefill_first":
-        return Flags(("--chunked-prefill-size", "-1", "--max-prefill-tokens", str(v)))
-    chunk = c.chunk_cap
-    comment = None
-    if c.long_prefill_token_threshold:
-        comment = (
-            f"SGLang has no per-request long-prefill threshold: chunks of "
-            f"{chunk} tokens (--chunked-prefill-size) are the nearest equivalent"
-        )
-    return Flags(("--chunked-prefill-size", str(chunk), "--max-prefill-tokens", str(v)), comment)
-
-
-def _vllm_block(v: int, _c: EngineConfig) -> Flags:
-    if v in VLLM_BLOCK_SIZES:
-        return Flags(("--block-size", str(v)))
-    near = min(VLLM_BLOCK_SIZES, key=lambda b: abs(b - v))
-    return Flags(
-        ("--block-size", str(near)),
-        f"vLLM serves block sizes {', '.join(map(str, VLLM_BLOCK_SIZES))} on CUDA: "
-        f"{near} is the nearest to the tuned {v}",
+def launch_of(best: dict[str, Any], served_model: str | None = None) -> Launch:
+    model = str(best.get("model", "MODEL"))
+    gpu = best.get("gpu")
+    return Launch(
+        served=served_model or hf_model_name(model),
+        gpu=None if gpu in (None, "local") else str(gpu),
+        model=model,
+        tp=int(best.get("tp") or 1),
+        ep=int(best.get("ep") or 1),
+        quantization=model_quantization(best),
+        served_given=served_model is not None,
     )
 
 
-def _vllm_preemption(v: str, _c: EngineConfig) -> Flags:
-    if v == "swap":
-        return Flags(
-            (),
-            "vLLM V1 has no swap preemption: it recomputes preempted requests "
-            "(the nearest equivalent, used here)",
-        )
-    return Flags()
-
-
-def _sglang_preemption(v: str, _c: EngineConfig) -> Flags:
-    if v == "swap":
-        return Flags(
-            (),
-            "SGLang has no swap preemption: it retracts and recomputes "
-            "requests (the nearest equivalent, used here)",
-        )
-    return Flags()
-
-
-def _vllm_prefix(v: str, _c: EngineConfig) -> Flags:
-    if v == "none":
-        return Flags(("--no-enable-prefix-caching",))
-    comment = None
-    if v == "radix":
-        comment = (
-            "vLLM has no radix prefix cache: its hash-based prefix caching is the "
-            "nearest equivalent"
-        )
-    return Flags(("--enable-prefix-caching",), comment)
-
-
-def _sglang_prefix(v: str, _c: EngineConfig) -> Flags:
-    if v == "none":
-        return Flags(("--disable-radix-cache",))
-    if v == "hash":
-        return Flags(
-            (),
-            "SGLang has no hash prefix cache: its radix cache (on by default) is "
-            "the nearest equivalent",
-        )
-    return Flags()
-
-
-def _vllm_policy(v: str, c: EngineConfig) -> Flags:
-    if v == "prefill_first":
-        return Flags(
-            ("--no-enable-chunked-prefill", "--max-model-len", str(c.max_model_len)),
-            "vLLM V1 never runs prefill-only steps: without chunked prefill it keeps "
-            "prompts whole (the nearest equivalent); --max-model-len must not exceed "
-            "the budget",
-        )
-    return Flags()
-
-
-def _sglang_policy(v: str, _c: EngineConfig) -> Flags:
-    if v == "chunked":
-        return Flags(("--enable-mixed-chunk",))
-    return Flags()
-
-
-def _vllm_blocks(v: int | None, _c: EngineConfig) -> Flags:
-    return Flags(("--num-gpu-blocks-override", str(v))) if v else Flags()
-
-
-def _sglang_blocks(v: int | None, c: EngineConfig) -> Flags:
-    if not v:
-        return Flags()
-    return Flags(("--max-total-tokens", str(v * c.block_size)))
-
-
-def _none(_v: Any, _c: EngineConfig) -> Flags:
-    return Flags()
-
-
-def _kv_dtype(engine: str, flag_value: dict[str, str], int4_note: str = "") -> Rule:
-    """``--kv-cache-dtype``: auto is the default; a precision the engine lacks maps to the
-    value in ``flag_value`` with a comment."""
-    missing = {
-        "int8": f"{engine} has no int8 KV cache: {flag_value['int8']} (the same bytes per "
-        "element) is the nearest equivalent",
-        "int4": f"{engine} has no 4-bit KIVI KV cache: {flag_value['int4']}, the smallest it "
-        f"offers on every GPU (twice int4's bytes), is the nearest equivalent{int4_note}",
-    }
-
-    def rule(v: str, _c: EngineConfig) -> Flags:
-        if v == "auto":
-            return Flags()
-        return Flags(("--kv-cache-dtype", flag_value[v]), missing.get(v))
-
-    return rule
-
-
-_VLLM_KV = {"fp8": "fp8", "int8": "fp8", "int4": "fp8"}
-_SGLANG_KV = {"fp8": "fp8_e4m3", "int8": "fp8_e4m3", "int4": "fp8_e4m3"}
-
-
-FLAGS: dict[str, dict[str, Rule]] = {
-    "max_num_batched_tokens": {"vllm": _value("--max-num-batched-tokens"), "sglang": _sglang_chunk},
-    "long_prefill_token_threshold": {"vllm": _vllm_threshold, "sglang": _none},
-    "block_size": {"vllm": _vllm_block, "sglang": _value("--page-size")},
-    "max_num_seqs": {"vllm": _value("--max-num-seqs"), "sglang": _value("--max-running-requests")},
-    "preemption_mode": {"vllm": _vllm_preemption, "sglang": _sglang_preemption},
-    "prefix_caching": {"vllm": _vllm_prefix, "sglang": _sglang_prefix},
-    "policy": {"vllm": _vllm_policy, "sglang": _sglang_policy},
-    "gpu_memory_utilization": {
-        "vllm": _value("--gpu-memory-utilization"),
-        "sglang": _value("--mem-fraction-static"),
-    },
-    "num_gpu_blocks": {"vllm": _vllm_blocks, "sglang": _sglang_blocks},
-    "max_model_len": {"vllm": _none, "sglang": _none},
-    "swap_space_gb": {"vllm": _none, "sglang": _none},
-    "kv_cache_dtype": {
-        "vllm": _kv_dtype("vLLM", _VLLM_KV),
-        "sglang": _kv_dtype(
-            "SGLang", _SGLANG_KV, "; its 4-bit fp4_e2m1 runs on Blackwell-class GPUs only"
-        ),
-    },
-}
-"""EngineConfig field -> engine -> rule. ``max_model_len`` is the trace's longest request,
-not a serving limit, so it is not exported (except where prefill-first needs it)."""
-
-_LAUNCH = {
-    "vllm": lambda model, tp: (
-        ["vllm", "serve", model] + (["--tensor-parallel-size", str(tp)] if tp > 1 else [])
-    ),
-    "sglang": lambda model, tp: (
-        ["python", "-m", "sglang.launch_server", "--model-path", model]
-        + (["--tp-size", str(tp)] if tp > 1 else [])
-    ),
-}
-
-
-_PREQUANTIZED = (
-    "awq",
-    "gptq",
-    "awq_marlin",
-    "gptq_marlin",
-    "compressed-tensors",
-    "bitsandbytes",
-    "mxfp4",
-)
-_FULL_PRECISION = ("auto", "none", "bf16", "bfloat16", "fp16", "float16")
-_INT4_COMMENT = (
-    "4-bit weight-only quantization needs an AWQ or GPTQ checkpoint: --quantization awq "
-    "assumed (use gptq for a GPTQ checkpoint)"
-)
-QUANTIZATION: dict[str, dict[str, Flags]] = {
-    "fp8": {
-        "vllm": Flags(("--quantization", "fp8")),
-        "sglang": Flags(("--quantization", "fp8")),
-    },
-    "int8": {
-        "vllm": Flags(
-            (),
-            "vLLM runs int8 (W8A8) weights only from a pre-quantized compressed-tensors "
-            "checkpoint, whose config.json names the method: serve such a checkpoint",
-        ),
-        "sglang": Flags(("--quantization", "w8a8_int8")),
-    },
-    "int4": {
-        "vllm": Flags(("--quantization", "awq"), _INT4_COMMENT),
-        "sglang": Flags(("--quantization", "awq"), _INT4_COMMENT),
-    },
-    **{m: {e: Flags(("--quantization", m)) for e in ("vllm", "sglang")} for m in _PREQUANTIZED},
-}
-"""The model's weight precision (slotune's name, or a checkpoint's ``quant_method``) ->
-engine -> ``--quantization`` flags and comment. Full precision adds no flag."""
-
-
-def quantization_args(quantization: str | None, engine: str) -> Flags:
-    if quantization is None or quantization.lower() in _FULL_PRECISION:
-        return Flags()
-    key = {"w8a8_int8": "int8", "w4a16": "int4"}.get(quantization.lower(), quantization.lower())
-    if key not in QUANTIZATION:
-        known = ", ".join([*_FULL_PRECISION, *QUANTIZATION])
-        raise ValueError(f"model quantization {quantization!r} is unknown; known: {known}")
-    return QUANTIZATION[key][engine]
+def command_line(config: EngineConfig, target: Target, launch: Launch) -> str:
+    """The ready shell command (raises ``ExportRefused``)."""
+    return " ".join(shlex.quote(w) for w in launch_words(config, target, launch))
 
 
 def engine_args(
-    config: EngineConfig, engine: str, quantization: str | None = None
-) -> tuple[list[str], list[str]]:
-    """The flags and the comments for ``engine`` (``vllm`` or ``sglang``); ``quantization``
-    is the model's weight precision, given rather than tuned."""
-    args: list[str] = []
-    comments: list[str] = []
-    rules = [rules[engine](getattr(config, name), config) for name, rules in FLAGS.items()]
-    for flags in [*rules, quantization_args(quantization, engine)]:
-        args.extend(flags.args)
-        if flags.comment:
-            comments.append(flags.comment)
-    return args, comments
-
-
-def command_line(
     config: EngineConfig,
     engine: str,
-    *,
-    model: str,
-    tp: int = 1,
     quantization: str | None = None,
+    *,
+    gpu: str | None = None,
+    model: str | None = None,
+    tp: int = 1,
     ep: int = 1,
+) -> tuple[list[str], list[str]]:
+    """The flags of ``config`` on ``engine`` (a target name or family) without the launch
+    head, for a server command the user wrote (``tune --verify``: its checkpoint is the
+    user's, so no checkpoint kind is asked for); no comments ever (the second item, kept
+    for callers of the former API). Raises ``ExportRefused`` like ``export``."""
+    target = get_target(engine)
+    launch = Launch(
+        "MODEL", gpu=gpu, model=model, tp=tp, ep=ep, quantization=quantization, served_given=True
+    )
+    words = launch_words(config, target, launch)
+    return words[len(launch_head(target, launch)) :], []
+
+
+def vllm_config_file(config: EngineConfig, target: Target, launch: Launch) -> str:
+    """A ``vllm serve MODEL --config FILE`` YAML: each flag as ``key: value``, a bare
+    ``--flag`` (``--no-flag`` too) as ``flag: true``."""
+    import yaml
+
+    if target.family != "vllm":
+        raise ExportRefused(
+            f"--format yaml writes a `vllm serve --config` file; the target is {target.name} "
+            "(use --format command, or json for slotune's EngineConfig)"
+        )
+    words = launch_words(config, target, launch)
+    model_end = 3
+    head, flags = words[:model_end], words[model_end:]
+    data: dict[str, Any] = {}
+    i = 0
+    while i < len(flags):
+        key = flags[i][2:]
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            value: Any = flags[i + 1]
+            data[key] = int(value) if value.lstrip("-").isdigit() else _number(value)
+            i += 2
+        elif key.startswith("no-"):  # `flag: false` is dropped where only the subcommand
+            data[key] = True  # knows --no-flag (vLLM 0.34's serve): `no-flag: true` lands
+            i += 1
+        else:
+            data[key] = True
+            i += 1
+    comment = f"# {' '.join(head)} --config THIS_FILE   ({target.name})\n"
+    return comment + yaml.safe_dump(data, sort_keys=False)
+
+
+def _number(value: str) -> Any:
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def export(
+    best: dict[str, Any],
+    fmt: str = "command",
+    *,
+    target: str | None = None,
+    served_model: str | None = None,
 ) -> str:
-    """A ready shell command, comments first (``# ...``), then the launch line."""
-    args, comments = engine_args(config, engine, quantization)
-    ep_args, ep_comment = expert_parallel_args(engine, tp, ep)
-    if ep_comment:
-        comments.append(ep_comment)
-    words = _LAUNCH[engine](model, tp) + ep_args + args
-    line = " ".join(shlex.quote(w) for w in words)
-    return "\n".join([*(f"# {c}" for c in comments), line])
-
-
-def expert_parallel_args(engine: str, tp: int, ep: int) -> tuple[list[str], str | None]:
-    """vLLM's expert parallelism spans the whole tensor-parallel group (EP size = TP);
-    SGLang takes the size."""
-    if ep <= 1:
-        return [], None
-    if engine == "sglang":
-        return ["--ep-size", str(ep)], None
-    comment = None
-    if ep != tp:
-        comment = f"vLLM's expert parallelism spans all {tp} GPUs, not the {ep} simulated"
-    return ["--enable-expert-parallel"], comment
-
-
-def export(best: dict[str, Any], fmt: str) -> str:
-    """Render a ``best.json`` (or any mapping with ``config``, ``model``, ``tp``) in ``fmt``."""
+    """Render a ``best.json`` in ``fmt`` (``ValueError``, ``ExportRefused`` with the reason)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     config = EngineConfig.from_dict(best["config"])
-    model = hf_model_name(str(best.get("model", "MODEL")))
-    tp = int(best.get("tp", 1))
-    if fmt in ("vllm", "sglang"):
-        quantization = model_quantization(best)
-        ep = int(best.get("ep") or 1)
-        return command_line(config, fmt, model=model, tp=tp, quantization=quantization, ep=ep)
     if fmt == "json":
         return json.dumps(config.to_dict(), indent=2)
-    import yaml
-
-    header = "# slotune EngineConfig (slotune bench --config accepts the JSON form)\n"
-    return header + yaml.safe_dump(config.to_dict(), sort_keys=False)
+    chosen = export_target(best, fmt, target)
+    launch = launch_of(best, served_model)
+    if fmt == "yaml":
+        return vllm_config_file(config, chosen, launch)
+    return command_line(config, chosen, launch)
 
 
 HF_NAMES = {

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from slotune._extras import MissingExtra, require
-from slotune.tuner.baseline import gpu_spec, vllm_defaults
+from slotune.targets import ExportRefused, Target, get_target
+from slotune.tuner.baseline import gpu_spec
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
 from slotune.tuner.setup import LoadSpec, TuneSetup, trace_digest
@@ -117,6 +118,7 @@ class TuneOptions:
     verify_repeats: int = 1
     verify_flags: str = "auto"  # whose flags fill {flags}: vllm | sglang | slotune
     verify_timeout: float = 600.0  # seconds a server may take to answer /health
+    target: str | None = None  # default: the newest vLLM supported
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
@@ -130,6 +132,7 @@ class Prepared:
     trace: Any
     gpu: Any | None
     reference_from_baseline: bool
+    target: Target
 
     @property
     def trials(self) -> int:
@@ -237,6 +240,7 @@ def prepare(o: TuneOptions) -> Prepared:
     from slotune.workloads import default_max_model_len, load_trace, parse_slo
 
     check_options(o)
+    target = _target(o)
     try:
         slo = parse_slo(o.slo)
     except ValueError as e:
@@ -265,6 +269,7 @@ def prepare(o: TuneOptions) -> Prepared:
             overrides=overrides,
             where=where,
             kv_cache_dtypes=gpu.kv_cache_dtypes if gpu is not None else ("auto",),
+            target=target,
         )
     except SearchSpaceError as e:
         raise TuneInputError("search", str(e)) from None
@@ -314,7 +319,7 @@ def prepare(o: TuneOptions) -> Prepared:
         load=load,
         tp=o.tp,
         backend=o.backend,
-        stack=_stack_name(o.stack),
+        stack=_stack_name(o.stack or target.stack),
         trace=o.trace,
         trace_format=o.format,
         num_requests=len(trace),
@@ -328,8 +333,24 @@ def prepare(o: TuneOptions) -> Prepared:
         trace_digest=trace_digest(trace),
         quantization=o.quantization,
         ep=o.ep,
+        target=target.name,
     )
-    return Prepared(o, setup, space, trace, gpu, reference_from_baseline)
+    return Prepared(o, setup, space, trace, gpu, reference_from_baseline, target)
+
+
+def _target(o: TuneOptions) -> Target:
+    """The target, checked to serve the model's weight format."""
+    try:
+        target = get_target(o.target)
+    except ValueError as e:
+        raise TuneInputError("target", f"{{target}}: {e}") from None
+    try:
+        target.weight_serving(o.quantization)
+    except ExportRefused as e:
+        raise TuneInputError("quantization", f"{{quantization}}: {e}") from None
+    except ValueError:
+        pass  # an unknown format: _check_hardware names it
+    return target
 
 
 def with_run_length(o: TuneOptions, trace: Any) -> TuneOptions:
@@ -429,10 +450,10 @@ def _load(o: TuneOptions, trace: Any) -> LoadSpec:
 
 
 def baseline_config(p: Prepared) -> Any:
-    """vLLM's defaults with the space's fixed fields (max_model_len, memory, ...)."""
+    """The target's defaults with the space's fixed fields (max_model_len, memory, ...)."""
     fixed = {k: v for k, v in p.space.fixed.items() if k != "max_model_len"}
-    large = p.gpu if p.gpu is not None else _SmallCard()
-    return vllm_defaults(large, max_model_len=p.space.max_model_len, **fixed)
+    card = p.gpu if p.gpu is not None else _SmallCard()
+    return p.target.defaults(card, max_model_len=p.space.max_model_len, **fixed)
 
 
 class _SmallCard:
@@ -441,9 +462,9 @@ class _SmallCard:
 
 
 def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict[str, Any]]:
-    """Measure vLLM's defaults: their goodput when the study searches rates, then their
+    """Measure the target's defaults: their goodput when the study searches rates, then their
     metrics at the study's load. Without a load of its own, the weighted and pareto
-    objectives are measured at the defaults' goodput: the load vLLM's defaults just meet."""
+    objectives are measured at the defaults' goodput: the load the target's defaults just meet."""
     setup = p.setup
     config = baseline_config(p)
     baseline: dict[str, Any] = {"config": config.to_dict()}
@@ -459,9 +480,9 @@ def measure_baseline(p: Prepared, evaluator: Evaluator) -> tuple[TuneSetup, dict
         if p.reference_from_baseline:
             rate = found.rate or evaluator.ladder.base
             why = (
-                "the highest rate vLLM's defaults sustain"
+                "the highest rate the target's defaults sustain"
                 if found.rate
-                else "vLLM's defaults miss the SLO at every rate tried"
+                else "the target's defaults miss the SLO at every rate tried"
             )
             setup = replace(
                 setup,

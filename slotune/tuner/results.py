@@ -201,7 +201,9 @@ def write_outputs(
     ``runs/``, and write ``trials.csv`` and ``best.json``."""
     from slotune._version import __version__
     from slotune.engine.config import EngineConfig
-    from slotune.tuner.export import command_line, hf_model_name
+    from slotune.targets import ExportRefused, get_target
+    from slotune.tuner.export import command_line, launch_of
+    from slotune.tuner.headline import headline
     from slotune.tuner.space import SearchSpace, describe
 
     trials = finished(study)
@@ -209,21 +211,41 @@ def write_outputs(
     if best is None:
         raise ValueError(f"study {study.study_name!r} has no finished trial to recommend")
     out_dir.mkdir(parents=True, exist_ok=True)
-    rate = report_rate(setup, best, baseline)
+    target = get_target(setup.target)
+    verdict = _verdict(setup, best, baseline, evaluator)
+    keep = verdict is not None and not verdict.significant
+    chosen = _KeptDefaults(baseline) if keep else best
+    rate = report_rate(setup, chosen, baseline)
     runs: dict[str, dict[str, Any]] = {}
     for label, config_dict in (
-        ("best", best.user_attrs["config"]),
+        ("best", chosen.user_attrs["config"]),
         ("baseline", baseline["config"]),
     ):
         config = EngineConfig.from_dict(config_dict)
         result = evaluator.run(config, rate)
-        summary = evaluator.summarize(result)
+        summary = evaluator.summarize(result, rate)
         write_run(out_dir / "runs" / label, result, summary, config_dict, rate, label)
         runs[label] = {"summary": summary, "score": evaluator.measurement(summary, rate).score}
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
-    config = EngineConfig.from_dict(best.user_attrs["config"])
-    model = hf_model_name(setup.model)
+    config = EngineConfig.from_dict(chosen.user_attrs["config"])
+    found = best.user_attrs["config"]
+    changed = {k: v for k, v in found.items() if baseline["config"].get(k) != v}
+    text, drivers = headline(  # within noise, it says so and names what was found
+        target_label=target.label,
+        changed=changed,
+        verdict=verdict,
+        best_metrics=runs["best"]["summary"],
+        base_metrics=runs["baseline"]["summary"],
+        attainment_target=setup.attainment,
+        rate=rate,
+    )
+    best_dict = {**setup.to_dict(), "config": chosen.user_attrs["config"]}
+    launch = launch_of(best_dict)
+    try:
+        command, refused = command_line(config, target, launch), None
+    except ExportRefused as e:
+        command, refused = None, str(e)
     data: dict[str, Any] = {
         "slotune_version": __version__,
         "date": now_iso(),
@@ -234,11 +256,17 @@ def write_outputs(
         "directions": [d.name.lower() for d in study.directions],
         "objective_value": best.values[0] if len(best.values) == 1 else list(best.values),
         "trial": best.number,
-        "feasible": bool(best.user_attrs.get("feasible")),
-        "config": best.user_attrs["config"],
+        "feasible": bool(chosen.user_attrs.get("feasible")),
+        "config": chosen.user_attrs["config"],
+        "keep_defaults": keep or not changed,
+        "best_found": found,
+        "headline": text,
+        "drivers": drivers,
+        "noise": verdict.to_dict() if verdict is not None else None,
+        "target": target.name,
         "metrics": runs["best"]["summary"],
         "score": runs["best"]["score"],
-        "goodput_rps": best.user_attrs.get("goodput_rps"),
+        "goodput_rps": chosen.user_attrs.get("goodput_rps"),
         "load": {
             "rate": rate,
             "description": replace(setup.load, rate=rate).describe(),
@@ -263,7 +291,8 @@ def write_outputs(
         "stack": setup.stack,
         "trace": {"name": setup.trace, "stats": evaluator.trace.stats()},
         "baseline": {
-            "name": "vLLM serving defaults",
+            "name": f"{target.label} serving defaults",
+            "note": target.baseline_note,
             "config": baseline["config"],
             "metrics": runs["baseline"]["summary"],
             "score": runs["baseline"]["score"],
@@ -274,25 +303,9 @@ def write_outputs(
         "sampler": setup.sampler,
         "num_trials": len(trials),
         "search_space": describe(SearchSpace.from_dict(setup.space)),
-        "commands": {
-            "vllm": command_line(
-                config,
-                "vllm",
-                model=model,
-                tp=setup.tp,
-                quantization=setup.quantization,
-                ep=setup.ep,
-            ),
-            "sglang": command_line(
-                config,
-                "sglang",
-                model=model,
-                tp=setup.tp,
-                quantization=setup.quantization,
-                ep=setup.ep,
-            ),
-        },
-        "notes": [*setup.notes, *_saturation_note(setup, best)],
+        "commands": {target.name: command},
+        "export_refused": refused,
+        "notes": [*setup.notes, *_saturation_note(setup, chosen)],
     }
     if setup.objective == "pareto":
         data["pareto_front"] = [
@@ -310,6 +323,37 @@ def write_outputs(
     write_json(best_json, data)
     return Outputs(
         best_json, trials_csv, out_dir / "runs" / "best", out_dir / "runs" / "baseline", data
+    )
+
+
+class _KeptDefaults:
+    """The defaults in the place of the best trial, when it did not beat them beyond noise."""
+
+    def __init__(self, baseline: dict[str, Any]) -> None:
+        self.user_attrs = {
+            "config": baseline["config"],
+            "goodput_rps": baseline.get("goodput_rps"),
+            "goodput_rung": baseline.get("goodput_rung"),
+            "feasible": baseline.get("feasible"),
+        }
+
+
+def _verdict(setup: Any, best: Any, baseline: dict[str, Any], evaluator: Any) -> Any | None:
+    """The noise check of the best trial against the baseline (None: they are the same)."""
+    from slotune.engine.config import EngineConfig
+    from slotune.tuner.noise import judge
+
+    if best.user_attrs["config"] == baseline["config"]:
+        return None
+    by_rate = setup.objective in ("goodput", "pareto") and evaluator.ladder is not None
+    key = "goodput_value" if by_rate else "score"
+    first = (float(best.user_attrs.get(key) or 0.0), float(baseline.get(key) or 0.0))
+    return judge(
+        evaluator,
+        EngineConfig.from_dict(best.user_attrs["config"]),
+        EngineConfig.from_dict(baseline["config"]),
+        first,
+        (best.user_attrs.get("goodput_rung"), baseline.get("goodput_rung")),
     )
 
 

@@ -87,6 +87,7 @@ class TuneSetup:
     trace_digest: str | None = None
     quantization: str | None = None  # the model's weight format, given (sim)
     ep: int = 1  # expert-parallel GPUs of a MoE model (sim)
+    target: str = "slotune"  # the engine release recommended for (older studies: every knob)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -30,6 +30,7 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.kv_dtype import KV_CACHE_DTYPES
+from slotune.targets.base import Target
 
 THRESHOLD_GATE = "long_prefill_token_threshold_on"
 """Optuna parameter that switches the long-prefill threshold on (chunked policy only)."""
@@ -113,21 +114,42 @@ class Param:
         return sorted({_round_to_step(p, self.step, self.low, self.high) for p in points})
 
 
-def default_params(kv_cache_dtypes: tuple[str, ...] = ("auto",)) -> dict[str, Param]:
-    """Issue 5's default space, with the KV-cache formats the GPU serves."""
+def default_params(
+    kv_cache_dtypes: tuple[str, ...] = ("auto",),
+    target: Target | None = None,
+    max_model_len: int | None = None,
+) -> dict[str, Param]:
+    """Issue 5's default space narrowed to what ``target`` runs (None: every value, as
+    slotune's engine), with the KV-cache formats the GPU serves and a long-prefill
+    threshold below ``max_model_len`` (one at or above it never splits a prompt)."""
+    values: dict[str, tuple[Any, ...]] = dict(_CATEGORICAL)
+    values["block_size"] = (8, 16, 32, 64, 128, 256)
+    seqs_high = 1024
+    threshold_high = 32768
+    if target is not None:
+        values.update(target.knob_values)
+        seqs_high = target.max_num_seqs_high
+        if not target.gpu_kv_only:
+            kv_cache_dtypes = target.knob_values["kv_cache_dtype"]
+    kv = tuple(v for v in values["kv_cache_dtype"] if v in kv_cache_dtypes) or ("auto",)
+    if max_model_len is not None:
+        threshold_high = max(64, min(threshold_high, max_model_len - 1))
+    threshold = Param(
+        "long_prefill_token_threshold", low=64, high=threshold_high, log=True, allow_off=True
+    )
+    if target is not None and not target.long_prefill_threshold:
+        threshold = Param("long_prefill_token_threshold", values=(0,))
     return {
         "max_num_batched_tokens": Param(
             "max_num_batched_tokens", low=256, high=32768, log=True, step=128
         ),
-        "long_prefill_token_threshold": Param(
-            "long_prefill_token_threshold", low=64, high=32768, log=True, allow_off=True
-        ),
-        "block_size": Param("block_size", values=(8, 16, 32, 64, 128, 256)),
-        "preemption_mode": Param("preemption_mode", values=("recompute", "swap")),
-        "max_num_seqs": Param("max_num_seqs", low=8, high=1024, log=True),
-        "prefix_caching": Param("prefix_caching", values=("none", "hash", "radix")),
-        "policy": Param("policy", values=("chunked", "prefill_first")),
-        "kv_cache_dtype": Param("kv_cache_dtype", values=tuple(kv_cache_dtypes)),
+        "long_prefill_token_threshold": threshold,
+        "block_size": Param("block_size", values=tuple(values["block_size"])),
+        "preemption_mode": Param("preemption_mode", values=tuple(values["preemption_mode"])),
+        "max_num_seqs": Param("max_num_seqs", low=8, high=seqs_high, log=True),
+        "prefix_caching": Param("prefix_caching", values=tuple(values["prefix_caching"])),
+        "policy": Param("policy", values=tuple(values["policy"])),
+        "kv_cache_dtype": Param("kv_cache_dtype", values=kv),
     }
 
 
@@ -137,6 +159,7 @@ class SearchSpace:
 
     params: dict[str, Param]
     fixed: dict[str, Any] = field(default_factory=dict)
+    budget_ge_seqs: bool = False  # the target needs max_num_batched_tokens >= max_num_seqs
 
     @property
     def max_model_len(self) -> int:
@@ -198,9 +221,11 @@ class SearchSpace:
             knobs["long_prefill_token_threshold"] = 0
         else:
             threshold = int(knobs.get("long_prefill_token_threshold", 0) or 0)
-            if params.get(THRESHOLD_GATE) is False or threshold >= budget:
-                threshold = 0  # a cap at or over the budget caps nothing (EngineConfig.chunk_cap)
+            if params.get(THRESHOLD_GATE) is False or threshold >= min(budget, self.max_model_len):
+                threshold = 0  # caps nothing (EngineConfig.chunk_cap)
             knobs["long_prefill_token_threshold"] = threshold
+        if self.budget_ge_seqs and "max_num_seqs" in knobs:
+            knobs["max_num_seqs"] = min(int(knobs["max_num_seqs"]), knobs["max_num_batched_tokens"])
         return EngineConfig(**{**self.fixed, **knobs})
 
     def params_for(self, config: EngineConfig) -> dict[str, Any] | None:
@@ -281,6 +306,7 @@ class SearchSpace:
         return {
             "params": {n: p.to_dict() for n, p in self.params.items()},
             "fixed": dict(self.fixed),
+            "budget_ge_seqs": self.budget_ge_seqs,
         }
 
     @classmethod
@@ -295,7 +321,7 @@ class SearchSpace:
         if "kv_cache_dtype" not in params:  # a space stored before the knob was searched
             kv = fixed.pop("kv_cache_dtype", "auto")
             params["kv_cache_dtype"] = Param("kv_cache_dtype", values=(kv,))
-        return cls(params, fixed)
+        return cls(params, fixed, bool(data.get("budget_ge_seqs", False)))
 
 
 def build_space(
@@ -304,19 +330,30 @@ def build_space(
     overrides: dict[str, Any] | None = None,
     where: str = "search space",
     kv_cache_dtypes: tuple[str, ...] = ("auto",),
+    target: Target | None = None,
 ) -> SearchSpace:
-    """The default space with ``max_model_len`` fixed and ``overrides`` applied;
-    ``kv_cache_dtypes`` are the KV formats searched unless an override says otherwise.
+    """The default space of ``target`` (None: every value) with ``max_model_len`` fixed
+    and ``overrides`` applied; ``kv_cache_dtypes`` are the KV formats searched unless an
+    override says otherwise. An override may only name values the target runs.
 
     Raises ``SearchSpaceError`` naming ``where`` when an override is invalid or when
     nothing is left to search.
     """
-    params = default_params(kv_cache_dtypes)
+    params = default_params(kv_cache_dtypes, target, max_model_len)
+    allowed = dict(_CATEGORICAL)
+    if target is not None:
+        allowed.update(target.knob_values)
     fixed: dict[str, Any] = {"max_model_len": max_model_len}
     known = {f.name for f in fields(EngineConfig)}
     for name, spec in (overrides or {}).items():
+        if name == "long_prefill_token_threshold" and target and not target.long_prefill_threshold:
+            if spec not in (0, "off", False, [0], ["off"]):
+                raise SearchSpaceError(
+                    f"{where}: {name}: {target.name} has no per-request long-prefill threshold"
+                )
+            continue
         if name in params:
-            params[name] = _override(params[name], spec, where)
+            params[name] = _override(params[name], spec, where, allowed, target)
         elif name in known:
             fixed[name] = spec
         else:
@@ -324,7 +361,7 @@ def build_space(
                 f"{where}: unknown parameter {name!r}; searchable: {', '.join(_SEARCH_ORDER)}; "
                 f"other EngineConfig fields can be fixed: {', '.join(sorted(known - set(params)))}"
             )
-    space = SearchSpace(params, fixed)
+    space = SearchSpace(params, fixed, bool(target and target.budget_ge_seqs))
     try:
         EngineConfig(**fixed)
     except (TypeError, ValueError) as e:
@@ -363,7 +400,13 @@ def load_search_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _override(default: Param, spec: Any, where: str) -> Param:
+def _override(
+    default: Param,
+    spec: Any,
+    where: str,
+    allowed: dict[str, tuple[Any, ...]],
+    target: Target | None,
+) -> Param:
     name = default.name
     at = f"{where}: {name}"
     if isinstance(spec, dict):
@@ -405,14 +448,26 @@ def _override(default: Param, spec: Any, where: str) -> Param:
     values = spec if isinstance(spec, list) else [spec]
     if not values:
         raise SearchSpaceError(f"{at}: empty list of values; give at least one")
-    checked = tuple(dict.fromkeys(_check_value(name, v, at) for v in values))
+    checked = tuple(dict.fromkeys(_check_value(name, v, at, allowed, target) for v in values))
     return Param(name, values=checked)
 
 
-def _check_value(name: str, value: Any, at: str) -> Any:
-    if name in _CATEGORICAL:
-        if value not in _CATEGORICAL[name]:
-            raise SearchSpaceError(f"{at}: {value!r} is not one of {', '.join(_CATEGORICAL[name])}")
+def _check_value(
+    name: str,
+    value: Any,
+    at: str,
+    allowed: dict[str, tuple[Any, ...]] | None = None,
+    target: Target | None = None,
+) -> Any:
+    allowed = allowed or _CATEGORICAL
+    if name in allowed and (name in _CATEGORICAL or target is not None):
+        if value not in allowed[name]:
+            runs = ", ".join(map(str, allowed[name]))
+            if target is not None:
+                raise SearchSpaceError(
+                    f"{at}: {target.name} does not run {value!r} (it runs {runs})"
+                )
+            raise SearchSpaceError(f"{at}: {value!r} is not one of {runs}")
         return value
     if name == "long_prefill_token_threshold" and (value is False or value in ("off", 0)):
         return 0

@@ -199,9 +199,12 @@ def verify(
         config = EngineConfig.from_dict(c.config)
         predicted = metrics_of(evaluator.measure(config, rate))
         port = free_port()
-        command = options.command.replace("{flags}", shlex.join(flags(config))).replace(
-            "{port}", str(port)
-        )
+        try:
+            words = flags(config)
+        except ValueError as exc:  # the target cannot run it (ExportRefused): a result too
+            results.append(Verified(c.label, c.trial, c.config, "", predicted, error=str(exc)))
+            continue
+        command = options.command.replace("{flags}", shlex.join(words)).replace("{port}", str(port))
         v = Verified(c.label, c.trial, c.config, command, predicted)
         results.append(v)
         where = out_dir / c.label
@@ -359,11 +362,23 @@ def candidates_from(
     return [*out, Candidate(DEFAULTS, baseline["config"])]
 
 
-def flags_for(engine: str, quantization: str | None = None) -> Flags:
-    """The flags that make ``engine``'s server run a configuration (``slotune serve``
-    takes the whole configuration as JSON, so it runs exactly the simulated one)."""
+def flags_for(engine: str, setup: TuneSetup) -> Flags:
+    """The flags that make ``engine``'s server (a family: vllm, sglang, slotune) run a
+    configuration: the study's target's own flags when it is of that family, else the
+    family's newest release's. ``slotune serve`` takes the whole configuration as JSON,
+    so it runs exactly the simulated one."""
     if engine == "slotune":
         return lambda config: ["--config", json.dumps(config.to_dict(), sort_keys=True)]
+    from slotune.targets import get_target
     from slotune.tuner.export import engine_args
 
-    return lambda config: engine_args(config, engine, quantization)[0]
+    target = setup.target if get_target(setup.target).family == engine else engine
+    return lambda config: engine_args(
+        config,
+        target,
+        setup.quantization,
+        gpu=setup.gpu,
+        model=setup.model,
+        tp=setup.tp,
+        ep=setup.ep,
+    )[0]

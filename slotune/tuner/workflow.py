@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class Stage(Enum):
-    BASELINE = "measuring vLLM's defaults (the baseline)"
+    BASELINE = "measuring the target engine's defaults (the baseline)"
     TRIALS = "running trials"
     FINISH = "rerunning the recommendation and the baseline for the report"
     VERIFY = "measuring the top configurations on the server (--verify)"
@@ -355,7 +355,7 @@ class _Run:
                 v.candidates_from(study, setup, baseline, o.verify_top),
                 evaluator=self.evaluator,
                 options=options,
-                flags=v.flags_for(options.engine(), setup.quantization),
+                flags=v.flags_for(options.engine(), setup),
                 rate=outputs.best["load"]["rate"],
                 out_dir=out_dir,
             )

@@ -118,10 +118,13 @@ def summarize(
     warmup_s: float = 0.0,
     cooldown_s: float = 0.0,
     stages: Sequence[Stage] = (),
+    offered_rate: float | None = None,
 ) -> dict[str, Any]:
     """The summary.json of a run (callers add ``config``); ``warmup_s`` and ``cooldown_s``
     leave the start and the end of the arrivals out of the scores; ``stages`` (the run's
-    load stages) have the steady-state check look at each stage apart."""
+    load stages) have the steady-state check look at each stage apart. With the run's
+    ``offered_rate`` (req/s), goodput is the SLO-meeting share of it (attainment × rate):
+    a window's count of Poisson arrivals may run above the rate, goodput never does."""
     window = ScoringWindow.of(result, warmup_s, cooldown_s)
     if not (warmup_s or cooldown_s):
         summary = _summary(result, slo, percentiles, float(result.duration_s))
@@ -138,6 +141,9 @@ def summarize(
         summary["scoring_window"] = window.to_dict(result)
     ends = np.cumsum([s.duration_s for s in stages])[:-1].tolist() if stages else []
     summary["steady_state"] = steady_state(result, window, ends)
+    if offered_rate and summary.get("slo_attainment") is not None:
+        summary["goodput"] = summary["slo_attainment"] * offered_rate
+        summary["offered_rate"] = offered_rate
     return summary
 
 

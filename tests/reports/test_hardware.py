@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from slotune.cli.app import app
-from slotune.reports.build import BASELINE, RECOMMENDED
+from slotune.reports.build import RECOMMENDED, baseline_label
 from slotune.reports.hardware import analyse, hardware_html
 from slotune.reports.runs import RunData, load_run
 
@@ -22,7 +22,7 @@ H100_BW, H100_BF16 = 3350e9, 989.4e12
 def _runs(tune_dir: Path, best: dict[str, Any]) -> list[RunData]:
     return [
         load_run(tune_dir / "runs" / "best", RECOMMENDED, best["config"]),
-        load_run(tune_dir / "runs" / "baseline", BASELINE, best["baseline"]["config"]),
+        load_run(tune_dir / "runs" / "baseline", baseline_label(best), best["baseline"]["config"]),
     ]
 
 
@@ -62,7 +62,7 @@ def test_section_has_table_charts_and_a_sentence_each(tune_dir: Path, best: dict
     assert html.count('<p class="caption">') == 4
     assert "of the 295 FLOP/B ridge" in html  # h100: 989.4 TFLOP/s over 3.35 TB/s
     assert "preemption" in html and "Prefix-cache hit rate" in html
-    assert RECOMMENDED in html and BASELINE in html
+    assert RECOMMENDED in html and baseline_label(best) in html
 
 
 def test_a_quantity_that_is_zero_is_a_sentence_not_an_empty_chart(
@@ -98,8 +98,9 @@ def test_explain_compares_the_two_runs_op_by_op(tune_dir: Path, best: dict[str, 
     assert code == 0, out
     data = json.loads(out)
     hw = analyse(_runs(tune_dir, best)[1], best)
-    assert data[BASELINE]["op_seconds"] == pytest.approx(hw.ops)
-    assert data[BASELINE]["mbu"] == pytest.approx(hw.mbu())
+    base = baseline_label(best)
+    assert data[base]["op_seconds"] == pytest.approx(hw.ops)
+    assert data[base]["mbu"] == pytest.approx(hw.mbu())
     assert data[RECOMMENDED]["bound_op"] in data[RECOMMENDED]["op_seconds"]
     code, out = _run("explain", str(tune_dir))
     assert code == 0 and "weights (linear layers)" in out and "MFU" in out

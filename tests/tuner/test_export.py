@@ -1,28 +1,42 @@
-"""Export: one mapping table, every format, and a comment wherever a choice is not expressible."""
+"""Export: the measured configuration exactly, for the study's target, or a refusal."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 import yaml
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.export import FLAGS, engine_args, export
+from slotune.engine.sim.capacity import determine_capacity, kv_block_bytes
+from slotune.engine.sim.models import get_model
+from slotune.engine.sim.profile import load_profile
+from slotune.targets import ExportRefused, Launch
+from slotune.targets.flags import sglang_mem_fraction
+from slotune.tuner.export import export
 
 
-def best(**config) -> dict:
+def best(target: str = "vllm==0.34", **config) -> dict:
     cfg = EngineConfig(max_model_len=2048, **config)
-    return {"config": cfg.to_dict(), "model": "llama-3-8b", "tp": 1}
+    return {
+        "config": cfg.to_dict(),
+        "model": "llama-3-8b",
+        "tp": 1,
+        "gpu": "h100",
+        "target": target,
+    }
 
 
-def test_the_table_covers_every_engine_config_field() -> None:
-    assert set(FLAGS) == {f.name for f in dataclasses.fields(EngineConfig)}
-    assert all(set(rules) == {"vllm", "sglang"} for rules in FLAGS.values())
+def words(text: str) -> list[str]:
+    return text.split()
 
 
-def test_vllm_command() -> None:
+def flag(text: str, name: str) -> str | None:
+    w = words(text)
+    return w[w.index(name) + 1] if name in w else None
+
+
+def test_vllm_command_is_exactly_the_config() -> None:
     text = export(
         best(
             max_num_batched_tokens=4096,
@@ -30,179 +44,180 @@ def test_vllm_command() -> None:
             block_size=32,
             max_num_seqs=128,
             prefix_caching="none",
-        ),
-        "vllm",
+            kv_cache_dtype="fp8",
+            num_gpu_blocks=900,
+        )
     )
-    assert "#" not in text
+    assert "#" not in text and "\n" not in text
     assert text.startswith("vllm serve meta-llama/Meta-Llama-3-8B-Instruct ")
-    for piece in (
-        "--max-num-batched-tokens 4096",
-        "--long-prefill-token-threshold 512",
-        "--block-size 32",
-        "--max-num-seqs 128",
-        "--no-enable-prefix-caching",
-        "--gpu-memory-utilization 0.9",
-    ):
-        assert piece in text
+    assert flag(text, "--max-num-batched-tokens") == "4096"
+    assert flag(text, "--long-prefill-token-threshold") == "512"
+    assert flag(text, "--block-size") == "32"
+    assert flag(text, "--max-num-seqs") == "128"
+    assert flag(text, "--kv-cache-dtype") == "fp8"
+    assert flag(text, "--gpu-memory-utilization") == "0.9"
+    assert flag(text, "--num-gpu-blocks-override") == "900"  # blocks of the exported 32
+    assert "--no-enable-prefix-caching" in words(text)
 
 
-def test_sglang_command() -> None:
-    text = export(
-        best(max_num_batched_tokens=4096, block_size=32, max_num_seqs=128, prefix_caching="none"),
-        "sglang",
-    )
+def test_sglang_command_meanings() -> None:
+    b = best("sglang", max_num_batched_tokens=4096, block_size=32, max_num_seqs=128)
+    text = export({**b, "config": {**b["config"], "prefix_caching": "radix"}})
     assert text.startswith("python -m sglang.launch_server --model-path ")
-    for piece in (
-        "--chunked-prefill-size 4096",
-        "--page-size 32",
-        "--max-running-requests 128",
-        "--disable-radix-cache",
-        "--enable-mixed-chunk",
-        "--mem-fraction-static 0.9",
-    ):
-        assert piece in text
-    assert "#" not in text
+    # the budget caps the whole step's prefill: chunk size and prefill tokens alike
+    assert flag(text, "--chunked-prefill-size") == flag(text, "--max-prefill-tokens") == "4096"
+    assert flag(text, "--page-size") == "32" and flag(text, "--max-running-requests") == "128"
+    assert "--enable-mixed-chunk" in words(text) and "--disable-radix-cache" not in words(text)
+    frac = float(flag(text, "--mem-fraction-static") or 0)
+    assert 0.5 < frac < 0.9  # weights + pool only, below gpu_memory_utilization's 0.9
 
 
-def test_tensor_parallel_flags() -> None:
-    b = {**best(), "tp": 4}
-    assert "--tensor-parallel-size 4" in export(b, "vllm")
-    assert "--tp-size 4" in export(b, "sglang")
+def test_sglang_prefill_first_and_pool() -> None:
+    b = best("sglang", policy="prefill_first", max_num_batched_tokens=4096, block_size=16)
+    b["config"]["prefix_caching"] = "none"
+    b["config"]["num_gpu_blocks"] = 1000
+    text = export(b)
+    assert flag(text, "--chunked-prefill-size") == "-1"
+    assert flag(text, "--max-total-tokens") == "16000"
+    assert "--disable-radix-cache" in words(text) and "--enable-mixed-chunk" not in words(text)
 
 
-@pytest.mark.parametrize(
-    ("config", "engine", "comment", "flag"),
-    [
-        ({"preemption_mode": "swap"}, "vllm", "vLLM V1 has no swap preemption", None),
-        ({"preemption_mode": "swap"}, "sglang", "SGLang has no swap preemption", None),
-        ({"prefix_caching": "hash"}, "sglang", "SGLang has no hash prefix cache", None),
-        (
-            {"prefix_caching": "radix"},
-            "vllm",
-            "vLLM has no radix prefix cache",
-            "--enable-prefix-caching",
-        ),
-        ({"block_size": 256}, "vllm", "vLLM serves block sizes", "--block-size 128"),
-        ({"block_size": 8}, "vllm", "vLLM serves block sizes", "--block-size 16"),
-        (
-            {"policy": "prefill_first", "max_num_batched_tokens": 4096},
-            "vllm",
-            "never runs prefill-only steps",
-            "--no-enable-chunked-prefill",
-        ),
-        (
-            {"long_prefill_token_threshold": 256},
-            "sglang",
-            "no per-request long-prefill",
-            "--chunked-prefill-size 256",
-        ),
-    ],
-)
-def test_unsupported_choices_get_a_comment_and_the_nearest_equivalent(
-    config: dict, engine: str, comment: str, flag: str | None
-) -> None:
-    text = export(best(**config), engine)
-    comments = [line for line in text.splitlines() if line.startswith("# ")]
-    assert any(comment in c for c in comments), text
-    command = text.splitlines()[-1]
-    assert not command.startswith("#")
-    if flag:
-        assert flag in command
+def test_sglang_mem_fraction_is_weights_plus_the_simulated_pool() -> None:
+    config = EngineConfig(max_model_len=2048, block_size=1, prefix_caching="radix")
+    profile, model = load_profile("h100"), get_model("llama-3-8b")
+    blocks = determine_capacity(profile, model, 1, config).num_gpu_blocks
+    used = model.weight_bytes_per_gpu(1) + blocks * kv_block_bytes(model, 1, 1)
+    frac = sglang_mem_fraction(config, Launch("m", gpu="h100", model="llama-3-8b"))
+    assert frac <= used / profile.gpu.memory_bytes < frac + 0.001
+    with pytest.raises(ExportRefused, match="names none"):
+        sglang_mem_fraction(config, Launch("m"))
 
 
-def test_supported_choices_have_no_comment() -> None:
-    args, comments = engine_args(EngineConfig(prefix_caching="radix"), "sglang")
-    assert comments == [] and "--disable-radix-cache" not in args
-    args, comments = engine_args(EngineConfig(prefix_caching="hash"), "vllm")
-    assert comments == [] and "--enable-prefix-caching" in args
+def test_tensor_and_expert_parallel_flags() -> None:
+    b = {**best(), "model": "mixtral-8x7b", "tp": 4, "ep": 4}
+    assert "--tensor-parallel-size 4 --enable-expert-parallel" in export(b)
+    with pytest.raises(ExportRefused, match="EP = TP = 4"):
+        export({**b, "ep": 2})
+    b["config"]["prefix_caching"] = "radix"
+    s = export({**b, "target": "sglang", "ep": 2})
+    assert "--tp-size 4 --ep-size 2" in s
 
 
-def test_json_and_yaml_are_the_engine_config() -> None:
-    b = best(max_num_seqs=77, policy="prefill_first", max_num_batched_tokens=2048)
+def test_formats_pick_the_engine_and_refuse_what_it_cannot_run() -> None:
+    b = best()  # vLLM defaults-like: hash prefix caching
+    assert export(b, "vllm") == export(b)
+    with pytest.raises(ExportRefused, match=r"sglang==0\.5\.23 does not run prefix_caching=hash"):
+        export(b, "sglang")
+    assert export(b, "vllm", target="vllm==0.15").startswith("vllm serve")
+    with pytest.raises(ValueError, match="name different engines"):
+        export(b, "sglang", target="vllm")
+    with pytest.raises(ValueError, match="unknown export format"):
+        export(b, "trt")
+
+
+def test_a_best_json_without_target_is_slotunes_engine() -> None:
+    b = best(block_size=256, preemption_mode="swap")
+    del b["target"]
+    assert export(b).startswith("slotune serve --model ")
+    with pytest.raises(ExportRefused, match="does not run block_size=256"):
+        export(b, "vllm")
+
+
+def test_json_is_the_engine_config_and_yaml_a_vllm_config_file() -> None:
+    b = best(max_num_seqs=77, prefix_caching="none")
     assert EngineConfig.from_dict(json.loads(export(b, "json"))) == EngineConfig.from_dict(
         b["config"]
     )
-    assert EngineConfig.from_dict(yaml.safe_load(export(b, "yaml"))) == EngineConfig.from_dict(
-        b["config"]
-    )
-
-
-def test_unknown_format() -> None:
-    with pytest.raises(ValueError, match="unknown export format"):
-        export(best(), "trt")
-
-
-NATIVE_PREFIX = {"vllm": "hash", "sglang": "radix"}  # no prefix-cache comment
+    text = export(b, "yaml")
+    assert text.startswith("# vllm serve meta-llama/Meta-Llama-3-8B-Instruct --config")
+    data = yaml.safe_load(text)
+    assert data["max-num-seqs"] == 77 and data["no-enable-prefix-caching"] is True
+    assert data["gpu-memory-utilization"] == 0.9
+    with pytest.raises(ExportRefused, match="vllm serve --config"):
+        export(best("sglang", prefix_caching="radix"), "yaml")
 
 
 @pytest.mark.parametrize(
-    ("kv", "engine", "flag", "comment"),
+    ("target", "kv", "value"),
     [
-        ("auto", "vllm", None, None),
-        ("auto", "sglang", None, None),
-        ("fp8", "vllm", "--kv-cache-dtype fp8", None),
-        ("fp8", "sglang", "--kv-cache-dtype fp8_e4m3", None),
-        ("int8", "vllm", "--kv-cache-dtype fp8", "vLLM has no int8 KV cache"),
-        ("int8", "sglang", "--kv-cache-dtype fp8_e4m3", "SGLang has no int8 KV cache"),
-        ("int4", "vllm", "--kv-cache-dtype fp8", "vLLM has no 4-bit KIVI KV cache"),
-        ("int4", "sglang", "--kv-cache-dtype fp8_e4m3", "SGLang has no 4-bit KIVI KV cache"),
+        ("vllm==0.34", "fp8", "fp8"),
+        ("vllm==0.34", "int8", "int8_per_token_head"),
+        ("vllm==0.34", "int4", "int4_per_token_head"),
+        ("vllm==0.15", "fp8", "fp8"),
+        ("sglang", "fp8", "fp8_e4m3"),
     ],
 )
-def test_kv_cache_dtype(kv: str, engine: str, flag: str | None, comment: str | None) -> None:
-    text = export(best(kv_cache_dtype=kv, prefix_caching=NATIVE_PREFIX[engine]), engine)
-    *comments, command = text.splitlines()
-    if flag is None:
-        assert "--kv-cache-dtype" not in command
-    else:
-        assert flag in command and command.count("--kv-cache-dtype") == 1
-    if comment is None:
-        assert comments == []
-    else:
-        assert len(comments) == 1 and comment in comments[0]
+def test_kv_cache_dtype(target: str, kv: str, value: str) -> None:
+    b = best(target, kv_cache_dtype=kv)
+    if target == "sglang":
+        b["config"]["prefix_caching"] = "radix"
+    assert flag(export(b), "--kv-cache-dtype") == value
+    assert "--kv-cache-dtype" not in export(best(target, prefix_caching="none"))
 
 
 @pytest.mark.parametrize(
-    ("quantization", "engine", "flag", "comment"),
+    ("target", "quantization", "value"),
     [
-        (None, "vllm", None, None),
-        ("bf16", "sglang", None, None),
-        ("fp8", "vllm", "--quantization fp8", None),
-        ("fp8", "sglang", "--quantization fp8", None),
-        ("awq", "vllm", "--quantization awq", None),
-        ("gptq", "sglang", "--quantization gptq", None),
-        ("int8", "vllm", None, "pre-quantized compressed-tensors checkpoint"),
-        ("int8", "sglang", "--quantization w8a8_int8", None),
-        ("int4", "vllm", "--quantization awq", "needs an AWQ or GPTQ checkpoint"),
+        ("vllm==0.34", "fp8", "fp8_per_tensor"),
+        ("vllm==0.15", "fp8", "fp8"),
+        ("sglang", "fp8", "fp8"),
     ],
 )
-def test_model_quantization(
-    quantization: str | None, engine: str, flag: str | None, comment: str | None
-) -> None:
-    b = best(prefix_caching=NATIVE_PREFIX[engine])
-    text = export({**b, "quantization": quantization}, engine)
-    *comments, command = text.splitlines()
-    if flag is None:
-        assert "--quantization" not in command
-    else:
-        assert flag in command
-    assert (comments == []) == (comment is None)
-    if comment:
-        assert comment in comments[0]
+def test_online_fp8_weights(target: str, quantization: str, value: str) -> None:
+    b = {**best(target, prefix_caching="none"), "quantization": quantization}
+    assert flag(export(b), "--quantization") == value
 
 
-def test_quantization_is_read_from_a_local_checkpoint(tmp_path) -> None:
+@pytest.mark.parametrize("target", ["vllm==0.34", "vllm==0.15", "sglang"])
+@pytest.mark.parametrize("quantization", ["int4", "awq", "int8", "w8a8_int8"])
+def test_prequantized_weights_need_the_checkpoint(target: str, quantization: str) -> None:
+    b = {**best(target, prefix_caching="none"), "quantization": quantization}
+    with pytest.raises(ExportRefused, match="give it with --served-model PATH_OR_ID"):
+        export(b)
+    text = export(b, served_model="org/model-AWQ")
+    assert "--quantization" not in text  # the engine reads quant_method from the checkpoint
+    assert "org/model-AWQ" in words(text)
+
+
+def test_a_local_checkpoint_must_hold_the_measured_kind(tmp_path) -> None:
     (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "mixtral", "quantization_config": {"quant_method": "fp8"}})
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "awq"}})
     )
-    b = {**best(), "model": str(tmp_path)}
-    assert "--quantization fp8" in export(b, "vllm")
-    assert "--quantization awq" in export({**b, "quantization": "awq"}, "vllm")  # given wins
-    with pytest.raises(ValueError, match="model quantization 'nf3' is unknown"):
-        export({**b, "quantization": "nf3"}, "sglang")
-    # the engines name a compressed-tensors checkpoint's method, whatever scheme it holds
-    fp8_groups = {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}
-    quant = {"quant_method": "compressed-tensors", "config_groups": fp8_groups}
+    b = {**best(prefix_caching="none"), "quantization": "int4"}
+    assert "--quantization" not in export(b, served_model=str(tmp_path))
+    with pytest.raises(ExportRefused, match="holds awq weights"):
+        export({**b, "quantization": "fp8"}, served_model=str(tmp_path))
     (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "llama4", "quantization_config": quant})
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "bitsandbytes"}})
     )
-    assert "--quantization compressed-tensors" in export(b, "vllm")
+    with pytest.raises(ExportRefused, match="holds bitsandbytes weights"):
+        export(b, served_model=str(tmp_path))
+
+
+def test_slotune_engine_serves_16_bit_weights_only() -> None:
+    b = {**best("slotune"), "quantization": "fp8"}
+    with pytest.raises(ExportRefused, match="does not serve fp8 weights"):
+        export(b)
+
+
+def test_engine_args_are_the_flags_without_the_launch_head() -> None:
+    from slotune.tuner.export import engine_args
+
+    config = EngineConfig(max_model_len=2048, max_num_seqs=64, prefix_caching="none")
+    flags, comments = engine_args(config, "vllm", "int4")  # the user's checkpoint: no refusal
+    assert comments == [] and flags[:2] == ["--max-num-batched-tokens", "2048"]
+    assert "vllm" not in flags and "--no-enable-prefix-caching" in flags
+    with pytest.raises(ExportRefused, match="names none"):
+        engine_args(config, "sglang")  # SGLang's memory fraction needs the simulated GPU
+    flags, _ = engine_args(config, "sglang", gpu="h100", model="llama-3-8b")
+    assert flags[0] == "--chunked-prefill-size" and "--disable-radix-cache" in flags
+
+
+def test_sglang_serves_a_gptq_checkpoint_as_gptq_marlin(tmp_path) -> None:
+    """SGLang registers gptq_marlin only on CUDA: a GPTQ checkpoint needs it named."""
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq"}})
+    )
+    b = {**best("sglang", prefix_caching="none"), "quantization": "int4"}
+    assert flag(export(b, served_model=str(tmp_path)), "--quantization") == "gptq_marlin"
+    assert "--quantization" not in export({**b, "target": "vllm"}, served_model=str(tmp_path))

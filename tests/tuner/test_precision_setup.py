@@ -3,6 +3,7 @@ used by every trial's simulation, and carried into the exported launch commands.
 
 from __future__ import annotations
 
+from slotune.targets import Launch, get_target
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.export import command_line
 from slotune.tuner.prepare import TuneOptions, prepare
@@ -31,7 +32,8 @@ def test_quantization_and_ep_reach_the_trials_and_the_export() -> None:
         for p in (plain, fp8)
     ]
     assert durations[1] < durations[0]
-    vllm = command_line(config, "vllm", model="m", tp=2, quantization="fp8", ep=2)
-    assert "--quantization fp8" in vllm and "--enable-expert-parallel" in vllm
-    sglang = command_line(config, "sglang", model="m", tp=2, quantization="fp8", ep=2)
-    assert "--ep-size 2" in sglang
+    launch = Launch("m", gpu="h100", model="mixtral-8x7b", tp=2, quantization="fp8", ep=2)
+    vllm = command_line(config, get_target(fp8.setup.target), launch)  # type: ignore[attr-defined]
+    assert "--quantization fp8_per_tensor" in vllm and "--enable-expert-parallel" in vllm
+    sgl = config.__class__(**{**config.to_dict(), "prefix_caching": "radix"})
+    assert "--ep-size 2" in command_line(sgl, get_target("sglang"), launch)

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.baseline import vllm_defaults
+from slotune.targets import get_target
 from slotune.tuner.space import (
     THRESHOLD_GATE,
     SearchSpace,
@@ -186,25 +186,27 @@ def test_grid_holds_distinct_valid_configs() -> None:
     keys = {json.dumps(c.to_dict(), sort_keys=True) for c in configs}
     assert len(keys) == len(grid)
     chunked = [c for c in configs if c.policy == "chunked"]
-    # budget 1024: threshold off, 256, 512; budget 4096: off, 256, 512, 1024, 2048
-    assert len(chunked) == (3 + 5) * 2 * 2
+    # budget 1024: threshold off, 256, 512; budget 4096: off, 256, 512, 1024 (2048, at
+    # max_model_len, never splits a prompt: it is off)
+    assert len(chunked) == (3 + 4) * 2 * 2
     prefill_first = {c.max_num_batched_tokens for c in configs if c.policy == "prefill_first"}
     assert prefill_first == {2048, 4096}
 
 
 def test_space_round_trips_through_a_dict_and_finds_the_baseline() -> None:
-    space = build_space(max_model_len=2048, overrides={"max_num_seqs": {"high": 2048}})
+    vllm = get_target("vllm")
+    space = build_space(max_model_len=2048, overrides={"max_num_seqs": {"high": 2048}}, target=vllm)
     again = SearchSpace.from_dict(json.loads(json.dumps(space.to_dict())))
     assert again == space
 
     class H100:
         name, memory_gib = "h100", 80
 
-    base = vllm_defaults(H100(), max_model_len=2048)
+    base = vllm.defaults(H100(), max_model_len=2048)
     params = again.params_for(base)
     assert params is not None and params[THRESHOLD_GATE] is False
     assert again.config_from_params(params) == base
-    narrow = build_space(max_model_len=2048, overrides={"block_size": [32, 64]})
+    narrow = build_space(max_model_len=2048, overrides={"block_size": [32, 64]}, target=vllm)
     assert narrow.params_for(base) is None
 
 

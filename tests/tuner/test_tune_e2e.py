@@ -39,7 +39,7 @@ def load_study(out: Path) -> optuna.Study:
 def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> None:
     out = tmp_path / "out"
     output = tune("--objective", "weighted", "--rate", "4", "--trials", "4", "--out", str(out))
-    assert "Recommended vs vLLM defaults" in output
+    assert "Recommended vs vLLM 0.34 defaults" in output
     best = json.loads((out / "best.json").read_text())
     for key in (
         "config",
@@ -64,7 +64,15 @@ def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> 
     assert best["trace"]["stats"]["requests"] == 30
     EngineConfig.from_dict(best["config"])
     assert best["baseline"]["config"]["max_num_batched_tokens"] == 8192
-    assert best["commands"]["vllm"].splitlines()[-1].startswith("vllm serve ")
+    assert best["target"] == "vllm==0.34" and best["headline"] in " ".join(output.split())
+    command = best["commands"]["vllm==0.34"]
+    assert command.startswith("vllm serve ") and "\n" not in command
+    budget = command.split("--max-num-batched-tokens ")[1].split()[0]
+    assert int(budget) == best["config"]["max_num_batched_tokens"]  # exported = recommended
+    if best["keep_defaults"]:
+        assert best["config"] == best["baseline"]["config"]
+    else:
+        assert best["noise"]["significant"] is True
     with open(out / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
@@ -87,8 +95,11 @@ def test_small_weighted_tune_writes_every_output_and_exports(tmp_path: Path) -> 
     first = study.trials[0]
     assert first.user_attrs.get("baseline") is True
     assert best["score"] <= best["baseline"]["score"] + 1e-9 or not first.user_attrs["feasible"]
+    exported = runner.invoke(app, ["export", str(out / "best.json")])
+    assert exported.exit_code == 0 and exported.output.strip() == command
     exported = runner.invoke(app, ["export", str(out / "best.json"), "--format", "sglang"])
-    assert exported.exit_code == 0 and "sglang.launch_server" in exported.output
+    if best["config"]["prefix_caching"] == "hash":  # SGLang has a radix cache only
+        assert exported.exit_code == 2 and "does not run prefix_caching=hash" in exported.output
 
 
 def test_resume_continues_the_study_without_rerunning(tmp_path: Path) -> None:

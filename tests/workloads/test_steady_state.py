@@ -146,6 +146,16 @@ def test_warmup_and_cooldown_leave_out_the_ends() -> None:
     assert s["duration_s"] == 10.9
 
 
+def test_goodput_never_exceeds_the_offered_rate() -> None:
+    """Six arrivals in a 5 s window of a 1 req/s load: 1.2 req/s counted, 1 offered."""
+    rows = [(float(a), [a + 0.1, a + 0.5, a + 0.9]) for a in range(0, 11)]
+    res = _result(rows, duration=10.9)
+    slo = parse_slo("ttft=200ms")
+    assert summarize(res, slo, warmup_s=2, cooldown_s=3)["goodput"] == pytest.approx(1.2)
+    s = summarize(res, slo, warmup_s=2, cooldown_s=3, offered_rate=1.0)
+    assert s["goodput"] == pytest.approx(1.0) and s["offered_rate"] == 1.0
+
+
 def test_a_window_with_nothing_left_is_an_error() -> None:
     res = _result([(0.0, [0.1]), (1.0, [1.1])], duration=1.1)
     with pytest.raises(ValueError, match="leave nothing of the 1 s of arrivals"):

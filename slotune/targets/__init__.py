@@ -1,0 +1,18 @@
+"""Targets: the engine releases slotune recommends for (see ``registry``)."""
+
+from slotune.targets.base import ExportRefused, Target, WeightServing
+from slotune.targets.flags import FLAGS, Launch, launch_words
+from slotune.targets.registry import DEFAULT_TARGET, TARGETS, get_target, target_names
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "FLAGS",
+    "TARGETS",
+    "ExportRefused",
+    "Launch",
+    "Target",
+    "WeightServing",
+    "get_target",
+    "launch_words",
+    "target_names",
+]
