@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import os
+import shlex
 import sys
 import types
 from collections.abc import Iterator
@@ -382,6 +383,19 @@ def sglang_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
 
 def sglang_defaults(model_dir: str | os.PathLike[str], gpu: str = "h100") -> dict[str, object]:
     return sglang_resolve(["--model-path", str(model_dir)], gpu=gpu)
+
+
+def resolve_launch_line(line: str, *, gpu: str = "h100") -> tuple[str, dict[str, object]]:
+    """A whole printed command (`vllm serve ...`, `sglang serve ...` or
+    `python -m sglang.launch_server ...`, shell-quoted, `\\`-continued): (engine, landed)."""
+    words = shlex.split(line.replace("\\\n", " "))
+    if words[:2] == ["vllm", "serve"]:
+        return "vllm", vllm_resolve(words[2:], gpu=gpu)
+    if words[:2] == ["sglang", "serve"]:
+        return "sglang", sglang_resolve(words[2:], gpu=gpu)
+    if len(words) > 2 and words[1:3] == ["-m", "sglang.launch_server"]:
+        return "sglang", sglang_resolve(words[3:], gpu=gpu)
+    raise ValueError(f"not a vllm or sglang launch line: {line[:80]!r}")
 
 
 # --------------------------------------------------------------------------------------
