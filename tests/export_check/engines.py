@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -257,6 +258,8 @@ def vllm_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
     """Build `vllm serve ARGV` (model path first) into a VllmConfig; the values that landed."""
     global _vllm_gpu
     _prepare_imports()
+    if GPUS[gpu] != _vllm_gpu:
+        _clear_device_caches("vllm")
     _vllm_gpu = GPUS[gpu]
     _install_vllm_platform()
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -322,29 +325,22 @@ def _sglang_gpu(gpu: FakeGpu) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for patch in patches:
             stack.enter_context(patch)
-        _clear_sglang_device_caches()
+        _clear_device_caches("sglang")
         try:
             yield
         finally:
-            _clear_sglang_device_caches()
+            _clear_device_caches("sglang")
 
 
-def _clear_sglang_device_caches() -> None:
-    """Device queries SGLang caches per process (lru_cache) are asked again per fake GPU."""
-    common = sys.modules.get("sglang.srt.utils.common")
-    if common is None:
-        return
-    for name in (
-        "get_device_memory_capacity",
-        "get_device_name",
-        "get_device_capability",
-        "get_device_sm",
-        "get_device_count",
-        "get_device_core_count",
-    ):
-        cached = getattr(common, name, None)
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
+def _clear_device_caches(package: str) -> None:
+    """Device answers an engine caches per process (lru_cache: capability, memory, `is_sm90`...)
+    are asked again under another fake GPU."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != package or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, functools._lru_cache_wrapper):
+                value.cache_clear()
 
 
 SGLANG_FIELDS = (
