@@ -476,17 +476,26 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+_MIXTRAL_CHANGES: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
+
 def make_hf_checkpoint(
-    directory: str | os.PathLike[str], *, quantization: str | None = None
+    directory: str | os.PathLike[str], *, quantization: str | None = None, moe: bool = False
 ) -> Path:
     """A tiny Llama checkpoint directory, built locally: config.json and a word-level tokenizer.
 
     With `quantization`, config.json carries the `quantization_config` of a pre-quantized
-    checkpoint of that kind (keys of QUANTIZATION_CONFIGS).
+    checkpoint of that kind (keys of QUANTIZATION_CONFIGS). `moe`: a Mixtral (8 experts, top 2),
+    for expert-parallel lines.
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    config = dict(_LLAMA_CONFIG)
+    config = dict(_LLAMA_CONFIG) | (_MIXTRAL_CHANGES if moe else {})
     if quantization is not None:
         if quantization not in QUANTIZATION_CONFIGS:
             raise ValueError(

@@ -389,3 +389,15 @@ def test_launch_lines_dispatch_to_their_engine(vllm: None, sglang: None, bf16: s
 def test_launch_line_of_another_program_is_refused() -> None:
     with pytest.raises(ValueError, match="not a vllm or sglang launch line"):
         resolve_launch_line("trtllm-serve /m --max_batch_size 8")
+
+
+def test_expert_parallel_lands_on_a_moe_checkpoint(
+    vllm: None, sglang: None, bf16: str, tmp_path: Path
+) -> None:
+    moe = str(make_hf_checkpoint(tmp_path / "moe", moe=True))
+    landed = vllm_resolve([moe, "--tensor-parallel-size", "2", "--enable-expert-parallel"])
+    assert (landed["tensor_parallel_size"], landed["enable_expert_parallel"]) == (2, True)
+    with pytest.raises(EngineRejected, match="Number of experts in the model must be greater"):
+        vllm_resolve([bf16, "--tensor-parallel-size", "2", "--enable-expert-parallel"])
+    landed = sglang_resolve(["--model-path", moe, "--tp-size", "2", "--ep-size", "2"])
+    assert (landed["tp_size"], landed["ep_size"]) == (2, 2)
