@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import io
 import json
 import os
+import shlex
 import sys
 import types
 from collections.abc import Iterator
@@ -256,6 +258,8 @@ def vllm_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
     """Build `vllm serve ARGV` (model path first) into a VllmConfig; the values that landed."""
     global _vllm_gpu
     _prepare_imports()
+    if GPUS[gpu] != _vllm_gpu:
+        _clear_device_caches("vllm")
     _vllm_gpu = GPUS[gpu]
     _install_vllm_platform()
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -321,29 +325,22 @@ def _sglang_gpu(gpu: FakeGpu) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for patch in patches:
             stack.enter_context(patch)
-        _clear_sglang_device_caches()
+        _clear_device_caches("sglang")
         try:
             yield
         finally:
-            _clear_sglang_device_caches()
+            _clear_device_caches("sglang")
 
 
-def _clear_sglang_device_caches() -> None:
-    """Device queries SGLang caches per process (lru_cache) are asked again per fake GPU."""
-    common = sys.modules.get("sglang.srt.utils.common")
-    if common is None:
-        return
-    for name in (
-        "get_device_memory_capacity",
-        "get_device_name",
-        "get_device_capability",
-        "get_device_sm",
-        "get_device_count",
-        "get_device_core_count",
-    ):
-        cached = getattr(common, name, None)
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
+def _clear_device_caches(package: str) -> None:
+    """Device answers an engine caches per process (lru_cache: capability, memory, `is_sm90`...)
+    are asked again under another fake GPU."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != package or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, functools._lru_cache_wrapper):
+                value.cache_clear()
 
 
 SGLANG_FIELDS = (
@@ -382,6 +379,19 @@ def sglang_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
 
 def sglang_defaults(model_dir: str | os.PathLike[str], gpu: str = "h100") -> dict[str, object]:
     return sglang_resolve(["--model-path", str(model_dir)], gpu=gpu)
+
+
+def resolve_launch_line(line: str, *, gpu: str = "h100") -> tuple[str, dict[str, object]]:
+    """A whole printed command (`vllm serve ...`, `sglang serve ...` or
+    `python -m sglang.launch_server ...`, shell-quoted, `\\`-continued): (engine, landed)."""
+    words = shlex.split(line.replace("\\\n", " "))
+    if words[:2] == ["vllm", "serve"]:
+        return "vllm", vllm_resolve(words[2:], gpu=gpu)
+    if words[:2] == ["sglang", "serve"]:
+        return "sglang", sglang_resolve(words[2:], gpu=gpu)
+    if len(words) > 2 and words[1:3] == ["-m", "sglang.launch_server"]:
+        return "sglang", sglang_resolve(words[3:], gpu=gpu)
+    raise ValueError(f"not a vllm or sglang launch line: {line[:80]!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -466,17 +476,26 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+_MIXTRAL_CHANGES: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
+
 def make_hf_checkpoint(
-    directory: str | os.PathLike[str], *, quantization: str | None = None
+    directory: str | os.PathLike[str], *, quantization: str | None = None, moe: bool = False
 ) -> Path:
     """A tiny Llama checkpoint directory, built locally: config.json and a word-level tokenizer.
 
     With `quantization`, config.json carries the `quantization_config` of a pre-quantized
-    checkpoint of that kind (keys of QUANTIZATION_CONFIGS).
+    checkpoint of that kind (keys of QUANTIZATION_CONFIGS). `moe`: a Mixtral (8 experts, top 2),
+    for expert-parallel lines.
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    config = dict(_LLAMA_CONFIG)
+    config = dict(_LLAMA_CONFIG) | (_MIXTRAL_CHANGES if moe else {})
     if quantization is not None:
         if quantization not in QUANTIZATION_CONFIGS:
             raise ValueError(

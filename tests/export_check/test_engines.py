@@ -20,6 +20,7 @@ from tests.export_check.engines import (
     QUANTIZATION_CONFIGS,
     EngineRejected,
     make_hf_checkpoint,
+    resolve_launch_line,
     sglang_defaults,
     sglang_resolve,
     vllm_defaults,
@@ -366,3 +367,37 @@ def test_sglang_kv_cache_dtype_choices(sglang: None, bf16: str, dtype: str) -> N
 def test_sglang_has_no_prefill_first_policy(sglang: None, bf16: str) -> None:
     with pytest.raises(EngineRejected, match="invalid choice: 'prefill_first'"):
         sglang_resolve(["--model-path", bf16, "--schedule-policy", "prefill_first"])
+
+
+# --------------------------------------------------------------------------------------
+# Whole printed lines
+
+
+def test_launch_lines_dispatch_to_their_engine(vllm: None, sglang: None, bf16: str) -> None:
+    engine, landed = resolve_launch_line(
+        f"vllm serve {bf16} \\\n  --max-num-seqs 48 \\\n  --long-prefill-token-threshold 256",
+        gpu="a100",
+    )
+    assert engine == "vllm"
+    assert (landed["max_num_seqs"], landed["long_prefill_token_threshold"]) == (48, 256)
+    engine, landed = resolve_launch_line(
+        f"python -m sglang.launch_server --model-path '{bf16}' --max-running-requests 48"
+    )
+    assert (engine, landed["max_running_requests"]) == ("sglang", 48)
+
+
+def test_launch_line_of_another_program_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a vllm or sglang launch line"):
+        resolve_launch_line("trtllm-serve /m --max_batch_size 8")
+
+
+def test_expert_parallel_lands_on_a_moe_checkpoint(
+    vllm: None, sglang: None, bf16: str, tmp_path: Path
+) -> None:
+    moe = str(make_hf_checkpoint(tmp_path / "moe", moe=True))
+    landed = vllm_resolve([moe, "--tensor-parallel-size", "2", "--enable-expert-parallel"])
+    assert (landed["tensor_parallel_size"], landed["enable_expert_parallel"]) == (2, True)
+    with pytest.raises(EngineRejected, match="Number of experts in the model must be greater"):
+        vllm_resolve([bf16, "--tensor-parallel-size", "2", "--enable-expert-parallel"])
+    landed = sglang_resolve(["--model-path", moe, "--tp-size", "2", "--ep-size", "2"])
+    assert (landed["tp_size"], landed["ep_size"]) == (2, 2)
