@@ -186,6 +186,11 @@ def sensitivity(folders: list[Path], args: argparse.Namespace) -> int:
 
     runs = {f.name: load_run(f, gpu=args.gpu) for f in folders}
     replays = {n: replay(r, gpu=args.gpu, stack=args.stack) for n, r in runs.items()}
+    per_run = [run_row(rp) for rp in replays.values()]
+    print("### Every run with the shipped fit (training error)\n")
+    print(markdown_table(per_run, _blis(args.runs)))
+    _metric_summary(per_run, "training runs")
+    print()
     rows: list[tuple[str, str, dict[str, float], dict[str, float]]] = []
 
     def means(rp, window=None):  # type: ignore[no-untyped-def]
