@@ -388,10 +388,13 @@ class CostModel:
             t += self._swap_per_block * num_swapped_blocks
         if num_cow_blocks:
             t += self._cow_per_block * num_cow_blocks
-        return self.with_host(t, self.host_seconds(num_tokens, num_requests))
+        return self.with_host(
+            t, self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
+        )
 
     def host_seconds(self, num_tokens: int, num_requests: int) -> float:
-        """The host's hideable work of a step of ``num_tokens`` for ``num_requests``."""
+        """The host's hideable work of a step of ``num_tokens`` for ``num_requests`` (as
+        ``step_seconds`` inlines it)."""
         return self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
 
     def with_host(self, gpu: float, host: float) -> float:
