@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/sim_fidelity.py                  # small preset, 200 requests
     .venv/bin/python benchmarks/sim_fidelity.py --clock cpu --calibrate-each
     .venv/bin/python benchmarks/sim_fidelity.py --model DIR --device cuda --threads 0
+    .venv/bin/python benchmarks/sim_fidelity.py --preset tiny --requests 100 --concurrency 8 \
+        --budgets 512 --clock cpu                               # issue 25's closed-loop check
 
 On this machine: calibrate the cost model against the real executor (``slotune
 calibrate``), then replay one trace (ShareGPT-like lengths scaled to the small model,
@@ -138,7 +140,14 @@ class StepRecorder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="checkpoint folder (default: a fresh small preset)")
+    parser.add_argument("--model", help="checkpoint folder (default: a fresh --preset model)")
+    parser.add_argument("--preset", default="small", choices=("tiny", "small"))
+    parser.add_argument(
+        "--concurrency", type=int, help="closed loop of N users instead of Poisson arrivals"
+    )
+    parser.add_argument(
+        "--budgets", type=int, nargs="*", help="token budgets (default: 64 and 512)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--load", type=float, default=0.9, help="arrival rate / capacity")
@@ -174,7 +183,7 @@ def main() -> None:
 
     threads = args.threads or None
     work = Path(tempfile.mkdtemp(prefix="sim_fidelity_"))
-    model = Path(args.model) if args.model else init_model(work / "small", "small")
+    model = Path(args.model) if args.model else init_model(work / args.preset, args.preset)
     t0 = time.perf_counter()
     result = calibrate(model, device=args.device, progress=print, threads=threads, timer=timer)
     profile = work / "profile.json"
@@ -185,12 +194,16 @@ def main() -> None:
     config_json = str(model / "config.json")
     spec = get_model(config_json)
     rows: dict[str, dict[str, Any]] = {}
-    for name, budget in BUDGETS.items():
+    budgets = {f"budget {b} tokens": b for b in args.budgets} if args.budgets else BUDGETS
+    for name, budget in budgets.items():
         config = engine_config(budget)
-        # Capacity from the simulator with everything queued at once; then a Poisson load.
-        burst = run_simulated(config, trace, gpu=str(profile), model=config_json)
-        rate = args.load * len(trace) / burst.duration_s
-        arrivals = ArrivalSpec(rate=rate)
+        if args.concurrency:
+            rate, arrivals = float("nan"), ArrivalSpec(concurrency=args.concurrency)
+        else:
+            # Capacity from the simulator with everything queued at once; then Poisson.
+            burst = run_simulated(config, trace, gpu=str(profile), model=config_json)
+            rate = args.load * len(trace) / burst.duration_s
+            arrivals = ArrivalSpec(rate=rate)
         sim = run_simulated(config, trace, gpu=str(profile), model=config_json, arrivals=arrivals)
         reals, steps, paired = [], [], []
         for i in range(args.real_runs):
@@ -215,6 +228,11 @@ def main() -> None:
             steps.append(recorder.summary())
         rows[name] = {
             "rate": rate,
+            "arrivals": (
+                f"closed loop of {args.concurrency}"
+                if args.concurrency
+                else f"Poisson at {rate:.2f} req/s"
+            ),
             "clock": args.clock,
             "real": reals,
             "sim": metrics(summarize(sim)),
@@ -229,7 +247,7 @@ def main() -> None:
 def print_table(rows: dict[str, dict[str, Any]]) -> None:
     for name, r in rows.items():
         reals = r["real"]
-        print(f"\n{name}, Poisson at {r['rate']:.2f} req/s, {r['clock']} clock\n")
+        print(f"\n{name}, {r['arrivals']}, {r['clock']} clock\n")
         head = " | ".join(f"real run {i + 1}" for i in range(len(reals)))
         print(f"| metric | {head} | simulator | error vs real mean | real spread |")
         print("|---|" + "---:|" * (len(reals) + 3))

@@ -6,15 +6,16 @@ least squares (soft-L1 loss on log ratios) moves the constants. The runs are cut
 first ``window_s`` seconds of each stage (the first ``warmup_s`` of each not scored), so a
 fit over ten runs takes minutes, not hours.
 
-The fitted parameters (``PARAMS``): the host's exposed work per step, the per-request
-latency outside the engine, the all-reduce latency per hop (only TP runs move it) and the
-time of the engine's kernels against the profile's isolated kernel measurements
-(``gpu_time_scale``) and the engine's work per decoding request and layer live in the
-stack, so that a stack fitted on one card carries to others; decode attention's bandwidth
-efficiency is a correction of the GPU profile (whose attention was carried over from
-another card). Other constants
-(``ATTENTION_PARAMS``, the stack's CUDA-graph overhead) can be named for fits that want
-them.
+The fitted parameters (``PARAMS``): the host's work per step on the GPU's critical path
+(what async scheduling cannot hide), the per-request latency outside the engine, the
+all-reduce latency per hop (only TP runs move it), the time of the engine's kernels
+against the profile's isolated kernel measurements (``gpu_time_scale``) and the engine's
+work per decoding request and layer live in the stack, so that a stack fitted on one card
+carries to others; decode attention's bandwidth efficiency is a correction of the GPU
+profile (whose attention was carried over from another card). Every stack constant is
+bounded by its plausible range (``stack.PARAMETER_RANGES``); ``FitResult.at_bounds`` names
+those a fit left on a bound. Other constants (``ATTENTION_PARAMS``, the stack's CUDA-graph
+overhead) can be named for fits that want them.
 """
 
 from __future__ import annotations
@@ -30,18 +31,25 @@ import numpy as np
 
 from slotune.calibration.transforms import Param, from_unit, to_unit
 from slotune.engine.sim.profile import GpuProfile, load_profile
-from slotune.engine.sim.stack import StackProfile, load_stack
+from slotune.engine.sim.stack import PARAMETER_RANGES, StackProfile, load_stack
 from slotune.validate.replay import Replay, replay
 from slotune.validate.runs import MeasuredRun
 from slotune.workloads.trace import Trace
 
+
+def stack_param(field: str) -> Param:
+    """The fitted constant ``stack.<field>`` within its plausible range."""
+    low, high, _ = PARAMETER_RANGES[field]
+    return Param(f"stack.{field}", low, high)
+
+
 PARAMS = (
-    Param("stack.host_step_us", 0.0, 20000.0),
-    Param("stack.request_in_us", 0.0, 50000.0),
-    Param("stack.allreduce_latency_us", 0.0, 60.0),
-    Param("stack.gpu_time_scale", 0.8, 1.2),
-    Param("gpu.attention.decode_eff", 0.2, 1.0),
-    Param("stack.decode_seq_layer_us", 0.0, 2.0),
+    stack_param("host_exposed_us"),
+    stack_param("request_in_us"),
+    stack_param("allreduce_latency_us"),
+    stack_param("gpu_time_scale"),
+    Param("gpu.attention.decode_eff", 0.5, 1.0),
+    stack_param("decode_seq_layer_us"),
 )
 ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),
@@ -59,6 +67,18 @@ class FitResult:
     cost: float
     evaluations: int
     runs: tuple[str, ...]
+    params: tuple[Param, ...] = ()
+
+    @property
+    def at_bounds(self) -> list[str]:
+        """The fitted constants that ended within 1 % of a bound (a finding: the model
+        wants a value outside the plausible range, or the runs do not pin it)."""
+        out = []
+        for p in self.params:
+            v, span = self.values[p.name], p.high - p.low
+            if v <= p.low + 0.01 * span or v >= p.high - 0.01 * span:
+                out.append(f"{p.name}={v:g} (bounds {p.low:g}-{p.high:g})")
+        return out
 
 
 def apply(
@@ -193,6 +213,7 @@ def fit_from_runs(
         cost=float(sol.cost),
         evaluations=count,
         runs=tuple(r.name for r in runs),
+        params=tuple(params),
     )
 
 
@@ -204,8 +225,16 @@ def write_fit(result: FitResult, stack_path: Path, name: str, note: str = "") ->
         "runs": list(result.runs),
         "values": {k: round(v, 4) for k, v in result.values.items()},
         "cost": round(result.cost, 6),
+        "bounds": {p.name: [p.low, p.high] for p in result.params},
+        "at_bounds": result.at_bounds,
     }
-    for key in ("host_step_us", "graph_overhead_scale", "request_in_us", "allreduce_latency_us"):
+    for key in (
+        "host_step_us",
+        "host_exposed_us",
+        "graph_overhead_scale",
+        "request_in_us",
+        "allreduce_latency_us",
+    ):
         if isinstance(data.get(key), float):
             data[key] = round(data[key], 4)
     stack_path.write_text(json.dumps(data, indent=2) + "\n")

@@ -275,6 +275,10 @@ def _from_runs(
     write_fit(result, out, name)
     values = ", ".join(f"{k} {v:.4g}" for k, v in result.values.items())
     console.print(f"wrote [bold]{out}[/] from {len(measured)} runs: {values}")
+    if result.at_bounds:
+        console.print(
+            f"[yellow]on a bound (a finding, not a result): {', '.join(result.at_bounds)}[/]"
+        )
     console.print(f"use it as [bold]--stack {out}[/]")
 
 

@@ -275,3 +275,13 @@ def test_schedule_ahead_starts_a_busy_engine_arrival_one_step_later() -> None:
         # c arrived at an idle engine: its first step starts at its arrival
         k = int(np.searchsorted(ends, first[2] - 1e-12))
         assert ends[k] - run.steps["duration_s"][k] == pytest.approx(30.0)
+
+
+def test_a_fit_on_a_bound_is_reported() -> None:
+    from slotune.calibration.from_runs import FitResult, stack_param
+
+    p = stack_param("host_exposed_us")
+    inside = FitResult(StackProfile(), load_profile("h100"), {p.name: 1400.0}, 0.0, 1, (), (p,))
+    on_low = FitResult(StackProfile(), load_profile("h100"), {p.name: p.low}, 0.0, 1, (), (p,))
+    assert inside.at_bounds == []
+    assert on_low.at_bounds and on_low.at_bounds[0].startswith("stack.host_exposed_us=")

@@ -24,7 +24,7 @@ from slotune.engine.sim.profile import (
     GpuProfile,
     LinearProfile,
 )
-from slotune.engine.sim.stack import StackProfile, default_graph_max_tokens, graph_capture_sizes
+from slotune.engine.sim.stack import StackProfile, graph_capture_sizes, graph_max_tokens
 
 _US = 1e-6
 DTYPE_BYTES = 2
@@ -199,8 +199,8 @@ class StepBreakdown:
 class CostModel:
     """Step durations of ``model`` on ``tp`` GPUs described by ``profile``, served by the
     engine that ``stack`` describes (default: slotune's eager engine as the profile
-    measured it). ``max_num_seqs`` sets the largest CUDA-graph batch where the stack uses
-    graphs and leaves it to the engine.
+    measured it). ``max_num_seqs`` and ``max_num_batched_tokens`` set the largest CUDA-graph
+    batch where the stack uses graphs (``stack.graph_max_tokens``).
 
     Shapes are those of one GPU's shard. Linear layers run in the model's weight format
     (``precision``); a MoE model's expert layers are priced by ``moe.MoECost`` with ``ep``
@@ -219,6 +219,7 @@ class CostModel:
         stack: StackProfile | None = None,
         max_num_seqs: int = 256,
         *,
+        max_num_batched_tokens: int = 0,
         ep: int = 1,
         kv_cache_dtype: str = "auto",
         moe_imbalance: float = DEFAULT_IMBALANCE,
@@ -250,8 +251,8 @@ class CostModel:
         time_scale = stack.gpu_time_scale
         self._eager = _Kernels.of(run, model, time_scale)
         self._graph = _Kernels.of(run, model, stack.graph_overhead_scale * time_scale)
-        graph_max = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
-        sizes = graph_capture_sizes(graph_max) if stack.cuda_graphs else ()
+        graph_max = graph_max_tokens(stack, max_num_seqs, max_num_batched_tokens)
+        sizes = graph_capture_sizes(graph_max) if graph_max else ()
         self.graph_max_tokens = sizes[-1] if sizes else 0
         self._padded = [0] * (self.graph_max_tokens + 1)
         for lo, hi in zip((0, *sizes), sizes, strict=False):
@@ -271,6 +272,8 @@ class CostModel:
         host = stack.on(sysp)
         self._cpu_step = float(host.host_step_us or 0.0) * _US
         self._cpu_req = float(host.host_per_request_us or 0.0) * _US
+        self._cpu_tok = stack.host_per_token_us * _US
+        self._exposed = stack.host_exposed_us * _US
         host_bw = gpu.host_link_gbps * 1e9 * sysp.host_link_eff
         copy_calls = 2 * layers * sysp.copy_call_us * _US  # one K and one V copy per layer
         self._swap_per_block = self.block_bytes / host_bw + copy_calls
@@ -391,15 +394,23 @@ class CostModel:
             t += self._swap_per_block * num_swapped_blocks
         if num_cow_blocks:
             t += self._cow_per_block * num_cow_blocks
-        return self.with_host(t, self._cpu_step + self._cpu_req * num_requests)
+        return self.with_host(
+            t, self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
+        )
+
+    def host_seconds(self, num_tokens: int, num_requests: int) -> float:
+        """The host's hideable work of a step of ``num_tokens`` for ``num_requests`` (as
+        ``step_seconds`` inlines it)."""
+        return self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
 
     def with_host(self, gpu: float, host: float) -> float:
-        """A step of ``gpu`` seconds on the GPU and ``host`` on the host, ``host_overlap`` of
-        the shorter one hidden behind the longer (1: ``max(gpu, host)``, async scheduling;
-        0: their sum, a synchronous engine)."""
+        """A step of ``gpu`` seconds on the GPU and ``host`` of hideable host work,
+        ``host_overlap`` of the shorter one hidden behind the longer (1: ``max(gpu, host)``,
+        async scheduling; 0: their sum, a synchronous engine), plus the host work on the
+        critical path (``host_exposed_us``)."""
         if self._overlap == 0.0:
-            return gpu + host
-        return gpu + host - self._overlap * (gpu if gpu < host else host)
+            return gpu + host + self._exposed
+        return gpu + host - self._overlap * (gpu if gpu < host else host) + self._exposed
 
     def decode_step_seconds(self, num_decodes: int, context_sum: int) -> float:
         """A step of ``num_decodes`` one-token requests only (no prefill, swap or copy)."""
@@ -441,7 +452,8 @@ class CostModel:
             "embedding": elementwise_seconds(ew["embed"], self.bw, nbytes),
             "final_norm": elementwise_seconds(ew["norm"], self.bw, nbytes),
             "lm_head": self.lm_head_seconds(num_samples),
-            "cpu": self._cpu_step + self._cpu_req * num_requests,
+            "cpu": self.host_seconds(num_tokens, num_requests),
+            "cpu_exposed": self._exposed,
         }
         total = self.step_seconds(
             num_tokens,

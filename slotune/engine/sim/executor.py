@@ -78,6 +78,7 @@ class SimExecutor:
             config.block_size,
             self.stack,
             config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
             ep=self.ep,
             kv_cache_dtype=config.kv_cache_dtype,
         )

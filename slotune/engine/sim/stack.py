@@ -29,11 +29,16 @@ EAGER = "eager"
 
 @dataclass(frozen=True)
 class StackProfile:
-    """``host_step_us`` + ``host_per_request_us`` × scheduled requests is the host's work per
-    step; ``host_overlap`` of the shorter of it and the GPU's work hides behind the longer
-    (a step costs ``gpu + host − host_overlap × min(gpu, host)``: 1 is async scheduling,
-    ``max(gpu, host)``; 0 a synchronous engine, their sum). With ``cuda_graphs`` a step of at most
-    ``graph_max_tokens`` tokens (``0``: twice ``max_num_seqs``, capped at 512, as vLLM) runs
+    """``host_step_us`` + ``host_per_request_us`` × scheduled requests + ``host_per_token_us``
+    × scheduled tokens is the host's hideable work per step (scheduling, output processing,
+    detokenization); ``host_overlap`` of the shorter of it and the GPU's work hides behind
+    the longer (a step costs ``gpu + host − host_overlap × min(gpu, host)``: 1 is async
+    scheduling, ``max(gpu, host)``; 0 a synchronous engine, their sum). ``host_exposed_us``
+    is host work on the GPU's critical path that no overlap hides (building and copying the
+    step's inputs, launching the graph, the sampler's sync): every step pays it on top.
+    With ``cuda_graphs`` a step of at most ``graph_max_tokens`` tokens (``0``: twice
+    ``max_num_seqs``, capped at 512, as vLLM; either way no more than the step's token
+    budget, as vLLM caps ``max_cudagraph_capture_size`` by ``max_num_batched_tokens``) runs
     as a graph: its token count is padded to the next captured size and every kernel's fixed
     overhead is scaled by ``graph_overhead_scale``. ``request_in_us`` is a request's cost
     before the engine sees it, ``request_out_us`` after a token leaves the engine until the
@@ -50,6 +55,8 @@ class StackProfile:
     name: str = EAGER
     host_step_us: float | None = None
     host_per_request_us: float | None = None
+    host_per_token_us: float = 0.0
+    host_exposed_us: float = 0.0
     host_overlap: float = 0.0
     cuda_graphs: bool = False
     graph_max_tokens: int = 0
@@ -62,6 +69,8 @@ class StackProfile:
     allreduce_latency_us: float | None = None
     allreduce_eff: float | None = None
     note: str = ""
+    engine: str = ""
+    provenance: str = ""
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -78,6 +87,8 @@ class StackProfile:
             "request_out_us",
             "graph_overhead_scale",
             "decode_seq_layer_us",
+            "host_per_token_us",
+            "host_exposed_us",
         ):
             if not getattr(self, name) >= 0:
                 raise ValueError(
@@ -117,8 +128,63 @@ class StackProfile:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
 
 
+PARAMETER_RANGES: dict[str, tuple[float, float, str]] = {
+    "host_step_us": (
+        200.0,
+        4000.0,
+        "hideable host work per step (scheduler pass, output processing): vLLM V1 on a "
+        "server CPU, 0.3-2 ms",
+    ),
+    "host_per_request_us": (0.0, 40.0, "hideable host work per scheduled request"),
+    "host_per_token_us": (0.0, 2.0, "hideable host work per scheduled token"),
+    "host_exposed_us": (
+        100.0,
+        3000.0,
+        "host work per step the GPU waits for even with async scheduling (input tensors "
+        "built and copied, graph launch, sampler sync): 0.2-2.5 ms",
+    ),
+    "request_in_us": (
+        500.0,
+        15000.0,
+        "per request outside the engine loop (HTTP, tokenization, first chunk streamed)",
+    ),
+    "allreduce_latency_us": (
+        1.0,
+        30.0,
+        "per ring hop of one all-reduce (custom all-reduce over NVLink: 2-10 us)",
+    ),
+    "gpu_time_scale": (
+        0.9,
+        1.25,
+        "the engine's kernels against the isolated kernels the GPU profile measured",
+    ),
+    "decode_seq_layer_us": (
+        0.0,
+        1.0,
+        "engine work per decoding request and layer beside attention (KV write, metadata)",
+    ),
+    "graph_overhead_scale": (
+        0.02,
+        0.5,
+        "a kernel's fixed overhead replayed in a CUDA graph against launched eagerly",
+    ),
+}
+"""Each fitted stack constant: (low, high, what it is physically). ``calibration.from_runs``
+fits within these bounds; a fitted value on a bound is reported, not trusted."""
+
+
 def _given(value: float | None, default: float) -> float:
     return default if value is None else value
+
+
+def graph_max_tokens(stack: StackProfile, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """The largest captured CUDA-graph size: the stack's (or ``min(2 max_num_seqs, 512)``),
+    never above the step's token budget (vLLM's ``max_cudagraph_capture_size``); 0 without
+    graphs."""
+    if not stack.cuda_graphs:
+        return 0
+    cap = stack.graph_max_tokens or default_graph_max_tokens(max_num_seqs)
+    return max(1, min(cap, max_num_batched_tokens)) if max_num_batched_tokens > 0 else cap
 
 
 def graph_capture_sizes(max_tokens: int) -> tuple[int, ...]:
@@ -138,7 +204,7 @@ def default_graph_max_tokens(max_num_seqs: int) -> int:
 
 def stack_from_dict(data: dict[str, Any], where: str) -> StackProfile:
     known = {f.name for f in fields(StackProfile)}
-    unknown = sorted(set(data) - known - {"fitted_on", "fit"})
+    unknown = sorted(set(data) - known - {"fitted_on", "fit", "alias_of", "derived"})
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
     values = {k: v for k, v in data.items() if k in known}
@@ -178,4 +244,8 @@ def load_stack(name_or_path: str | None = None) -> StackProfile:
         raise ValueError(f"{path}: cannot read a stack profile ({e})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a stack profile is a JSON object")
+    target = data.get("alias_of")
+    if isinstance(target, str) and path.parent == STACK_DIR:
+        # an old name of a shipped profile: its values, under the name asked for
+        return replace(load_stack(target), name=str(data.get("name", path.stem)))
     return stack_from_dict(data, str(path))

@@ -1,0 +1,183 @@
+"""Single-knob sensitivity: how a change of one engine setting moves latency, measured
+against simulated.
+
+A tuner ranks configurations by their differences, so the simulator must move the right
+way when one knob moves. ``MEASURED_PAIRS`` are changes measured on real vLLM 0.15.1 on
+H100 in the BLIS sim-to-real study's held-out runs, as quoted in slotune issue 25: they are
+for checking only (no fit here ever sees them). ``simulate_pair`` replays one study-like
+workload (``study_workload``: inference-perf's shared-prefix load with its prompt pool)
+under both settings of a pair and returns the simulated change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slotune.engine.sim.profile import GpuProfile
+from slotune.engine.sim.stack import StackProfile, load_stack
+from slotune.workloads.trace import Trace, TraceRequest
+
+SOURCE = "BLIS sim-to-real study (vLLM 0.15.1, H100), held-out runs, as quoted in issue 25"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The engine settings one side of a pair changes."""
+
+    model: str
+    tp: int = 1
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass(frozen=True)
+class MeasuredPair:
+    """One knob changed from ``before`` to ``after``; the measured relative change of the
+    mean E2E and TTFT (``None`` where the source gives none; a tie is ``0`` with
+    ``tie=True``: the source says within ±2 %)."""
+
+    name: str
+    before: Setting
+    after: Setting
+    e2e: float | None
+    ttft: float | None = None
+    tie: bool = False
+    source: str = SOURCE
+
+
+# Llama-3.1-8B has Llama-3-8B's shapes (only its RoPE scaling and context differ).
+_L8 = "llama-3-8b"
+_MIX = "mixtral-8x7b"
+MEASURED_PAIRS = (
+    MeasuredPair(
+        "Llama-3.1-8B budget 2048 -> 1024",
+        Setting(_L8),
+        Setting(_L8, max_num_batched_tokens=1024),
+        0.11,
+        0.09,
+    ),
+    MeasuredPair("Llama-3.1-8B TP1 -> TP2", Setting(_L8), Setting(_L8, tp=2), -0.37, -0.27),
+    MeasuredPair("Mixtral-8x7B TP2 -> TP4", Setting(_MIX, tp=2), Setting(_MIX, tp=4), -0.44),
+    MeasuredPair(
+        "Llama-3.1-8B budget 2048 -> 8192",
+        Setting(_L8),
+        Setting(_L8, max_num_batched_tokens=8192),
+        0.0,
+        0.0,
+        tie=True,
+    ),
+    MeasuredPair(
+        "Mixtral-8x7B budget 2048 -> 8192",
+        Setting(_MIX, tp=2),
+        Setting(_MIX, tp=2, max_num_batched_tokens=8192),
+        0.0,
+        0.0,
+        tie=True,
+    ),
+    MeasuredPair(
+        "Llama-3.1-8B memory 0.90 -> 0.95",
+        Setting(_L8),
+        Setting(_L8, gpu_memory_utilization=0.95),
+        0.0,
+        0.0,
+        tie=True,
+    ),
+    MeasuredPair(
+        "Mixtral-8x7B memory 0.90 -> 0.95",
+        Setting(_MIX, tp=2),
+        Setting(_MIX, tp=2, gpu_memory_utilization=0.95),
+        0.0,
+        0.0,
+        tie=True,
+    ),
+)
+
+
+def study_workload(
+    rate: float = 8.0, duration_s: float = 90.0, seed: int = 0, output_len: int = 248
+) -> Trace:
+    """The study's "general" load: Poisson arrivals at ``rate``; 9 system prompts of 100
+    tokens shared round robin, a 447-token question; inference-perf's pool of 100 prompts
+    sent in turn (prompt ``k mod 100`` as request ``k``), ``output_len`` tokens decoded."""
+    rng = np.random.default_rng(seed)
+    n = max(1, int(rate * duration_s))
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    groups, pool, system, question = 9, 100, 100, 447
+    reqs = tuple(
+        TraceRequest(
+            request_id=f"r{k}",
+            prompt_len=system + question,
+            output_len=output_len,
+            arrival_time=float(arrivals[k]),
+            prompt_segments=((k % pool % groups, system), (groups + k % pool, question)),
+        )
+        for k in range(n)
+    )
+    return Trace(name=f"study-general-{rate:g}rps", requests=reqs, seed=seed)
+
+
+def simulate(
+    setting: Setting,
+    trace: Trace,
+    stack: StackProfile | str | None = None,
+    gpu: str | GpuProfile = "h100",
+) -> dict[str, float]:
+    """Mean TTFT, ITL and E2E (seconds) of ``trace`` under ``setting``."""
+    from slotune.engine.config import EngineConfig
+    from slotune.workloads.arrivals import ArrivalSpec
+    from slotune.workloads.metrics import request_metrics
+    from slotune.workloads.runner.engine_loop import run_simulated
+
+    stack = stack if isinstance(stack, StackProfile) else load_stack(stack)
+    config = EngineConfig(
+        max_num_batched_tokens=setting.max_num_batched_tokens,
+        max_num_seqs=setting.max_num_seqs,
+        max_model_len=4096,
+        gpu_memory_utilization=setting.gpu_memory_utilization,
+    )
+    result = run_simulated(
+        config,
+        trace,
+        gpu=gpu,
+        model=setting.model,
+        tp=setting.tp,
+        stack=stack,
+        arrivals=ArrivalSpec(timestamps=True),
+    )
+    m = request_metrics(result)
+    outs = np.array([r.output_len for r in trace.requests], dtype=float)
+    ok = np.isfinite(m["e2e"])
+    itl = (m["e2e"][ok] - m["ttft"][ok]) / np.maximum(outs[ok] - 1, 1)
+    return {
+        "ttft": float(np.mean(m["ttft"][ok])),
+        "itl": float(np.mean(itl)),
+        "e2e": float(np.mean(m["e2e"][ok])),
+    }
+
+
+def simulate_pair(
+    pair: MeasuredPair, trace: Trace | None = None, stack: StackProfile | str | None = None
+) -> dict[str, Any]:
+    """The simulated relative change of mean TTFT, ITL and E2E from ``pair.before`` to
+    ``pair.after`` on ``trace`` (default ``study_workload()``), beside the measured one."""
+    trace = trace or study_workload()
+    a, b = simulate(pair.before, trace, stack), simulate(pair.after, trace, stack)
+    out: dict[str, Any] = {"pair": pair.name, "tie": pair.tie}
+    for m in ("ttft", "itl", "e2e"):
+        out[f"{m}_sim"] = b[m] / a[m] - 1
+    out["e2e_meas"], out["ttft_meas"] = pair.e2e, pair.ttft
+    return out
+
+
+def direction_ok(measured: float, simulated: float, tie_band: float = 0.05) -> bool:
+    """Whether ``simulated`` moves as ``measured`` did: the same sign where the measured
+    change is beyond ±``tie_band``, within ±``tie_band`` where it is a tie."""
+    if abs(measured) <= 0.02:
+        return abs(simulated) <= tie_band
+    if abs(measured) <= tie_band:
+        return True  # too small to call a direction
+    return (simulated > 0) == (measured > 0) and abs(simulated) > 0.01
