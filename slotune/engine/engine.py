@@ -91,7 +91,8 @@ class Engine:
             config.block_size,
             config.prefix_caching,
         )
-        self.scheduler = Scheduler(config, self.kv_cache)
+        # an executor that cannot read tokens (the simulator) drafts its own
+        self.scheduler = Scheduler(config, self.kv_cache, getattr(executor, "propose_draft", None))
         if check_stretches is None:
             check_stretches = enabled_by_env()
         self._checker = StretchChecker(config, self.kv_cache) if check_stretches else None
@@ -393,6 +394,10 @@ class Engine:
             "steps": s.steps,
             "max_step_tokens": s.max_step_tokens,
             "stretch_steps": self.num_stretch_steps,
+            "spec_num_drafts": s.num_drafts,
+            "spec_num_draft_tokens": s.num_draft_tokens,
+            "spec_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_num_accepted_tokens_per_pos": list(s.num_accepted_tokens_per_pos),
         }
 
 
