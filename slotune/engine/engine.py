@@ -110,14 +110,23 @@ class Engine:
         stack: str | StackProfile | None = None,
         quantization: str | None = None,
         ep: int = 1,
+        spec_acceptance: float | None = None,
     ) -> Engine:
         """An engine on a simulated GPU: virtual step durations from the cost model of
         ``gpu`` and the serving ``stack`` (default: current vLLM V1); ``quantization``
-        overrides the model's weight format, ``ep`` is expert parallelism."""
+        overrides the model's weight format, ``ep`` is expert parallelism;
+        ``spec_acceptance`` the draft acceptance rate when speculation is on."""
         from slotune.engine.sim import SimExecutor
+        from slotune.engine.sim.speculative import NGRAM_ACCEPTANCE
 
         executor = SimExecutor(
-            gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+            gpu=gpu,
+            model=model,
+            tp=tp,
+            stack=stack,
+            quantization=quantization,
+            ep=ep,
+            spec_acceptance=NGRAM_ACCEPTANCE if spec_acceptance is None else spec_acceptance,
         )
         return cls(config, executor)
 

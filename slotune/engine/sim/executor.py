@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -13,6 +14,7 @@ from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
 from slotune.engine.sim.profile import GpuProfile, load_profile
+from slotune.engine.sim.speculative import NGRAM_ACCEPTANCE, check_acceptance, draw_accepted
 from slotune.engine.sim.stack import StackProfile, load_stack
 
 _MASK = 0xFFFFFFFF
@@ -36,6 +38,11 @@ class SimExecutor:
     around the kernels (a shipped stack name, a stack JSON path or a ``StackProfile``;
     default: current vLLM V1); ``quantization`` overrides the model's weight format;
     ``ep`` of the ``tp`` GPUs split a MoE model's experts.
+
+    With speculation on (``EngineConfig.num_speculative_tokens``) it drafts the tokens it
+    will sample and accepts each with probability ``spec_acceptance`` given the ones before
+    (``slotune.engine.sim.speculative``), drawn from a generator seeded with ``spec_seed``:
+    outputs are those without speculation, only the steps and their costs change.
     """
 
     def __init__(
@@ -47,7 +54,11 @@ class SimExecutor:
         *,
         quantization: str | None = None,
         ep: int = 1,
+        spec_acceptance: float = NGRAM_ACCEPTANCE,
+        spec_seed: int = 0,
     ) -> None:
+        self.spec_acceptance = check_acceptance(spec_acceptance)
+        self._spec_rng = random.Random(spec_seed)
         self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
         self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
@@ -89,9 +100,18 @@ class SimExecutor:
         num_decodes = context_sum = prefill_context = 0
         chunks: list[tuple[int, int]] = []
         sampled: dict[str, list[int]] = {}
+        spec = so.spec_token_ids
+        num_rows = len(samples)  # logits rows: one per sample, k + 1 per verifying request
         for rid, n in so.num_scheduled_tokens.items():
             req = requests[rid]
             prior = req.num_computed_tokens
+            if spec and rid in spec:  # k + 1 query tokens over one read of the context
+                num_decodes += 1
+                context_sum += prior + n
+                num_rows += n - 1
+                accepted = draw_accepted(self._spec_rng, self.spec_acceptance, len(spec[rid]))
+                sampled[rid] = self.sampled_tokens(req, len(req.all_token_ids), accepted + 1)
+                continue
             if n == 1:
                 num_decodes += 1
                 context_sum += prior + 1
@@ -114,7 +134,7 @@ class SimExecutor:
             sampled[rid] = [token]
         duration = self.cost_model.step_seconds(
             so.total_num_scheduled_tokens,
-            len(samples),
+            num_rows,
             len(so.num_scheduled_tokens),
             num_decodes,
             context_sum,
@@ -139,6 +159,11 @@ class SimExecutor:
         ``step_seconds`` itself (no swaps, no copies: the same arithmetic, to the bit),
         handed out once per stretch so that a step costs no extra call."""
         return self.cost_model.step_seconds
+
+    def propose_draft(self, request: Request, k: int) -> list[int]:
+        """A draft of ``k`` tokens: the ones it will sample (rejections are drawn in
+        ``execute``, so whatever it accepts, a request's tokens stay the same)."""
+        return self.sampled_tokens(request, len(request.all_token_ids), k)
 
     def sampled_token(self, request: Request, position: int, index: int = 0) -> int:
         """The token ``execute`` samples for ``request`` at ``position`` (its index in the

@@ -1,0 +1,80 @@
+"""Speculative decoding, priced: acceptance by position, and what it does to a decode step.
+
+The acceptance model is the standard one (Leviathan et al.): each draft token is accepted
+with probability ``alpha`` given that the ones before it were, so draft position ``i``
+(1-based) is accepted with probability ``alpha**i`` and a step with a ``k``-token draft
+appends ``1 + alpha + ... + alpha**k`` tokens on average. A verifying request is a
+decode with ``k + 1`` query tokens: ``k + 1`` tokens through the dense layers and the LM
+head, and one decode-attention read of its context (the draft's queries share it, as
+FlashAttention-style kernels read the KV once per query block), priced by the cost
+model's own ``step_seconds``, as ``SimExecutor`` prices it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from slotune.engine.sim.cost_model import CostModel
+
+NGRAM_ACCEPTANCE = 0.5
+"""Default ``alpha`` for n-gram drafts (see docs/BENCHMARKS.md, "Speculative decoding")."""
+
+
+def check_acceptance(alpha: float) -> float:
+    if not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"speculative acceptance rate: must be in [0, 1] (got {alpha!r})")
+    return float(alpha)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens a request appends per step with a ``k``-token draft: accepted ones plus one."""
+    return sum(alpha**i for i in range(k + 1))
+
+
+def draw_accepted(rng: random.Random, alpha: float, k: int) -> int:
+    """Accepted draft tokens of one step: leading successes of ``alpha`` trials, at most k."""
+    accepted = 0
+    while accepted < k and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+def decode_step_seconds(cost: CostModel, batch: int, context: int, k: int = 0) -> float:
+    """One step of ``batch`` decoding requests of ``context`` tokens each: plain (k=0), or
+    each verifying a ``k``-token draft (``k + 1`` query tokens, ``k + 1`` sampled rows)."""
+    n = k + 1
+    return cost.step_seconds(batch * n, batch * n, batch, batch, batch * (context + n))
+
+
+@dataclass(frozen=True)
+class SpecPoint:
+    """Steady decoding of ``batch`` requests, without and with speculation."""
+
+    batch: int
+    tpot_s: float  # without: one token per request per step
+    spec_tpot_s: float  # with: step time over expected tokens per step
+    throughput: float  # output tokens/s
+    spec_throughput: float
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_throughput / self.throughput
+
+
+def speculation_curve(
+    cost: CostModel, alpha: float, k: int, context: int, batches: list[int]
+) -> list[SpecPoint]:
+    """TPOT and throughput with and without ``k``-token speculation at each batch size."""
+    per_step = expected_tokens_per_step(alpha, k)
+    points = []
+    for b in batches:
+        plain = decode_step_seconds(cost, b, context)
+        spec = decode_step_seconds(cost, b, context, k)
+        points.append(SpecPoint(b, plain, spec / per_step, b / plain, b * per_step / spec))
+    return points
+
+
+def crossover_batch_size(points: list[SpecPoint]) -> int | None:
+    """The smallest batch from which speculation no longer pays (speed-up below 1)."""
+    return next((p.batch for p in points if p.speedup < 1.0), None)
