@@ -157,6 +157,40 @@ def _kv_dtype(engine: str, flag_value: dict[str, str], int4_note: str = "") -> R
     return rule
 
 
+def speculative_args(c: EngineConfig, engine: str) -> Flags:
+    """N-gram speculation (``num_speculative_tokens`` > 0) as ``engine`` takes it: vLLM's
+    ``--speculative-config`` JSON (prompt lookup, as slotune's), or SGLang's NGRAM flags,
+    whose draft count includes the verified token it drafts from and whose n-gram trie is
+    kept to one chain (breadth 1) like a prompt-lookup draft."""
+    k = c.num_speculative_tokens
+    if not k:
+        return Flags()
+    if engine == "vllm":
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": c.prompt_lookup_max,
+            "prompt_lookup_min": c.prompt_lookup_min,
+        }
+        return Flags(("--speculative-config", json.dumps(spec)))
+    return Flags(
+        (
+            "--speculative-algorithm",
+            "NGRAM",
+            "--speculative-num-draft-tokens",
+            str(k + 1),
+            "--speculative-ngram-min-match-window-size",
+            str(c.prompt_lookup_min),
+            "--speculative-ngram-max-match-window-size",
+            str(c.prompt_lookup_max),
+            "--speculative-ngram-max-bfs-breadth",
+            "1",
+        ),
+        "SGLang drafts n-grams from a cache of earlier tokens of all requests, not by prompt "
+        "lookup: its NGRAM algorithm is the nearest equivalent",
+    )
+
+
 _VLLM_KV = {"fp8": "fp8", "int8": "fp8", "int4": "fp8"}
 _SGLANG_KV = {"fp8": "fp8_e4m3", "int8": "fp8_e4m3", "int4": "fp8_e4m3"}
 
@@ -182,6 +216,12 @@ FLAGS: dict[str, dict[str, Rule]] = {
             "SGLang", _SGLANG_KV, "; its 4-bit fp4_e2m1 runs on Blackwell-class GPUs only"
         ),
     },
+    "num_speculative_tokens": {
+        "vllm": lambda _v, c: speculative_args(c, "vllm"),
+        "sglang": lambda _v, c: speculative_args(c, "sglang"),
+    },
+    "prompt_lookup_min": {"vllm": _none, "sglang": _none},  # in speculative_args
+    "prompt_lookup_max": {"vllm": _none, "sglang": _none},
 }
 """EngineConfig field -> engine -> rule. ``max_model_len`` is the trace's longest request,
 not a serving limit, so it is not exported (except where prefill-first needs it)."""

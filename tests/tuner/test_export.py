@@ -206,3 +206,37 @@ def test_quantization_is_read_from_a_local_checkpoint(tmp_path) -> None:
         json.dumps({"model_type": "llama4", "quantization_config": quant})
     )
     assert "--quantization compressed-tensors" in export(b, "vllm")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_speculation_off_adds_no_flag(engine: str) -> None:
+    assert "speculative" not in export(best(), engine)
+
+
+def test_vllm_speculative_config_is_ngram_json() -> None:
+    config = EngineConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=3)
+    args, comments = engine_args(config, "vllm")
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2,
+    }
+    assert not comments
+    text = export(best(num_speculative_tokens=4), "vllm")
+    assert """--speculative-config '{"method": "ngram", "num_speculative_tokens": 4""" in text
+
+
+def test_sglang_speculative_flags() -> None:
+    config = EngineConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=3)
+    args, comments = engine_args(config, "sglang")
+    text = " ".join(args)
+    for piece in (
+        "--speculative-algorithm NGRAM",
+        "--speculative-num-draft-tokens 5",
+        "--speculative-ngram-min-match-window-size 2",
+        "--speculative-ngram-max-match-window-size 3",
+    ):
+        assert piece in text
+    assert any("NGRAM" in c for c in comments)
