@@ -100,3 +100,23 @@ def test_speculation_pays_at_small_batches_and_costs_at_large_ones() -> None:
 def test_a_bad_acceptance_rate_is_refused() -> None:
     with pytest.raises(ValueError, match="acceptance rate"):
         SimExecutor("h100", "llama-3-8b", spec_acceptance=1.5)
+
+
+def test_the_runner_times_every_token_of_a_speculative_step() -> None:
+    from slotune.workloads import load_trace
+    from slotune.workloads.runner.engine_loop import run_simulated
+    from slotune.workloads.trace import default_max_model_len
+
+    trace = load_trace("agent").repeat_to(3)
+    results = {}
+    for k in (0, 4):
+        config = EngineConfig(max_model_len=default_max_model_len(trace), num_speculative_tokens=k)
+        results[k] = run_simulated(config, trace).requests
+    plain, spec = results[0], results[4]
+    assert list(spec["output_tokens"]) == list(plain["output_tokens"])
+    columns = (spec["token_times"], spec["output_tokens"], spec["finish_time"])
+    for times, n, finish in zip(*columns, strict=True):
+        assert len(times) == n and list(times) == sorted(times) and times[-1] == finish
+    assert (spec["finish_time"] - spec["arrival_time"]).sum() < (
+        plain["finish_time"] - plain["arrival_time"]
+    ).sum()
