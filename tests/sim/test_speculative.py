@@ -120,3 +120,41 @@ def test_the_runner_times_every_token_of_a_speculative_step() -> None:
     assert (spec["finish_time"] - spec["arrival_time"]).sum() < (
         plain["finish_time"] - plain["arrival_time"]
     ).sum()
+
+
+def test_a_draft_model_adds_its_decode_steps_and_pulls_the_crossover_in() -> None:
+    from slotune.engine.sim.speculative import draft_seconds
+
+    cost = SimExecutor("h100", "llama-3-70b", tp=4).cost_model
+    draft = SimExecutor("h100", "llama-3-8b", tp=4).cost_model
+    batches = [1, 4, 16, 64, 256]
+    free = speculation_curve(cost, 0.5, 4, 1000, batches)
+    drafted = speculation_curve(cost, 0.5, 4, 1000, batches, draft)
+    for f, d in zip(free, drafted, strict=True):
+        assert d.spec_tpot_s > f.spec_tpot_s and d.tpot_s == f.tpot_s
+    gap = decode_step_seconds(cost, 8, 1000, 4, draft) - decode_step_seconds(cost, 8, 1000, 4)
+    passes = [draft.gpu_step_seconds(8, 8, 8, 8 * (1001 + j)) for j in range(4)]
+    assert gap == pytest.approx(sum(passes))
+    assert all(p < draft.decode_step_seconds(8, 8 * (1001 + j)) for j, p in enumerate(passes))
+    assert gap == draft_seconds(draft, 8, 8 * 1001, 4)
+    crossover_free = crossover_batch_size(free)
+    crossover_drafted = crossover_batch_size(drafted)
+    assert crossover_free is not None and crossover_drafted is not None
+    assert crossover_drafted <= crossover_free
+
+
+def test_a_simulated_draft_model_slows_every_drafted_step() -> None:
+    def total(draft_model: str | None) -> float:
+        config = EngineConfig(num_speculative_tokens=3, max_num_batched_tokens=512)
+        executor = SimExecutor("h100", "llama-3-70b", 4, spec_draft_model=draft_model)
+        engine = Engine(config, executor)
+        for i in range(4):
+            prompt = list(range(100 + i, 300 + i))
+            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+        seconds = 0.0
+        while engine.has_unfinished_requests():
+            engine.step()
+            seconds += engine.last_step.duration_s  # type: ignore[union-attr]
+        return seconds
+
+    assert total("llama-3-8b") > total(None)

@@ -14,7 +14,12 @@ from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
 from slotune.engine.sim.profile import GpuProfile, load_profile
-from slotune.engine.sim.speculative import NGRAM_ACCEPTANCE, check_acceptance, draw_accepted
+from slotune.engine.sim.speculative import (
+    NGRAM_ACCEPTANCE,
+    check_acceptance,
+    draft_seconds,
+    draw_accepted,
+)
 from slotune.engine.sim.stack import StackProfile, load_stack
 
 _MASK = 0xFFFFFFFF
@@ -43,6 +48,8 @@ class SimExecutor:
     will sample and accepts each with probability ``spec_acceptance`` given the ones before
     (``slotune.engine.sim.speculative``), drawn from a generator seeded with ``spec_seed``:
     outputs are those without speculation, only the steps and their costs change.
+    ``spec_draft_model`` (a catalogue name or config.json) prices the drafts as that model's
+    decode steps on the same GPUs; without one they are free (n-gram).
     """
 
     def __init__(
@@ -56,9 +63,12 @@ class SimExecutor:
         ep: int = 1,
         spec_acceptance: float = NGRAM_ACCEPTANCE,
         spec_seed: int = 0,
+        spec_draft_model: str | None = None,
     ) -> None:
         self.spec_acceptance = check_acceptance(spec_acceptance)
         self._spec_rng = random.Random(spec_seed)
+        self.draft_model = None if spec_draft_model is None else get_model(spec_draft_model)
+        self.draft_cost: CostModel | None = None
         self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
         self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
@@ -92,6 +102,10 @@ class SimExecutor:
             kv_cache_dtype=config.kv_cache_dtype,
         )
         self.capacity = capacity
+        if self.draft_model is not None:
+            self.draft_cost = CostModel(
+                self.profile, self.draft_model, self.tp, config.block_size, self.stack
+            )
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         so = scheduler_output
@@ -102,12 +116,14 @@ class SimExecutor:
         sampled: dict[str, list[int]] = {}
         spec = so.spec_token_ids
         num_rows = len(samples)  # logits rows: one per sample, k + 1 per verifying request
+        draft_context = 0
         for rid, n in so.num_scheduled_tokens.items():
             req = requests[rid]
             prior = req.num_computed_tokens
             if spec and rid in spec:  # k + 1 query tokens over one read of the context
                 num_decodes += 1
                 context_sum += prior + n
+                draft_context += prior + 1
                 num_rows += n - 1
                 accepted = draw_accepted(self._spec_rng, self.spec_acceptance, len(spec[rid]))
                 sampled[rid] = self.sampled_tokens(req, len(req.all_token_ids), accepted + 1)
@@ -142,6 +158,9 @@ class SimExecutor:
             len(so.swap_out) + len(so.swap_in),
             len(so.copy_on_write),
         )
+        if spec and self.draft_cost is not None:
+            depth = max(len(d) for d in spec.values())  # the draft model runs this many steps
+            duration += draft_seconds(self.draft_cost, len(spec), draft_context, depth)
         for rid in so.finished_request_ids:
             seeds.pop(rid, None)
         return ExecutorOutput(

@@ -7,7 +7,9 @@ appends ``1 + alpha + ... + alpha**k`` tokens on average. A verifying request is
 decode with ``k + 1`` query tokens: ``k + 1`` tokens through the dense layers and the LM
 head, and one decode-attention read of its context (the draft's queries share it, as
 FlashAttention-style kernels read the KV once per query block), priced by the cost
-model's own ``step_seconds``, as ``SimExecutor`` prices it.
+model's own ``step_seconds``, as ``SimExecutor`` prices it. A draft model adds ``k``
+decode steps of its own over the same batch (``draft_seconds``); its KV cache, which
+cannot share the target's, is not taken from the target's pool here.
 """
 
 from __future__ import annotations
@@ -44,11 +46,26 @@ def draw_accepted(rng: random.Random, alpha: float, k: int) -> int:
     return accepted
 
 
-def decode_step_seconds(cost: CostModel, batch: int, context: int, k: int = 0) -> float:
+def draft_seconds(draft: CostModel, batch: int, context_sum: int, k: int) -> float:
+    """A draft model proposing ``k`` tokens for ``batch`` requests that read
+    ``context_sum`` tokens together: ``k`` decode forward passes on the GPU (inside the
+    target's step: no host cost of their own), the context growing by one each."""
+    return sum(
+        draft.gpu_step_seconds(batch, batch, batch, context_sum + j * batch) for j in range(k)
+    )
+
+
+def decode_step_seconds(
+    cost: CostModel, batch: int, context: int, k: int = 0, draft: CostModel | None = None
+) -> float:
     """One step of ``batch`` decoding requests of ``context`` tokens each: plain (k=0), or
-    each verifying a ``k``-token draft (``k + 1`` query tokens, ``k + 1`` sampled rows)."""
+    each verifying a ``k``-token draft (``k + 1`` query tokens, ``k + 1`` sampled rows),
+    after ``draft`` proposed it (None: n-gram drafts, free)."""
     n = k + 1
-    return cost.step_seconds(batch * n, batch * n, batch, batch, batch * (context + n))
+    t = cost.step_seconds(batch * n, batch * n, batch, batch, batch * (context + n))
+    if draft is not None and k:
+        t += draft_seconds(draft, batch, batch * (context + 1), k)
+    return t
 
 
 @dataclass(frozen=True)
@@ -67,14 +84,19 @@ class SpecPoint:
 
 
 def speculation_curve(
-    cost: CostModel, alpha: float, k: int, context: int, batches: list[int]
+    cost: CostModel,
+    alpha: float,
+    k: int,
+    context: int,
+    batches: list[int],
+    draft: CostModel | None = None,
 ) -> list[SpecPoint]:
     """TPOT and throughput with and without ``k``-token speculation at each batch size."""
     per_step = expected_tokens_per_step(alpha, k)
     points = []
     for b in batches:
         plain = decode_step_seconds(cost, b, context)
-        spec = decode_step_seconds(cost, b, context, k)
+        spec = decode_step_seconds(cost, b, context, k, draft)
         points.append(SpecPoint(b, plain, spec / per_step, b / plain, b * per_step / spec))
     return points
 
