@@ -1,4 +1,4 @@
-"""Speculative decoding: n-gram (prompt lookup) drafts and their greedy verification.
+"""Speculative decoding: n-gram (prompt lookup) drafts and their verification.
 
 Named after vLLM V1's ``NgramProposer`` and ``RejectionSampler``. A decoding request with
 a draft of ``k`` tokens is scheduled ``1 + k`` tokens (its last sampled token and the
@@ -6,6 +6,8 @@ draft); the executor samples at every one of those ``1 + k`` positions and keeps
 draft's longest prefix that the model itself would have sampled, plus one more token (the
 model's own at the first mismatch, or the "bonus" token after a fully accepted draft). So
 a greedy output is exactly the output without speculation, one to ``k + 1`` tokens a step.
+A sampled request's draft goes through rejection sampling instead, which keeps each
+token's distribution (not the draws of a seeded request: they differ from a run without).
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ def ngram_propose(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int
 
 
 class NgramProposer:
-    """Prompt lookup over a request's prompt and output so far, for greedy requests only
-    (a sampled request would need rejection sampling against the draft; it gets none)."""
+    """Prompt lookup over a request's prompt and output so far."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
@@ -52,9 +53,11 @@ class NgramProposer:
 
 
 def speculates(request: Request) -> bool:
-    """Requests that may get drafts: greedy, one completion, no logprobs asked."""
+    """Requests that may get drafts: one completion, no top logprobs asked. A greedy one is
+    verified by ``verified``; a sampled one by rejection sampling
+    (``Sampler.speculative_sample``)."""
     p = request.sampling_params
-    return p.greedy and p.n == 1 and not p.logprobs
+    return p.n == 1 and not p.logprobs
 
 
 def num_accepted(draft: Sequence[int], target: Sequence[int]) -> int:

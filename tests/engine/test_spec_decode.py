@@ -57,15 +57,14 @@ def test_verification_keeps_the_accepted_prefix_and_one_more() -> None:
     assert verified([3], [8, 6]) == [8]
 
 
-def test_only_greedy_single_requests_without_logprobs_get_ngram_drafts() -> None:
+def test_only_single_completions_without_top_logprobs_get_ngram_drafts() -> None:
     from slotune.engine.request import Request
 
     propose = NgramProposer(1, 2)
     prompt = [1, 2, 3, 1, 2]
-    greedy = Request("a", prompt, SamplingParams(temperature=0.0))
-    assert propose(greedy, 2) == [3, 1]
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=5)):
+        assert propose(Request("a", prompt, params), 2) == [3, 1]
     for params in (
-        SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.0, logprobs=2),
         SamplingParams(temperature=0.0, n=2),
     ):

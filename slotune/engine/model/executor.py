@@ -163,6 +163,14 @@ class TorchExecutor:
             batch, rows = self._prepare(scheduler_output)
             logits = self.model(batch, self._kv[0], self._kv[1], self.backend)
             spec = scheduler_output.spec_token_ids
+            drawn = {r.request_id for r in rows if r.request_id in spec and not r.params.greedy}
+            if drawn:  # sampled requests' drafts go through rejection sampling
+                for rid in drawn:
+                    at = [i for i, r in enumerate(rows) if r.request_id == rid]
+                    result = self.sampler.speculative_sample(logits[at], spec[rid], rows[at[0]])
+                    sampled[rid], logprobs[rid] = result.token_ids, result.logprobs
+                keep = [i for i, r in enumerate(rows) if r.request_id not in drawn]
+                rows, logits = [rows[i] for i in keep], logits[keep]
             for row, result in zip(rows, self.sampler.sample(logits, rows), strict=True):
                 rid = row.request_id
                 if spec and rid in spec:  # one row per position: collect, verify below
@@ -174,6 +182,8 @@ class TorchExecutor:
                 if result.top_logprobs is not None:
                     top_logprobs[rid] = result.top_logprobs
             for rid, draft in spec.items():
+                if rid in drawn:
+                    continue
                 sampled[rid] = verified(draft, sampled[rid])
                 logprobs[rid] = logprobs[rid][: len(sampled[rid])]
         if self.device.type == "cuda":
