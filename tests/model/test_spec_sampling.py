@@ -16,11 +16,13 @@ from slotune.engine.model.sampler import Sampler, SampleRow
 DRAWS = 12_000
 
 
-def _draws(logits: torch.Tensor, draft: list[int], params: SamplingParams) -> list[list[int]]:
+def _draws(
+    logits: torch.Tensor, draft: list[int], params: SamplingParams, n: int = DRAWS
+) -> list[list[int]]:
     sampler = Sampler()
     row = SampleRow("r", params, 1)
     torch.manual_seed(0)
-    return [sampler.speculative_sample(logits, draft, row).token_ids for _ in range(DRAWS)]
+    return [sampler.speculative_sample(logits, draft, row).token_ids for _ in range(n)]
 
 
 def test_each_token_is_distributed_as_without_a_draft() -> None:
@@ -43,7 +45,7 @@ def test_each_token_is_distributed_as_without_a_draft() -> None:
 
 def test_top_k_bounds_what_is_accepted_and_drawn() -> None:
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
-    draws = _draws(logits, [3], SamplingParams(temperature=1.0, top_k=2))
+    draws = _draws(logits, [3], SamplingParams(temperature=1.0, top_k=2), n=1000)
     assert all(d[0] in (0, 1) for d in draws)  # draft token 3 is outside the top 2
     assert all(len(d) == 1 for d in draws)
 
