@@ -101,6 +101,9 @@ def bench(
     gpu_memory_utilization: eo.GpuMemoryUtilization = None,
     swap_space_gb: eo.SwapSpace = None,
     kv_cache_dtype: eo.KVCacheDtype = None,
+    num_speculative_tokens: eo.NumSpeculativeTokens = None,
+    prompt_lookup_min: eo.PromptLookupMin = None,
+    prompt_lookup_max: eo.PromptLookupMax = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[

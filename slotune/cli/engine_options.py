@@ -43,6 +43,16 @@ Quantization = Annotated[
 ExpertParallel = Annotated[
     int, opt("--ep", "Expert-parallel GPUs among --tp for a MoE model (sim; 1 = experts TP).")
 ]
+NumSpeculativeTokens = Annotated[
+    int | None,
+    opt("--num-speculative-tokens", "Prompt-lookup (n-gram) draft tokens per step (0 = off)."),
+]
+PromptLookupMin = Annotated[
+    int | None, opt("--prompt-lookup-min", "Shortest n-gram a draft is looked up by.")
+]
+PromptLookupMax = Annotated[
+    int | None, opt("--prompt-lookup-max", "Longest n-gram a draft is looked up by.")
+]
 ConfigJson = Annotated[
     str | None,
     opt(
@@ -65,6 +75,9 @@ ENGINE_FLAGS = (
     "gpu_memory_utilization",
     "swap_space_gb",
     "kv_cache_dtype",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
 )
 
 

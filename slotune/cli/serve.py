@@ -65,6 +65,9 @@ def serve(
     gpu_memory_utilization: eo.GpuMemoryUtilization = None,
     swap_space_gb: eo.SwapSpace = None,
     kv_cache_dtype: eo.KVCacheDtype = None,
+    num_speculative_tokens: eo.NumSpeculativeTokens = None,
+    prompt_lookup_min: eo.PromptLookupMin = None,
+    prompt_lookup_max: eo.PromptLookupMax = None,
     config: eo.ConfigJson = None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.

@@ -28,6 +28,9 @@ class EngineConfig:
     ``long_prefill_token_threshold`` 0 means off. ``num_gpu_blocks`` overrides the pool
     size the executor would derive from ``gpu_memory_utilization``. ``kv_cache_dtype``
     stores the KV cache in the model's dtype (``auto``) or quantized (see ``kv_dtype``).
+    ``num_speculative_tokens`` > 0 turns on n-gram speculation (prompt lookup of
+    ``prompt_lookup_min``..``prompt_lookup_max`` tokens, vLLM's defaults; see
+    ``slotune.engine.spec_decode``); 0 is off.
     """
 
     max_num_batched_tokens: int = 2048
@@ -42,6 +45,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int | None = None
     kv_cache_dtype: KVCacheDtype = "auto"
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,6 +89,16 @@ class EngineConfig:
             _fail("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}", self.kv_cache_dtype)
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             _fail("num_gpu_blocks", "must be at least 1 when set", self.num_gpu_blocks)
+        if self.num_speculative_tokens < 0:
+            _fail(
+                "num_speculative_tokens", "must be 0 (off) or positive", self.num_speculative_tokens
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            _fail(
+                "prompt_lookup_min",
+                f"must be at least 1 and at most prompt_lookup_max={self.prompt_lookup_max}",
+                self.prompt_lookup_min,
+            )
         if self.policy == "prefill_first" and self.long_prefill_token_threshold:
             _fail(
                 "long_prefill_token_threshold",
@@ -123,5 +139,8 @@ _INT_FIELDS = frozenset(
         "max_num_seqs",
         "max_model_len",
         "num_gpu_blocks",
+        "num_speculative_tokens",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
     }
 )

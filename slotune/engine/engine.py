@@ -91,7 +91,8 @@ class Engine:
             config.block_size,
             config.prefix_caching,
         )
-        self.scheduler = Scheduler(config, self.kv_cache)
+        # an executor that cannot read tokens (the simulator) drafts its own
+        self.scheduler = Scheduler(config, self.kv_cache, getattr(executor, "propose_draft", None))
         if check_stretches is None:
             check_stretches = enabled_by_env()
         self._checker = StretchChecker(config, self.kv_cache) if check_stretches else None
@@ -109,14 +110,23 @@ class Engine:
         stack: str | StackProfile | None = None,
         quantization: str | None = None,
         ep: int = 1,
+        spec_acceptance: float | None = None,
     ) -> Engine:
         """An engine on a simulated GPU: virtual step durations from the cost model of
         ``gpu`` and the serving ``stack`` (default: current vLLM V1); ``quantization``
-        overrides the model's weight format, ``ep`` is expert parallelism."""
+        overrides the model's weight format, ``ep`` is expert parallelism;
+        ``spec_acceptance`` the draft acceptance rate when speculation is on."""
         from slotune.engine.sim import SimExecutor
+        from slotune.engine.sim.speculative import NGRAM_ACCEPTANCE
 
         executor = SimExecutor(
-            gpu=gpu, model=model, tp=tp, stack=stack, quantization=quantization, ep=ep
+            gpu=gpu,
+            model=model,
+            tp=tp,
+            stack=stack,
+            quantization=quantization,
+            ep=ep,
+            spec_acceptance=NGRAM_ACCEPTANCE if spec_acceptance is None else spec_acceptance,
         )
         return cls(config, executor)
 
@@ -394,6 +404,10 @@ class Engine:
             "steps": s.steps,
             "max_step_tokens": s.max_step_tokens,
             "stretch_steps": self.num_stretch_steps,
+            "spec_num_drafts": s.num_drafts,
+            "spec_num_draft_tokens": s.num_draft_tokens,
+            "spec_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_num_accepted_tokens_per_pos": list(s.num_accepted_tokens_per_pos),
         }
 
 

@@ -38,6 +38,7 @@ from slotune.engine.rules import (
     running_chunk,
 )
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.spec_decode import NgramProposer, Proposer
 
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
@@ -86,7 +87,11 @@ class Scheduler:
     with preempted and swapped requests put back at its front.
     """
 
-    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, kv_cache: KVCacheManager, propose: Proposer | None = None
+    ) -> None:
+        """``propose`` drafts tokens when ``config.num_speculative_tokens`` > 0 (default:
+        n-gram prompt lookup)."""
         self.config = config
         self.kv_cache = kv_cache
         self.block_size = config.block_size
@@ -106,6 +111,16 @@ class Scheduler:
         self.num_swap_ins = 0
         self.steps = 0
         self.max_step_tokens = 0
+        self.num_spec = config.num_speculative_tokens
+        self.propose: Proposer | None = None
+        if self.num_spec:
+            self.propose = propose or NgramProposer(
+                config.prompt_lookup_min, config.prompt_lookup_max
+            )
+        self.num_drafts = 0  # vLLM's SpecDecodingStats
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_accepted_tokens_per_pos = [0] * self.num_spec
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -174,6 +189,11 @@ class Scheduler:
             rid = req.request_id
             has_output = bool(req.output_token_ids)
             if is_decoding(n, has_output):  # the hot path
+                if self.propose is not None:
+                    drafted = self._schedule_draft(req, out, budget)
+                    if drafted:
+                        budget -= drafted
+                        continue
                 # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (
                     kv.allocate_slots(req, 1) or self._make_room(req, 1, out)
@@ -198,6 +218,29 @@ class Scheduler:
             budget -= n
         out.num_prefill_tokens += prefill
         return budget
+
+    def _schedule_draft(self, req: Request, out: SchedulerOutput, budget: int) -> int:
+        """Schedule decoding ``req`` with a draft: its tokens (1 + draft), or 0 for none (no
+        draft, or no room for one without preempting: it decodes plainly)."""
+        assert self.propose is not None
+        num_tokens = len(req.all_token_ids)
+        k = min(
+            self.num_spec,
+            budget - 1,
+            self.threshold - 1,  # vLLM caps a drafted step by the long prefill threshold too
+            req.max_num_tokens - num_tokens - 1,  # a step appends up to k + 1 tokens
+            self.max_model_len - num_tokens,
+        )
+        if k <= 0:
+            return 0
+        draft = self.propose(req, k)
+        if not draft or not self.kv_cache.allocate_slots(req, 1 + len(draft)):
+            return 0
+        rid = req.request_id
+        out.num_scheduled_tokens[rid] = 1 + len(draft)
+        out.num_samples[rid] = 1
+        out.spec_token_ids[rid] = draft
+        return 1 + len(draft)
 
     def _make_room(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Preempt the most recently admitted running requests until ``req`` fits.
@@ -354,8 +397,14 @@ class Scheduler:
         logprobs = result.logprobs
         finished: list[tuple[Request, RequestStatus]] = []
         take_token_ = take_token
+        spec = out.spec_token_ids
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
+            if spec and rid in spec:
+                n = self._take_verified(req, spec[rid], result, outputs, finished)
+                if caching and fills_block(req.num_computed_tokens, n, bs):
+                    uncommitted[rid] = req
+                continue
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             if caching and fills_block(computed, n, bs):
@@ -380,6 +429,47 @@ class Scheduler:
                 self.finish(req, status)
             self.drop_finished()
         return outputs
+
+    def _take_verified(
+        self,
+        req: Request,
+        draft: list[int],
+        result: ExecutorOutput,
+        outputs: list[RequestOutput],
+        finished: list[tuple[Request, RequestStatus]],
+    ) -> int:
+        """Append the verified tokens of a drafted step; roll back the KV of the rejected
+        ones (only verified tokens count as computed, so only they can reach the prefix
+        cache). Returns how many tokens' KV the step kept."""
+        rid = req.request_id
+        tokens = result.sampled_token_ids.get(rid)
+        if not tokens or len(tokens) > len(draft) + 1 or tokens[:-1] != draft[: len(tokens) - 1]:
+            raise RuntimeError(
+                f"executor returned {tokens!r} for request {rid!r} with draft {draft!r}; "
+                "expected the accepted draft prefix and one more token"
+            )
+        accepted = len(tokens) - 1
+        self.num_drafts += 1
+        self.num_draft_tokens += len(draft)
+        self.num_accepted_tokens += accepted
+        for pos in range(accepted):
+            self.num_accepted_tokens_per_pos[pos] += 1
+        before = req.num_computed_tokens
+        appended: list[int] = []
+        reason = None
+        for token in tokens:
+            appended.append(token)
+            reason = take_token(req, token, finished).finish_reason
+            if reason is not None:
+                break
+        req.num_computed_tokens = len(req.all_token_ids) - 1  # the last one has no KV yet
+        self.kv_cache.rollback(req)
+        output = request_output(req, appended, reason)
+        logprobs = result.logprobs.get(rid)
+        if logprobs:
+            output.logprobs = logprobs[: len(appended)]
+        outputs.append(output)
+        return req.num_computed_tokens - before
 
     def _sample_slow(
         self,

@@ -26,6 +26,9 @@ class SchedulerOutput:
     ``requests`` and ``block_tables`` are live views owned by the scheduler and the KV-cache
     manager: index them with the ids of ``num_scheduled_tokens`` during ``execute`` (they
     may hold other requests too, and change after the step); copy what you keep.
+    ``spec_token_ids[rid]`` is the draft of a decoding request that speculates: its
+    scheduled tokens are its last token then the draft, and the executor samples at each of
+    them and returns the verified tokens (``slotune.engine.spec_decode.verified``).
     ``resumed_request_ids`` names requests that were preempted before (recompute: they
     restart from a prefix-cache hit or token 0; swap: their blocks come back through
     ``swap_in``).
@@ -37,6 +40,7 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0  # of the total: tokens of requests still in a (re)prefill
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     num_samples: dict[str, int] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     new_request_ids: list[str] = field(default_factory=list)
     resumed_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)

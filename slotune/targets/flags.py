@@ -60,6 +60,28 @@ def _kv(values: dict[str, str]) -> Rule:
     return lambda v, _c, _l: () if v == "auto" else ("--kv-cache-dtype", values[v])
 
 
+def _vllm_speculation(k: int, c: EngineConfig, _l: Launch) -> tuple[str, ...]:
+    """Prompt-lookup (n-gram) speculation, as slotune runs it: vLLM's ``ngram`` method."""
+    if not k:
+        return ()
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": c.prompt_lookup_max,
+        "prompt_lookup_min": c.prompt_lookup_min,
+    }
+    return ("--speculative-config", json.dumps(spec))
+
+
+def _sglang_speculation(k: int, _c: EngineConfig, _l: Launch) -> tuple[str, ...]:
+    if k:
+        raise ExportRefused(
+            "SGLang's NGRAM speculation drafts from a cache of every request's tokens, not "
+            "by prompt lookup as slotune measured: tune for SGLang without speculation"
+        )
+    return ()
+
+
 def _sglang_budget(v: int, c: EngineConfig, _l: Launch) -> tuple[str, ...]:
     """``--chunked-prefill-size`` caps a whole step's prefill: the budget, or -1 (no
     chunks) for prefill-first; ``--max-prefill-tokens`` the same budget."""
@@ -119,6 +141,9 @@ _SLOTUNE_FLAG = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "num_gpu_blocks": "--num-gpu-blocks",
     "kv_cache_dtype": "--kv-cache-dtype",
+    "num_speculative_tokens": "--num-speculative-tokens",
+    "prompt_lookup_min": "--prompt-lookup-min",
+    "prompt_lookup_max": "--prompt-lookup-max",
 }
 
 V15, V34, SGL, SLO = "vllm==0.15", "vllm==0.34", "sglang==0.5.23", "slotune"
@@ -195,6 +220,25 @@ FLAGS: dict[str, dict[str, Rule]] = {
         V34: _kv({"fp8": "fp8", "int8": "int8_per_token_head", "int4": "int4_per_token_head"}),
         SGL: _kv({"fp8": "fp8_e4m3"}),
         SLO: _value(_SLOTUNE_FLAG["kv_cache_dtype"]),
+    },
+    "num_speculative_tokens": {
+        V15: _vllm_speculation,
+        V34: _vllm_speculation,
+        SGL: _sglang_speculation,
+        SLO: _value(_SLOTUNE_FLAG["num_speculative_tokens"]),
+    },
+    # vLLM carries them in num_speculative_tokens' JSON
+    "prompt_lookup_min": {
+        V15: _none,
+        V34: _none,
+        SGL: _none,
+        SLO: _value(_SLOTUNE_FLAG["prompt_lookup_min"]),
+    },
+    "prompt_lookup_max": {
+        V15: _none,
+        V34: _none,
+        SGL: _none,
+        SLO: _value(_SLOTUNE_FLAG["prompt_lookup_max"]),
     },
 }
 """EngineConfig field -> target name -> rule."""

@@ -11,6 +11,7 @@ fixes or narrows any of them, or fixes any other field::
     prefix_caching: [hash, radix]                     # choose among
     long_prefill_token_threshold: off                 # fix (0 and "off" mean off)
     gpu_memory_utilization: 0.85                      # fix a field that is not searched
+    num_speculative_tokens: [0, 2, 4]                 # opt in: n-gram speculation (0 = off)
 
 Conditional knobs are Optuna conditionals, so every trial is a valid ``EngineConfig``:
 the long-prefill threshold exists only under the chunked policy (a gate picks off or on,
@@ -50,6 +51,7 @@ _SEARCH_ORDER = (
     "preemption_mode",
     "prefix_caching",
     "kv_cache_dtype",
+    "num_speculative_tokens",  # off (fixed at 0) unless a search file opts in
 )
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
@@ -150,6 +152,7 @@ def default_params(
         "prefix_caching": Param("prefix_caching", values=tuple(values["prefix_caching"])),
         "policy": Param("policy", values=tuple(values["policy"])),
         "kv_cache_dtype": Param("kv_cache_dtype", values=kv),
+        "num_speculative_tokens": Param("num_speculative_tokens", values=(0,)),
     }
 
 
@@ -321,6 +324,9 @@ class SearchSpace:
         if "kv_cache_dtype" not in params:  # a space stored before the knob was searched
             kv = fixed.pop("kv_cache_dtype", "auto")
             params["kv_cache_dtype"] = Param("kv_cache_dtype", values=(kv,))
+        if "num_speculative_tokens" not in params:
+            spec = fixed.pop("num_speculative_tokens", 0)
+            params["num_speculative_tokens"] = Param("num_speculative_tokens", values=(spec,))
         return cls(params, fixed, bool(data.get("budget_ge_seqs", False)))
 
 
@@ -471,6 +477,8 @@ def _check_value(
         return value
     if name == "long_prefill_token_threshold" and (value is False or value in ("off", 0)):
         return 0
+    if name == "num_speculative_tokens" and _is_int(value) and value == 0:
+        return 0
     if not _is_int(value) or value < 1:
         raise SearchSpaceError(f"{at}: {value!r} is not a positive integer")
     if name == "block_size" and value & (value - 1):
@@ -522,6 +530,8 @@ def describe(space: SearchSpace) -> dict[str, str]:
     out = {}
     for name in _SEARCH_ORDER:
         p = space.params[name]
+        if name == "num_speculative_tokens" and p.values == (0,):
+            continue  # off, as before the knob existed
         if p.is_range:
             scale = "log" if p.log else "linear"
             step = f", step {p.step}" if p.step > 1 else ""

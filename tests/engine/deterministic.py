@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput, KVCacheCapacity
+from slotune.engine.request import Request
 from slotune.engine.scheduler_output import SchedulerOutput
+from slotune.engine.spec_decode import verified
 
 VOCAB = 50_000
 
@@ -63,7 +65,14 @@ class DeterministicExecutor:
         for rid, k in so.num_samples.items():
             req = so.requests[rid]
             position = req.num_computed_tokens + so.num_scheduled_tokens[rid]
-            if k == 1:
+            draft = so.spec_token_ids.get(rid)
+            if draft:  # the tokens it samples after its last token and each draft token
+                first = len(req.all_token_ids)
+                target = [
+                    token_for(req.parent_id, req.index, first + j) for j in range(len(draft) + 1)
+                ]
+                sampled[rid] = verified(draft, target)
+            elif k == 1:
                 sampled[rid] = [token_for(req.parent_id, req.index, position)]
             else:
                 sampled[rid] = [token_for(req.parent_id, i, position) for i in range(k)]
@@ -95,6 +104,20 @@ class DeterministicExecutor:
             req = so.requests[rid]
             table = so.block_tables[rid]
             start = req.num_computed_tokens
-            prints = fingerprints(req.all_token_ids, start + n)
+            # a draft's KV is that of the draft tokens, right or wrong
+            tokens = req.all_token_ids + so.spec_token_ids.get(rid, [])
+            prints = fingerprints(tokens, start + n)
             for pos in range(start, start + n):
                 self.gpu[table[pos // bs]][pos % bs] = prints[pos]
+
+
+class DraftingExecutor(DeterministicExecutor):
+    """Also drafts: up to ``k`` tokens, of which a pseudo-random prefix is right (the tokens
+    it will sample) and the rest wrong (token 1, which it never samples)."""
+
+    def propose_draft(self, req: Request, k: int) -> list[int]:
+        first = len(req.all_token_ids)
+        length = 1 + hash((req.request_id, first, "length")) % k
+        right = hash((req.request_id, first)) % (length + 1)
+        draft = [token_for(req.parent_id, req.index, first + j) for j in range(right)]
+        return draft + [1] * (length - right)

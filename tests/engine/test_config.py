@@ -59,11 +59,12 @@ def test_valid_configs_round_trip() -> None:
 
 
 def test_chunk_cap_is_the_threshold_or_else_the_budget() -> None:
-    from slotune.tuner.export import export
+    from slotune.engine.kv_cache.manager import KVCacheManager
+    from slotune.engine.scheduler import Scheduler
 
     off = EngineConfig(max_num_batched_tokens=512)
     on = EngineConfig(max_num_batched_tokens=512, long_prefill_token_threshold=128)
     assert (off.chunk_cap, on.chunk_cap) == (512, 128)
     for config, chunk in ((off, 512), (on, 128)):
-        command = export({"config": config.to_dict(), "model": "llama-3-8b"}, "sglang")
-        assert f"--chunked-prefill-size {chunk} " in command
+        scheduler = Scheduler(config, KVCacheManager(64, 0, config.block_size, "none"))
+        assert scheduler.threshold == chunk

@@ -9,14 +9,14 @@ position, and checks the KV of every scheduled token); at the end every block is
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from tests.engine.deterministic import DeterministicExecutor, token_for
+from tests.engine.deterministic import DeterministicExecutor, DraftingExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 
 MAX_MODEL_LEN = 64
@@ -98,12 +98,20 @@ def largest_request_blocks(w: Workload, block_size: int) -> int:
 
 
 def run(
-    w: Workload, policy: str, preemption: str, caching: str, block_size: int
+    w: Workload,
+    policy: str,
+    preemption: str,
+    caching: str,
+    block_size: int,
+    num_speculative_tokens: int = 0,
 ) -> tuple[dict[tuple[str, int], list[int]], Engine]:
+    """``num_speculative_tokens`` > 0: the executor drafts, partly wrong (``DraftingExecutor``)."""
     config = workload_config(w, policy, preemption, caching, block_size)
+    config = replace(config, num_speculative_tokens=num_speculative_tokens)
     # The largest single request must fit alone; anything more is contention.
     need = largest_request_blocks(w, block_size)
-    executor = DeterministicExecutor(need + w.extra_blocks * max(1, 8 // block_size), w.cpu_blocks)
+    kind = DraftingExecutor if num_speculative_tokens else DeterministicExecutor
+    executor = kind(need + w.extra_blocks * max(1, 8 // block_size), w.cpu_blocks)
     engine = Engine(config, executor)
     tokens: dict[tuple[str, int], list[int]] = {}
     finished: dict[tuple[str, int], str] = {}

@@ -221,3 +221,28 @@ def test_sglang_serves_a_gptq_checkpoint_as_gptq_marlin(tmp_path) -> None:
     b = {**best("sglang", prefix_caching="none"), "quantization": "int4"}
     assert flag(export(b, served_model=str(tmp_path)), "--quantization") == "gptq_marlin"
     assert "--quantization" not in export({**b, "target": "vllm"}, served_model=str(tmp_path))
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_speculation_off_adds_no_flag(target: str) -> None:
+    assert "speculative" not in export(best(target, prefix_caching="none"))
+
+
+def test_vllm_speculative_config_is_ngram_json() -> None:
+    from slotune.tuner.export import engine_args
+
+    config = EngineConfig(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=3)
+    args, _ = engine_args(config, "vllm")
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2,
+    }
+
+
+def test_sglang_refuses_prompt_lookup_speculation() -> None:
+    b = best("sglang", prefix_caching="none", num_speculative_tokens=4)
+    with pytest.raises(ExportRefused, match=r"not\s+by prompt lookup"):
+        export(b)

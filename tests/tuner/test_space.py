@@ -233,3 +233,41 @@ def test_a_space_stored_before_the_kv_knob_keeps_its_fixed_dtype() -> None:
     stored["fixed"]["kv_cache_dtype"] = "int8"
     space = SearchSpace.from_dict(stored)
     assert {space.config_from_params(p).kv_cache_dtype for p in space.grid()} == {"int8"}
+
+
+def test_speculation_is_off_unless_a_search_file_opts_in() -> None:
+    from slotune.tuner.space import build_space, describe
+
+    default = build_space(max_model_len=2048)
+    assert "num_speculative_tokens" not in default.free_names
+    assert "num_speculative_tokens" not in describe(default)
+    assert all(
+        default.config_from_params(p).num_speculative_tokens == 0 for p in default.grid()[:5]
+    )
+    space = build_space(
+        max_model_len=2048,
+        overrides={"num_speculative_tokens": [0, 2, 4], "block_size": 16, "policy": "chunked"},
+    )
+    assert "num_speculative_tokens" in space.free_names
+    assert describe(space)["num_speculative_tokens"] == "0, 2, 4"
+    values = {space.config_from_params(p).num_speculative_tokens for p in space.grid()}
+    assert values == {0, 2, 4}
+    config = space.config_from_params({**space.grid()[0], "num_speculative_tokens": 4})
+    assert space.params_for(config) is not None
+    restored = type(space).from_dict(space.to_dict())
+    assert restored.params["num_speculative_tokens"].values == (0, 2, 4)
+
+
+def test_a_stored_space_without_the_speculation_knob_still_loads() -> None:
+    from slotune.tuner.space import SearchSpace, build_space
+
+    data = build_space(max_model_len=2048).to_dict()
+    del data["params"]["num_speculative_tokens"]
+    assert SearchSpace.from_dict(data).params["num_speculative_tokens"].values == (0,)
+
+
+def test_a_negative_speculation_count_is_refused() -> None:
+    from slotune.tuner.space import SearchSpaceError, build_space
+
+    with pytest.raises(SearchSpaceError, match="num_speculative_tokens"):
+        build_space(max_model_len=2048, overrides={"num_speculative_tokens": [-1, 2]})

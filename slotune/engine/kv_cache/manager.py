@@ -182,6 +182,17 @@ class KVCacheManager:
             rb.num_slots = len(rb.blocks) * self.block_size
         return True
 
+    def rollback(self, request: Request) -> None:
+        """Free the request's blocks past its computed tokens (those of rejected draft
+        tokens): blocks that hold no verified token, tail first."""
+        rb = self.req_blocks[request.request_id]
+        keep = max(self.blocks_needed(request.num_computed_tokens), 1)
+        if len(rb.blocks) > keep:
+            self.pool.free_blocks(rb.blocks[: keep - 1 : -1])
+            del rb.blocks[keep:]
+            del rb.block_ids[keep:]
+            rb.num_slots = keep * self.block_size
+
     def grow(self, allocations: list[tuple[str, int]]) -> None:
         """New blocks for requests, ``(request id, blocks)`` in order, taken exactly as
         that many ``allocate_slots`` calls would take them (the caller checked they fit)."""

@@ -25,6 +25,7 @@ from slotune.engine.model.loader import load_model
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.scheduler_output import SchedulerOutput
 from slotune.engine.sim.batch import batch_totals, prefill_context_sum
+from slotune.engine.spec_decode import verified
 
 logger = logging.getLogger(__name__)
 
@@ -162,11 +163,30 @@ class TorchExecutor:
         if not scheduler_output.is_empty:
             batch, rows = self._prepare(scheduler_output)
             logits = self.model(batch, self._kv[0], self._kv[1], self.backend)
+            spec = scheduler_output.spec_token_ids
+            drawn = {r.request_id for r in rows if r.request_id in spec and not r.params.greedy}
+            if drawn:  # sampled requests' drafts go through rejection sampling
+                for rid in drawn:
+                    at = [i for i, r in enumerate(rows) if r.request_id == rid]
+                    result = self.sampler.speculative_sample(logits[at], spec[rid], rows[at[0]])
+                    sampled[rid], logprobs[rid] = result.token_ids, result.logprobs
+                keep = [i for i, r in enumerate(rows) if r.request_id not in drawn]
+                rows, logits = [rows[i] for i in keep], logits[keep]
             for row, result in zip(rows, self.sampler.sample(logits, rows), strict=True):
-                sampled[row.request_id] = result.token_ids
-                logprobs[row.request_id] = result.logprobs
+                rid = row.request_id
+                if spec and rid in spec:  # one row per position: collect, verify below
+                    sampled.setdefault(rid, []).extend(result.token_ids)
+                    logprobs.setdefault(rid, []).extend(result.logprobs)
+                    continue
+                sampled[rid] = result.token_ids
+                logprobs[rid] = result.logprobs
                 if result.top_logprobs is not None:
-                    top_logprobs[row.request_id] = result.top_logprobs
+                    top_logprobs[rid] = result.top_logprobs
+            for rid, draft in spec.items():
+                if rid in drawn:
+                    continue
+                sampled[rid] = verified(draft, sampled[rid])
+                logprobs[rid] = logprobs[rid][: len(sampled[rid])]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         duration = self.timer() - start
@@ -216,14 +236,22 @@ class TorchExecutor:
             req = so.requests[rid]
             c = req.num_computed_tokens
             table = so.block_tables[rid]
-            input_ids += req.all_token_ids[c : c + n]
+            draft = so.spec_token_ids.get(rid)
+            if draft:  # the last sampled token, then the draft: sample at each of them
+                input_ids += req.all_token_ids[c:]
+                input_ids += draft
+                first = len(input_ids) - n
+                logits_indices += range(first, len(input_ids))
+                rows += [SampleRow(rid, req.sampling_params, 1)] * n
+            else:
+                input_ids += req.all_token_ids[c : c + n]
             positions += range(c, c + n)
             slots += [table[p // bs] * bs + p % bs for p in range(c, c + n)]
             query_lens.append(n)
             context_lens.append(c + n)
             tables.append(table)
             num_samples = so.num_samples.get(rid, 1 if c + n >= req.num_tokens else 0)
-            if num_samples > 0:
+            if num_samples > 0 and not draft:
                 logits_indices.append(len(input_ids) - 1)
                 rows.append(SampleRow(rid, req.sampling_params, num_samples, req.index))
         if max(input_ids) >= self.model_config.vocab_size:

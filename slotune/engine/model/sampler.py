@@ -83,6 +83,35 @@ class Sampler:
             results.append(Sampled(drawn, logprobs[i, drawn].tolist(), top.get(i)))
         return results
 
+    def speculative_sample(self, logits: torch.Tensor, draft: list[int], row: SampleRow) -> Sampled:
+        """The tokens a sampled (not greedy) request appends after verifying ``draft``, from
+        ``logits`` [len(draft) + 1, vocab] at its last token and each draft token: vLLM's
+        rejection sampling for a draft without probabilities (each draft token certain).
+        Draft token ``d`` is accepted with probability ``p(d)``; at the first rejection the
+        step ends with a token drawn from ``p`` without ``d``; after a fully accepted draft,
+        with one drawn from the last row's ``p``. Each token is thereby distributed as
+        sampling without a draft would draw it (``p``: temperature, top-k and top-p applied).
+        """
+        params = row.params
+        generator = self._generator(row, logits.device)
+        tokens: list[int] = []
+        for i in range(len(draft) + 1):
+            probs = torch.softmax(restrict(logits[i] / params.temperature, params), dim=-1)
+            if i == len(draft):
+                tokens += torch.multinomial(probs, 1, generator=generator).tolist()
+                break
+            d = draft[i]
+            u = torch.rand((), generator=generator, device=logits.device)
+            if u < probs[d]:
+                tokens.append(d)
+                continue
+            probs[d] = 0.0
+            tokens += torch.multinomial(probs, 1, generator=generator).tolist()
+            break
+        logprobs = torch.log_softmax(logits[: len(tokens)], dim=-1)
+        picked = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)]
+        return Sampled(tokens, picked.tolist())
+
     def _draw(self, logits: torch.Tensor, row: SampleRow) -> list[int]:
         probs = torch.softmax(restrict(logits / row.params.temperature, row.params), dim=-1)
         if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:

@@ -379,6 +379,31 @@ class CostModel:
         reading ``decode_context_sum`` KV tokens together (each counts its new token);
         ``prefill_chunks`` as ``(chunk_tokens, prior_context)``; ``num_samples`` rows
         reach the LM head; ``num_requests`` requests pay the per-request host cost."""
+        t = self.gpu_step_seconds(
+            num_tokens,
+            num_samples,
+            num_decodes,
+            decode_context_sum,
+            prefill_chunks,
+            num_swapped_blocks,
+            num_cow_blocks,
+        )
+        return self.with_host(
+            t, self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
+        )
+
+    def gpu_step_seconds(
+        self,
+        num_tokens: int,
+        num_samples: int,
+        num_decodes: int = 0,
+        decode_context_sum: int = 0,
+        prefill_chunks: Sequence[tuple[int, int]] = (),
+        num_swapped_blocks: int = 0,
+        num_cow_blocks: int = 0,
+    ) -> float:
+        """``step_seconds`` on the GPU alone, without the host's share (what a forward pass
+        inside a step costs, such as a draft model's)."""
         t = self.dense_seconds(num_tokens) + self.lm_head_seconds(num_samples)
         if num_decodes:
             t += (
@@ -394,9 +419,7 @@ class CostModel:
             t += self._swap_per_block * num_swapped_blocks
         if num_cow_blocks:
             t += self._cow_per_block * num_cow_blocks
-        return self.with_host(
-            t, self._cpu_step + self._cpu_req * num_requests + self._cpu_tok * num_tokens
-        )
+        return t
 
     def host_seconds(self, num_tokens: int, num_requests: int) -> float:
         """The host's hideable work of a step of ``num_tokens`` for ``num_requests`` (as

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -14,6 +15,12 @@ from slotune.engine.sim.capacity import determine_capacity
 from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
 from slotune.engine.sim.profile import GpuProfile, load_profile
+from slotune.engine.sim.speculative import (
+    NGRAM_ACCEPTANCE,
+    check_acceptance,
+    draft_seconds,
+    draw_accepted,
+)
 from slotune.engine.sim.stack import StackProfile, load_stack
 
 _MASK = 0xFFFFFFFF
@@ -37,6 +44,13 @@ class SimExecutor:
     around the kernels (a shipped stack name, a stack JSON path or a ``StackProfile``;
     default: current vLLM V1); ``quantization`` overrides the model's weight format;
     ``ep`` of the ``tp`` GPUs split a MoE model's experts.
+
+    With speculation on (``EngineConfig.num_speculative_tokens``) it drafts the tokens it
+    will sample and accepts each with probability ``spec_acceptance`` given the ones before
+    (``slotune.engine.sim.speculative``), drawn from a generator seeded with ``spec_seed``:
+    outputs are those without speculation, only the steps and their costs change.
+    ``spec_draft_model`` (a catalogue name or config.json) prices the drafts as that model's
+    decode steps on the same GPUs; without one they are free (n-gram).
     """
 
     def __init__(
@@ -48,7 +62,14 @@ class SimExecutor:
         *,
         quantization: str | None = None,
         ep: int = 1,
+        spec_acceptance: float = NGRAM_ACCEPTANCE,
+        spec_seed: int = 0,
+        spec_draft_model: str | None = None,
     ) -> None:
+        self.spec_acceptance = check_acceptance(spec_acceptance)
+        self._spec_rng = random.Random(spec_seed)
+        self.draft_model = None if spec_draft_model is None else get_model(spec_draft_model)
+        self.draft_cost: CostModel | None = None
         self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
         self.model: ModelSpec = get_model(model, quantization)
         self.model.check_tp(tp)
@@ -83,17 +104,38 @@ class SimExecutor:
             kv_cache_dtype=config.kv_cache_dtype,
         )
         self.capacity = capacity
+        if self.draft_model is not None:
+            self.draft_cost = CostModel(
+                self.profile, self.draft_model, self.tp, config.block_size, self.stack
+            )
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         so = scheduler_output
         requests, samples, seeds = so.requests, so.num_samples, self._seeds
         table = self._table
         scheduled = so.num_scheduled_tokens
+        spec = so.spec_token_ids
         num_decodes, context_sum, chunks = batch_totals(
-            [(n, requests[rid].num_computed_tokens) for rid, n in scheduled.items()]
+            [
+                (n, requests[rid].num_computed_tokens)
+                for rid, n in scheduled.items()
+                if not spec or rid not in spec
+            ]
         )
         sampled: dict[str, list[int]] = {}
+        num_rows = len(samples)  # logits rows: one per sample, k + 1 per verifying request
+        draft_context = 0
+        for rid in spec:  # k + 1 query tokens over one read of the context
+            req, n = requests[rid], scheduled[rid]
+            num_decodes += 1
+            context_sum += req.num_computed_tokens + n
+            draft_context += req.num_computed_tokens + 1
+            num_rows += n - 1
+            accepted = draw_accepted(self._spec_rng, self.spec_acceptance, len(spec[rid]))
+            sampled[rid] = self.sampled_tokens(req, len(req.all_token_ids), accepted + 1)
         for rid, n in scheduled.items():
+            if spec and rid in spec:
+                continue
             k = samples.get(rid)
             if not k:
                 continue
@@ -112,7 +154,7 @@ class SimExecutor:
             sampled[rid] = [token]
         duration = self.cost_model.step_seconds(
             so.total_num_scheduled_tokens,
-            len(samples),
+            num_rows,
             len(so.num_scheduled_tokens),
             num_decodes,
             context_sum,
@@ -120,6 +162,9 @@ class SimExecutor:
             len(so.swap_out) + len(so.swap_in),
             len(so.copy_on_write),
         )
+        if spec and self.draft_cost is not None:
+            depth = max(len(d) for d in spec.values())  # the draft model runs this many steps
+            duration += draft_seconds(self.draft_cost, len(spec), draft_context, depth)
         for rid in so.finished_request_ids:
             seeds.pop(rid, None)
         return ExecutorOutput(
@@ -140,6 +185,11 @@ class SimExecutor:
         ``step_seconds`` itself (no swaps, no copies: the same arithmetic, to the bit),
         handed out once per stretch so that a step costs no extra call."""
         return self.cost_model.step_seconds
+
+    def propose_draft(self, request: Request, k: int) -> list[int]:
+        """A draft of ``k`` tokens: the ones it will sample (rejections are drawn in
+        ``execute``, so whatever it accepts, a request's tokens stay the same)."""
+        return self.sampled_tokens(request, len(request.all_token_ids), k)
 
     def sampled_token(self, request: Request, position: int, index: int = 0) -> int:
         """The token ``execute`` samples for ``request`` at ``position`` (its index in the

@@ -45,6 +45,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "gpu_memory_utilization": None,
     "num_gpu_blocks": None,
     "kv_cache_dtype": None,
+    "num_speculative_tokens": frozenset({0}),  # a stretch plans one token per decode step
+    "prompt_lookup_min": None,
+    "prompt_lookup_max": None,
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 

@@ -344,12 +344,15 @@ def drive_engine(
         for out, first in pairs:
             i = index[out.request_id]
             new = out.new_token_ids
+            # one token a step from ``first`` on; a speculative step's extra tokens share it
+            span = min(len(new), len(seen) - first)
             if new:
-                token_times[i].extend(seen[first : first + len(new)])
+                at = seen[first : first + span]
+                token_times[i].extend(at + at[-1:] * (len(new) - span))
                 if keep_output[i]:
                     outputs[i].extend(new)
             if out.finished:
-                ended.append((first + len(new), i, out))
+                ended.append((first + span, i, out))
         if ended:
             ended.sort(key=_end_step)  # in step order, as single steps would report them
             for last, i, out in ended:
