@@ -69,7 +69,7 @@ def test_moe_models_are_refused() -> None:
 
 def test_a_pipelined_replica_in_a_cluster() -> None:
     trace = load_trace("sharegpt-like").head(60)
-    inst = InstanceSpec(EngineConfig(), model="llama-3-70b", tp=2, pp=2)
+    inst = InstanceSpec(EngineConfig(prefix_caching="none"), model="llama-3-70b", tp=2, pp=2)
     spec = ClusterSpec.replicas(2, inst, "least-outstanding")
     assert spec.num_gpus == 8
     fast = run_cluster(spec, trace, arrivals=ArrivalSpec(rate=4))

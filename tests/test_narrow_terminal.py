@@ -76,6 +76,6 @@ def test_tune_prints_the_export_command_on_one_line(tmp_path: Path) -> None:
     args = ["tune", "--gpu", "h100", "--slo", "ttft=300ms,tpot=50ms", "--num-requests", "20"]
     result = runner.invoke(app, [*args, "--rate", "4", "--trials", "2", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    command = f"slotune export {out / 'best.json'} --format vllm"
+    command = f"Export: slotune export {out / 'best.json'}"
     assert len(command) > 80
     assert any(line.strip() == command for line in result.output.splitlines()), result.output
