@@ -7,12 +7,14 @@ from typing import Any, Literal
 
 from slotune.engine.kv_dtype import KV_CACHE_DTYPES
 
-PreemptionMode = Literal["recompute", "swap"]
+PreemptionMode = Literal["recompute", "swap", "hybrid"]
 PrefixCaching = Literal["none", "hash", "radix"]
 Policy = Literal["chunked", "prefill_first"]
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
-_PREEMPTION_MODES = ("recompute", "swap")
+_PREEMPTION_MODES = ("recompute", "swap", "hybrid")
+_SCHEDULING_POLICIES = ("fcfs", "priority")
 _PREFIX_CACHING = ("none", "hash", "radix")
 _POLICIES = ("chunked", "prefill_first")
 
@@ -28,6 +30,12 @@ class EngineConfig:
     ``long_prefill_token_threshold`` 0 means off. ``num_gpu_blocks`` overrides the pool
     size the executor would derive from ``gpu_memory_utilization``. ``kv_cache_dtype``
     stores the KV cache in the model's dtype (``auto``) or quantized (see ``kv_dtype``).
+
+    ``scheduling_policy="priority"`` is vLLM's ``--scheduling-policy priority``: the
+    waiting queue in (priority, arrival) order, the lowest-priority (highest value),
+    latest-arrived running request preempted first. ``preemption_mode="hybrid"`` swaps a
+    victim holding at least ``swap_threshold_tokens`` computed tokens and recomputes a
+    shorter one (or any when the CPU pool is full); the threshold matters only there.
     """
 
     max_num_batched_tokens: int = 2048
@@ -42,6 +50,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int | None = None
     kv_cache_dtype: KVCacheDtype = "auto"
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    swap_threshold_tokens: int = 2048
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -73,9 +83,19 @@ class EngineConfig:
             _fail("policy", f"must be one of {_POLICIES}", self.policy)
         if not isinstance(self.swap_space_gb, (int, float)) or self.swap_space_gb < 0:
             _fail("swap_space_gb", "must be a non-negative number of GB", self.swap_space_gb)
-        if self.preemption_mode == "swap" and self.swap_space_gb <= 0:
+        if self.preemption_mode != "recompute" and self.swap_space_gb <= 0:
             _fail(
-                "swap_space_gb", "must be positive when preemption_mode='swap'", self.swap_space_gb
+                "swap_space_gb",
+                f"must be positive when preemption_mode={self.preemption_mode!r}",
+                self.swap_space_gb,
+            )
+        if self.swap_threshold_tokens < 1:
+            _fail("swap_threshold_tokens", "must be at least 1 token", self.swap_threshold_tokens)
+        if self.scheduling_policy not in _SCHEDULING_POLICIES:
+            _fail(
+                "scheduling_policy",
+                f"must be one of {_SCHEDULING_POLICIES}",
+                self.scheduling_policy,
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
@@ -121,5 +141,6 @@ _INT_FIELDS = frozenset(
         "max_num_seqs",
         "max_model_len",
         "num_gpu_blocks",
+        "swap_threshold_tokens",
     }
 )

@@ -82,7 +82,7 @@ class Engine:
                 f"Engine: the executor found room for {num_gpu_blocks} KV blocks; raise "
                 "gpu_memory_utilization, shrink the model, or set num_gpu_blocks"
             )
-        num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode == "swap" else 0
+        num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode != "recompute" else 0
         self.capacity = KVCacheCapacity(num_gpu_blocks, max(num_cpu_blocks, 0))
         executor.initialize_cache(config, self.capacity)
         self.kv_cache = KVCacheManager(
@@ -143,8 +143,15 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        *,
+        priority: int = 0,
+        tier: int = 0,
     ) -> None:
-        self.enqueue(self.new_request(request_id, prompt_token_ids, params, arrival_time))
+        self.enqueue(
+            self.new_request(
+                request_id, prompt_token_ids, params, arrival_time, priority=priority, tier=tier
+            )
+        )
 
     def enqueue(self, request: Request) -> None:
         """Queue a request built by ``new_request``."""
@@ -158,17 +165,29 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        *,
+        priority: int = 0,
+        tier: int = 0,
     ) -> Request:
         """A validated request for this engine, its id taken, not yet scheduled: what
-        ``add_request`` adds, or what a ``run_stretch`` feed hands in."""
+        ``add_request`` adds, or what a ``run_stretch`` feed hands in. ``priority`` orders
+        it under ``scheduling_policy="priority"`` (lower first); ``tier`` is its service
+        tier (0 the highest)."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
+        for name, value in (("priority", priority), ("tier", tier)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"add_request({request_id!r}): {name} must be an integer")
+        if tier < 0:
+            raise ValueError(f"add_request({request_id!r}): tier must be >= 0 (got {tier})")
         request = Request(
             request_id,
             list(prompt_token_ids),
             params,
             arrival_time=arrival_time,
             eos_token_id=self.eos_token_id,
+            priority=priority,
+            tier=tier,
         )
         if self._extra_eos and not params.ignore_eos:
             request.stop_ids = request.stop_ids | self._extra_eos
@@ -383,6 +402,8 @@ class Engine:
             "num_preemptions": s.num_preemptions,
             "num_swap_outs": s.num_swap_outs,
             "num_swap_ins": s.num_swap_ins,
+            "num_recomputed_tokens": s.num_recomputed_tokens,
+            "num_swapped_tokens": s.num_swapped_tokens,
             "num_copy_on_write": kv.num_copy_on_write,
             "prefix_cache_queries_tokens": kv.prefix_cache_queries_tokens,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,

@@ -51,6 +51,8 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first schedule
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    priority: int = 0  # scheduling_policy="priority": lower runs first (vLLM's convention)
+    tier: int = 0  # service tier: 0 the highest (pro), larger ones (free) below it
 
     def __post_init__(self) -> None:
         if not self.parent_id:

@@ -67,6 +67,19 @@ def prompts_first(prefill_first: bool, head: Request | None) -> bool:
     return prefill_first and head is not None and head.status is not RequestStatus.SWAPPED
 
 
+def rank(req: Request) -> tuple[int, float]:
+    """A request's place under ``scheduling_policy="priority"``: lower priority values
+    first, then earlier arrivals (vLLM's order); the largest is preempted first."""
+    return (req.priority, req.arrival_time)
+
+
+def swaps(mode: str, num_computed: int, swap_threshold: int) -> bool:
+    """Whether a victim holding ``num_computed`` computed tokens is swapped to the CPU
+    pool (when it has room) rather than recomputed: always under ``preemption_mode``
+    swap, from ``swap_threshold`` tokens on under hybrid, never under recompute."""
+    return mode == "swap" or (mode == "hybrid" and num_computed >= swap_threshold)
+
+
 def reaches_length(num_tokens: int, max_num_tokens: int) -> bool:
     """A request that samples its ``num_tokens``-th token finishes with reason "length"."""
     return num_tokens >= max_num_tokens

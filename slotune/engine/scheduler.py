@@ -18,12 +18,14 @@ planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are wh
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput
+from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     counts_as_prefill,
@@ -34,8 +36,10 @@ from slotune.engine.rules import (
     needs_blocks,
     num_samples,
     prompts_first,
+    rank,
     reaches_length,
     running_chunk,
+    swaps,
 )
 from slotune.engine.scheduler_output import SchedulerOutput
 
@@ -83,7 +87,11 @@ class Scheduler:
     """Owns the request queues; decides each step's batch and applies its results.
 
     ``running`` is in admission order (the last is preempted first); ``waiting`` is FIFO
-    with preempted and swapped requests put back at its front.
+    with preempted and swapped requests put back at its front. Under
+    ``scheduling_policy="priority"`` both are in ``rank`` order instead: the waiting head
+    is the highest-priority, earliest request, and the last running one (the first
+    victim) is vLLM's ``max(running, key=(priority, arrival))``; running requests take
+    the step's budget in that order too.
     """
 
     def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
@@ -93,9 +101,13 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = config.max_model_len
         self.prefill_first = config.policy == "prefill_first"
-        self.swap = config.preemption_mode == "swap"
+        self.preemption_mode = config.preemption_mode
+        self.swap_threshold = config.swap_threshold_tokens
+        self.by_rank = config.scheduling_policy == "priority"
         self.threshold = config.long_prefill_token_threshold or config.max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] | PriorityWaiting = (
+            PriorityWaiting() if self.by_rank else deque()
+        )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
@@ -104,6 +116,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
+        self.num_recomputed_tokens = 0  # computed tokens preemptions dropped (to recompute)
+        self.num_swapped_tokens = 0  # computed tokens preemptions swapped out
         self.steps = 0
         self.max_step_tokens = 0
 
@@ -221,14 +235,17 @@ class Scheduler:
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_request_ids.append(victim.request_id)
-        if self.swap:
+        computed = victim.num_computed_tokens
+        if swaps(self.preemption_mode, computed, self.swap_threshold):
             copies = self.kv_cache.swap_out(victim)
             if copies is not None:
                 out.swap_out.extend(copies)
                 self.num_swap_outs += 1
+                self.num_swapped_tokens += computed
                 victim.status = SWAPPED
                 self.waiting.appendleft(victim)
                 return
+        self.num_recomputed_tokens += computed
         self.kv_cache.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
@@ -264,9 +281,15 @@ class Scheduler:
         """Move the waiting head (admitted, its blocks allocated) to the running requests."""
         req = self.waiting.popleft()
         req.status = RUNNING
-        self.running.append(req)
+        self._seat(req)
         self.fork_seats += req.seats - 1
         return req
+
+    def _seat(self, req: Request) -> None:
+        if self.by_rank:
+            bisect.insort_right(self.running, req, key=rank)
+        else:
+            self.running.append(req)
 
     def has_seat_for(self, req: Request, num_seated: int) -> bool:
         """Whether ``req`` fits next to ``num_seated`` running requests and the seats
@@ -408,11 +431,13 @@ class Scheduler:
                 num_cached_tokens=parent.num_cached_tokens,
                 num_preemptions=parent.num_preemptions,
                 status=RUNNING,
+                priority=parent.priority,
+                tier=parent.tier,
             )
             child.max_num_tokens = parent.max_num_tokens
             self.kv_cache.fork(parent, child)
             self.requests[child.request_id] = child
-            self.running.append(child)
+            self._seat(child)
             family.append(child)
         return family
 

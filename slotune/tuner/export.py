@@ -65,23 +65,37 @@ def _vllm_block(v: int, _c: EngineConfig) -> Flags:
 
 
 def _vllm_preemption(v: str, _c: EngineConfig) -> Flags:
-    if v == "swap":
+    if v != "recompute":
         return Flags(
             (),
-            "vLLM V1 has no swap preemption: it recomputes preempted requests "
+            f"vLLM V1 has no {v} preemption: it recomputes preempted requests "
             "(the nearest equivalent, used here)",
         )
     return Flags()
 
 
 def _sglang_preemption(v: str, _c: EngineConfig) -> Flags:
-    if v == "swap":
+    if v != "recompute":
         return Flags(
             (),
-            "SGLang has no swap preemption: it retracts and recomputes "
+            f"SGLang has no {v} preemption: it retracts and recomputes "
             "requests (the nearest equivalent, used here)",
         )
     return Flags()
+
+
+def _vllm_scheduling(v: str, _c: EngineConfig) -> Flags:
+    return Flags(("--scheduling-policy", "priority")) if v == "priority" else Flags()
+
+
+def _sglang_scheduling(v: str, _c: EngineConfig) -> Flags:
+    if v != "priority":
+        return Flags()
+    return Flags(
+        ("--enable-priority-scheduling", "--schedule-low-priority-values-first"),
+        "SGLang's priority scheduling preempts a running request only past its "
+        "--priority-scheduling-preemption-threshold; slotune modeled vLLM's rule",
+    )
 
 
 def _vllm_prefix(v: str, _c: EngineConfig) -> Flags:
@@ -176,6 +190,8 @@ FLAGS: dict[str, dict[str, Rule]] = {
     "num_gpu_blocks": {"vllm": _vllm_blocks, "sglang": _sglang_blocks},
     "max_model_len": {"vllm": _none, "sglang": _none},
     "swap_space_gb": {"vllm": _none, "sglang": _none},
+    "scheduling_policy": {"vllm": _vllm_scheduling, "sglang": _sglang_scheduling},
+    "swap_threshold_tokens": {"vllm": _none, "sglang": _none},
     "kv_cache_dtype": {
         "vllm": _kv_dtype("vLLM", _VLLM_KV),
         "sglang": _kv_dtype(

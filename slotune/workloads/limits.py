@@ -15,6 +15,8 @@ MAX_SECONDS = 1e9  # about 31 years: a trace's time span, a think time
 MAX_TIMESTAMP = 1e13  # a raw timestamp (seconds or milliseconds since some epoch)
 MAX_TOKEN_ID = 2**31 - 1
 MAX_SEGMENT_KEY = 2**63 - 1
+MAX_PRIORITY = 2**31 - 1  # a request's priority lies in [-MAX_PRIORITY, MAX_PRIORITY]
+MAX_TIER = 15  # service tiers 0 (the highest) .. MAX_TIER
 
 
 def _number(value: Any, name: str) -> float:
@@ -60,3 +62,11 @@ def check_timestamp(value: Any, name: str) -> float:
     if not -MAX_TIMESTAMP <= v <= MAX_TIMESTAMP:
         raise ValueError(f"{name}: expected a timestamp within ±{MAX_TIMESTAMP:g}, got {value!r}")
     return float(v)
+
+
+def check_priority(value: Any, name: str = "priority") -> int:
+    return check_int(value, name, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+
+
+def check_tier(value: Any, name: str = "tier") -> int:
+    return check_int(value, name, maximum=MAX_TIER)

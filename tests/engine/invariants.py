@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from slotune.engine import Engine
-from slotune.engine.request import RequestStatus
+from slotune.engine.request import Request, RequestStatus
 from slotune.engine.scheduler_output import SchedulerOutput
 
 
@@ -99,3 +99,45 @@ def check_drained(engine: Engine) -> None:
     assert not kv.req_blocks and not kv.swapped and not kv.uncommitted and not kv.cow_pending
     assert engine.scheduler.fork_seats == 0
     check_all(engine, None)
+
+
+class QueueSnapshot:
+    """The queues before a step, to check the step against brute-force references: the
+    requests it admits are the first of the waiting queue (FIFO; under priority
+    scheduling the lowest ``(priority, arrival)`` of all waiting, found by sorting), and
+    its victims are the last admitted (under priority scheduling the highest
+    ``(priority, arrival)`` of all running, found by sorting)."""
+
+    def __init__(self, engine: Engine) -> None:
+        s = engine.scheduler
+        self.by_rank = engine.config.scheduling_policy == "priority"
+        self.waiting = list(s.waiting)
+        self.running = list(s.running)
+
+    @staticmethod
+    def _key(req: Request) -> tuple[int, float]:
+        return (req.priority, req.arrival_time)
+
+    def check(self, engine: Engine, so: SchedulerOutput) -> None:
+        requests = engine.scheduler.requests
+        admitted = set(so.new_request_ids) | set(so.resumed_request_ids)
+        order = [rid for rid in so.num_scheduled_tokens if rid in admitted]
+        victims = list(so.preempted_request_ids)
+        if any(r.request_id not in requests for r in self.waiting if r.request_id not in admitted):
+            return  # one could never fit and was finished from the head: no plain order
+        if self.by_rank:
+            want_ranks = sorted(self._key(r) for r in self.waiting)[: len(order)]
+            got = [self._key(r) for r in self.waiting if r.request_id in admitted]
+            got_in_order = sorted(got)
+            assert got_in_order == want_ranks, (got_in_order, want_ranks)
+            by_id = {r.request_id: r for r in self.waiting}
+            assert [self._key(by_id[rid]) for rid in order] == want_ranks
+            running = {r.request_id: r for r in self.running}
+            if all(v in running for v in victims):
+                want = sorted((self._key(r) for r in self.running), reverse=True)[: len(victims)]
+                assert [self._key(running[v]) for v in victims] == want
+        else:
+            assert order == [r.request_id for r in self.waiting[: len(order)]]
+            running_ids = [r.request_id for r in self.running]
+            if all(v in running_ids for v in victims):
+                assert victims == running_ids[::-1][: len(victims)]

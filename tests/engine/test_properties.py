@@ -9,7 +9,7 @@ position, and checks the KV of every scheduled token); at the end every block is
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -17,14 +17,15 @@ from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
 from tests.engine.deterministic import DeterministicExecutor, token_for
-from tests.engine.invariants import check_all, check_drained
+from tests.engine.invariants import QueueSnapshot, check_all, check_drained
 
 MAX_MODEL_LEN = 64
 BLOCK_SIZES = (1, 4, 16)
 POLICIES = ("chunked", "prefill_first")
-PREEMPTION = ("recompute", "swap")
+PREEMPTION = ("recompute", "swap", "hybrid")
 CACHING = ("none", "hash", "radix")
-ALL_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, BLOCK_SIZES))
+SCHEDULING = ("fcfs", "priority")
+ALL_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, BLOCK_SIZES, SCHEDULING))
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Job:
     n: int
     arrive: int
     abort_at: int | None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Workload:
     max_num_seqs: int
     extra_blocks: int
     cpu_blocks: int
+    swap_threshold: int = 8
 
 
 @st.composite
@@ -63,6 +66,7 @@ def workloads(draw: st.DrawFn) -> Workload:
                 n=draw(st.sampled_from((1, 1, 1, 2, 3))),
                 arrive=draw(st.integers(0, 6)),
                 abort_at=draw(st.integers(0, 12)) if aborted else None,
+                priority=draw(st.integers(-1, 2)),
             )
         )
     return Workload(
@@ -72,11 +76,17 @@ def workloads(draw: st.DrawFn) -> Workload:
         max_num_seqs=draw(st.integers(3, 8)),
         extra_blocks=draw(st.integers(0, 6)),
         cpu_blocks=draw(st.integers(0, 10)),
+        swap_threshold=draw(st.integers(1, 40)),
     )
 
 
 def workload_config(
-    w: Workload, policy: str, preemption: str, caching: str, block_size: int
+    w: Workload,
+    policy: str,
+    preemption: str,
+    caching: str,
+    block_size: int,
+    scheduling: str = "fcfs",
 ) -> EngineConfig:
     """The engine configuration ``cfg`` (one of ``ALL_CONFIGS``) runs workload ``w`` with."""
     chunked = policy == "chunked"
@@ -89,6 +99,8 @@ def workload_config(
         preemption_mode=preemption,  # type: ignore[arg-type]
         prefix_caching=caching,  # type: ignore[arg-type]
         policy=policy,  # type: ignore[arg-type]
+        scheduling_policy=scheduling,  # type: ignore[arg-type]
+        swap_threshold_tokens=w.swap_threshold,
     )
 
 
@@ -98,9 +110,9 @@ def largest_request_blocks(w: Workload, block_size: int) -> int:
 
 
 def run(
-    w: Workload, policy: str, preemption: str, caching: str, block_size: int
+    w: Workload, policy: str, preemption: str, caching: str, block_size: int, scheduling: str
 ) -> tuple[dict[tuple[str, int], list[int]], Engine]:
-    config = workload_config(w, policy, preemption, caching, block_size)
+    config = workload_config(w, policy, preemption, caching, block_size, scheduling)
     # The largest single request must fit alone; anything more is contention.
     need = largest_request_blocks(w, block_size)
     executor = DeterministicExecutor(need + w.extra_blocks * max(1, 8 // block_size), w.cpu_blocks)
@@ -112,11 +124,12 @@ def run(
         for j in w.jobs:
             if j.arrive == step:
                 params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
-                engine.add_request(j.rid, j.prompt, params)
+                engine.add_request(j.rid, j.prompt, params, float(step), priority=j.priority)
             if j.abort_at == step:
                 engine.abort_request(j.rid)
         if engine.has_unfinished_requests():
             before = len(executor.outputs)
+            queues = QueueSnapshot(engine)
             for out in engine.step():
                 key = (out.request_id, out.index)
                 assert key not in finished, f"{key} produced a token after finishing"
@@ -125,11 +138,19 @@ def run(
                     finished[key] = out.finish_reason  # type: ignore[assignment]
             so = executor.outputs[-1] if len(executor.outputs) > before else None
             check_all(engine, so)
+            if so is not None:
+                queues.check(engine, so)
         step += 1
         assert step < 5_000, "no progress"
     check_drained(engine)
     stats = engine.stats()
-    for key in ("num_preemptions", "num_swap_outs", "num_copy_on_write", "prefix_cache_hit_tokens"):
+    for key in (
+        "num_preemptions",
+        "num_swap_outs",
+        "num_recomputed_tokens",
+        "num_copy_on_write",
+        "prefix_cache_hit_tokens",
+    ):
         if stats[key]:
             event(key)
     for j in w.jobs:
@@ -150,18 +171,18 @@ def run(
 def test_every_configuration_keeps_invariants_and_results(w: Workload) -> None:
     reference: dict[tuple[str, int], list[int]] | None = None
     completed = {j.rid for j in w.jobs if j.abort_at is None}
-    for policy, preemption, caching, block_size in ALL_CONFIGS:
-        tokens, _ = run(w, policy, preemption, caching, block_size)
+    for cfg in ALL_CONFIGS:
+        tokens, _ = run(w, *cfg)
         tokens = {k: v for k, v in tokens.items() if k[0] in completed}
         if reference is None:
             reference = tokens
-        assert tokens == reference, (policy, preemption, caching, block_size)
+        assert tokens == reference, cfg
 
 
 @settings(max_examples=150, deadline=None)
 @given(workloads(), st.sampled_from(ALL_CONFIGS))
 def test_tiny_pools_preempt_and_still_finish(w: Workload, cfg: tuple) -> None:
-    tiny = Workload(w.jobs, w.budget, w.threshold, w.max_num_seqs, 0, w.cpu_blocks)
+    tiny = replace(w, extra_blocks=0)
     run(tiny, *cfg)
 
 
@@ -170,7 +191,7 @@ def test_tiny_pools_preempt_and_still_finish(w: Workload, cfg: tuple) -> None:
 def test_requests_that_outgrow_the_pool_end_early_without_hanging(
     w: Workload, cfg: tuple, num_blocks: int
 ) -> None:
-    policy, preemption, caching, block_size = cfg
+    policy, preemption, caching, block_size, scheduling = cfg
     config = EngineConfig(
         max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN,
         block_size=block_size,
@@ -179,13 +200,16 @@ def test_requests_that_outgrow_the_pool_end_early_without_hanging(
         preemption_mode=preemption,
         prefix_caching=caching,
         policy=policy,
+        scheduling_policy=scheduling,
+        swap_threshold_tokens=w.swap_threshold,
     )
     executor = DeterministicExecutor(max(1, num_blocks * 4 // block_size), w.cpu_blocks)
     engine = Engine(config, executor)
     accepted = []
     for j in w.jobs:
         try:
-            engine.add_request(j.rid, j.prompt, SamplingParams(max_tokens=j.max_tokens, n=j.n))
+            params = SamplingParams(max_tokens=j.max_tokens, n=j.n)
+            engine.add_request(j.rid, j.prompt, params, priority=j.priority)
             accepted.append(j)
         except ValueError as err:
             assert "KV blocks" in str(err)

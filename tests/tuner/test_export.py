@@ -75,6 +75,13 @@ def test_tensor_parallel_flags() -> None:
     [
         ({"preemption_mode": "swap"}, "vllm", "vLLM V1 has no swap preemption", None),
         ({"preemption_mode": "swap"}, "sglang", "SGLang has no swap preemption", None),
+        ({"preemption_mode": "hybrid"}, "vllm", "vLLM V1 has no hybrid preemption", None),
+        (
+            {"scheduling_policy": "priority"},
+            "sglang",
+            "SGLang's priority scheduling preempts",
+            "--enable-priority-scheduling --schedule-low-priority-values-first",
+        ),
         ({"prefix_caching": "hash"}, "sglang", "SGLang has no hash prefix cache", None),
         (
             {"prefix_caching": "radix"},
@@ -206,3 +213,9 @@ def test_quantization_is_read_from_a_local_checkpoint(tmp_path) -> None:
         json.dumps({"model_type": "llama4", "quantization_config": quant})
     )
     assert "--quantization compressed-tensors" in export(b, "vllm")
+
+
+def test_priority_scheduling_exports_to_vllm_as_is() -> None:
+    text = export(best(scheduling_policy="priority"), "vllm")
+    assert "--scheduling-policy priority" in text.splitlines()[-1]
+    assert "--scheduling-policy" not in export(best(), "vllm")

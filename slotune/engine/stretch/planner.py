@@ -45,6 +45,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "gpu_memory_utilization": None,
     "num_gpu_blocks": None,
     "kv_cache_dtype": None,
+    "scheduling_policy": frozenset({"fcfs"}),
+    "swap_threshold_tokens": None,  # read only under preemption_mode="hybrid", refused above
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 

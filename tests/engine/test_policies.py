@@ -1,0 +1,138 @@
+"""Priority scheduling and hybrid preemption, on small hand-made cases and references."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.engine.queues import PriorityWaiting
+from slotune.engine.request import Request
+from tests.engine.deterministic import DeterministicExecutor
+from tests.engine.invariants import check_all, check_drained
+
+
+def _req(rid: str, priority: int, arrival: float) -> Request:
+    return Request(rid, [2, 3], SamplingParams(), arrival_time=arrival, priority=priority)
+
+
+def test_priority_queue_matches_a_sorted_reference() -> None:
+    rng = random.Random(7)
+    queue = PriorityWaiting()
+    reference: list[tuple[tuple[int, float], int, Request]] = []  # (rank, put-in order, req)
+    order = 0
+    for step in range(2_000):
+        op = rng.random()
+        if op < 0.5 or not reference:
+            req = _req(f"r{step}", rng.randint(-2, 3), float(rng.randint(0, 20)))
+            (queue.appendleft if op < 0.1 else queue.append)(req)
+            reference.append(((req.priority, req.arrival_time), order, req))
+            order += 1
+        elif op < 0.8:
+            reference.sort(key=lambda e: (e[0], e[1]))
+            assert queue[0] is reference[0][2]
+            assert queue.popleft() is reference.pop(0)[2]
+        else:
+            victim = reference.pop(rng.randrange(len(reference)))[2]
+            queue.remove(victim)
+        reference.sort(key=lambda e: (e[0], e[1]))
+        assert len(queue) == len(reference)
+        assert list(queue) == [e[2] for e in reference]
+
+
+def _engine(config: EngineConfig, gpu_blocks: int, cpu_blocks: int = 0) -> Engine:
+    return Engine(config, DeterministicExecutor(gpu_blocks, cpu_blocks), check_stretches=False)
+
+
+def _first_token_order(engine: Engine) -> list[str]:
+    order: list[str] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id not in order:
+                order.append(out.request_id)
+        check_all(engine, None)
+    check_drained(engine)
+    return order
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_one_seat_serves_requests_in_priority_then_arrival_order(policy: str) -> None:
+    config = EngineConfig(max_num_seqs=1, block_size=4, scheduling_policy=policy)  # type: ignore[arg-type]
+    engine = _engine(config, 64)
+    rng = random.Random(3)
+    jobs = [(f"r{i}", rng.randint(0, 3), float(rng.randint(0, 5))) for i in range(12)]
+    for rid, priority, arrival in jobs:
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        engine.add_request(rid, [5, 6, 7], params, arrival, priority=priority)
+    order = _first_token_order(engine)
+    if policy == "priority":
+        want = [rid for rid, _, _ in sorted(jobs, key=lambda j: (j[1], j[2]))]  # stable
+    else:
+        want = [rid for rid, _, _ in jobs]
+    assert order == want
+
+
+def test_priority_preempts_the_lowest_priority_latest_request() -> None:
+    # three requests fill the pool; growing needs one victim: the lowest priority
+    # (highest value), among equals the latest arrival, whatever the admission order
+    config = EngineConfig(block_size=4, scheduling_policy="priority")
+    engine = _engine(config, 6)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    engine.add_request("urgent", [2] * 4, params, 2.0, priority=0)
+    engine.add_request("late-low", [2] * 4, params, 1.0, priority=5)
+    engine.add_request("early-low", [2] * 4, params, 0.0, priority=5)
+    preempted: list[str] = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        preempted += engine.executor.outputs[-1].preempted_request_ids  # type: ignore[attr-defined]
+    assert preempted and preempted[0] == "late-low"
+
+
+def _hybrid_run(first: str, cpu_blocks: int, mode: str = "hybrid") -> dict:
+    """A long (12-token) and a short (4-token) prompt that cannot both finish in the pool;
+    the one admitted second is preempted."""
+    config = EngineConfig(block_size=4, preemption_mode=mode, swap_threshold_tokens=10)  # type: ignore[arg-type]
+    engine = _engine(config, 7, cpu_blocks)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompts = {"long": [3] * 12, "short": [4] * 4}
+    second = "short" if first == "long" else "long"
+    for rid in (first, second):
+        engine.add_request(rid, prompts[rid], params)
+    _first_token_order(engine)
+    return engine.stats()
+
+
+def test_hybrid_recomputes_short_victims_and_swaps_long_ones() -> None:
+    short_victim = _hybrid_run("long", cpu_blocks=16)
+    assert short_victim["num_preemptions"] > 0
+    assert short_victim["num_swap_outs"] == 0 and short_victim["num_recomputed_tokens"] > 0
+    long_victim = _hybrid_run("short", cpu_blocks=16)
+    assert long_victim["num_swap_outs"] > 0 and long_victim["num_swapped_tokens"] >= 12
+    assert long_victim["num_recomputed_tokens"] == 0
+    no_room = _hybrid_run("short", cpu_blocks=2)  # the CPU pool cannot hold it: recompute
+    assert no_room["num_swap_outs"] == 0 and no_room["num_recomputed_tokens"] >= 12
+    swap_only = _hybrid_run("long", cpu_blocks=16, mode="swap")
+    assert swap_only["num_swap_outs"] > 0 and swap_only["num_recomputed_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"preemption_mode": "hybrid", "swap_space_gb": 0}, "swap_space_gb"),
+        ({"swap_threshold_tokens": 0}, "swap_threshold_tokens"),
+        ({"swap_threshold_tokens": 1.5}, "swap_threshold_tokens: must be an integer"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy: must be one of"),
+    ],
+)
+def test_bad_policy_fields_are_refused_clearly(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**fields)
+
+
+def test_bad_priority_or_tier_is_refused() -> None:
+    engine = _engine(EngineConfig(), 64)
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        engine.add_request("a", [2], priority=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tier must be >= 0"):
+        engine.add_request("b", [2], tier=-1)
