@@ -35,7 +35,8 @@ THRESHOLD_GATE = "long_prefill_token_threshold_on"
 """Optuna parameter that switches the long-prefill threshold on (chunked policy only)."""
 
 _CATEGORICAL = {
-    "preemption_mode": ("recompute", "swap"),
+    "preemption_mode": ("recompute", "swap", "hybrid"),
+    "scheduling_policy": ("fcfs", "priority"),
     "prefix_caching": ("none", "hash", "radix"),
     "policy": ("chunked", "prefill_first"),
     "kv_cache_dtype": KV_CACHE_DTYPES,
@@ -49,7 +50,14 @@ _SEARCH_ORDER = (
     "preemption_mode",
     "prefix_caching",
     "kv_cache_dtype",
+    "swap_threshold_tokens",
+    "scheduling_policy",
 )
+OPT_IN = ("swap_threshold_tokens", "scheduling_policy")
+"""Knobs fixed at their ``EngineConfig`` default unless a ``--search`` file lists values
+(``preemption_mode: [recompute, hybrid]``, ``swap_threshold_tokens: [1024, 4096]``,
+``scheduling_policy: [fcfs, priority]``); hybrid preemption runs on the embedded engine
+only, priority scheduling also on vLLM and SGLang."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 
@@ -128,6 +136,7 @@ def default_params(kv_cache_dtypes: tuple[str, ...] = ("auto",)) -> dict[str, Pa
         "prefix_caching": Param("prefix_caching", values=("none", "hash", "radix")),
         "policy": Param("policy", values=("chunked", "prefill_first")),
         "kv_cache_dtype": Param("kv_cache_dtype", values=tuple(kv_cache_dtypes)),
+        **{n: Param(n, values=(getattr(EngineConfig, n),)) for n in OPT_IN},
     }
 
 
@@ -292,9 +301,10 @@ class SearchSpace:
             else:
                 params[name] = Param(name, **spec)
         fixed = dict(data.get("fixed", {}))
-        if "kv_cache_dtype" not in params:  # a space stored before the knob was searched
-            kv = fixed.pop("kv_cache_dtype", "auto")
-            params["kv_cache_dtype"] = Param("kv_cache_dtype", values=(kv,))
+        for name in ("kv_cache_dtype", *OPT_IN):  # a space stored before the knob was searched
+            if name not in params:
+                value = fixed.pop(name, getattr(EngineConfig, name))
+                params[name] = Param(name, values=(value,))
         return cls(params, fixed)
 
 
@@ -444,10 +454,12 @@ def _drop_impossible_choices(space: SearchSpace, where: str) -> SearchSpace:
         params["policy"] = replace(policy, values=kept)
     swap_gb = space.fixed.get("swap_space_gb", EngineConfig.swap_space_gb)
     mode = params["preemption_mode"]
-    if "swap" in (mode.values or ()) and swap_gb <= 0:
-        kept = tuple(v for v in mode.values or () if v != "swap")
+    if swap_gb <= 0 and set(mode.values or ()) & {"swap", "hybrid"}:
+        kept = tuple(v for v in mode.values or () if v == "recompute")
         if not kept:
-            raise SearchSpaceError(f"{where}: preemption_mode swap needs swap_space_gb > 0")
+            raise SearchSpaceError(
+                f"{where}: preemption_mode swap or hybrid needs swap_space_gb > 0"
+            )
         params["preemption_mode"] = replace(mode, values=kept)
     return replace(space, params=params)
 

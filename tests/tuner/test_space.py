@@ -231,3 +231,39 @@ def test_a_space_stored_before_the_kv_knob_keeps_its_fixed_dtype() -> None:
     stored["fixed"]["kv_cache_dtype"] = "int8"
     space = SearchSpace.from_dict(stored)
     assert {space.config_from_params(p).kv_cache_dtype for p in space.grid()} == {"int8"}
+
+
+def test_policy_knobs_are_opt_in() -> None:
+    default = build_space(max_model_len=2048)
+    assert "scheduling_policy" not in default.free_names
+    assert "swap_threshold_tokens" not in default.free_names
+    assert {c.preemption_mode for _, c in sample(default, 60)} == {"recompute", "swap"}
+    space = build_space(
+        max_model_len=2048,
+        overrides={
+            "preemption_mode": ["recompute", "hybrid"],
+            "swap_threshold_tokens": [512, 4096],
+            "scheduling_policy": ["fcfs", "priority"],
+        },
+    )
+    configs = [c for _, c in sample(space, 80)]
+    assert {c.preemption_mode for c in configs} == {"recompute", "hybrid"}
+    assert {c.swap_threshold_tokens for c in configs} == {512, 4096}
+    assert {c.scheduling_policy for c in configs} == {"fcfs", "priority"}
+    for params in space.grid()[:50]:
+        assert space.params_for(space.config_from_params(params)) is not None
+    with pytest.raises(SearchSpaceError, match="swap or hybrid needs swap_space_gb"):
+        build_space(
+            max_model_len=2048, overrides={"preemption_mode": "hybrid", "swap_space_gb": 0}
+        )
+    with pytest.raises(SearchSpaceError, match="not one of"):
+        build_space(max_model_len=2048, overrides={"scheduling_policy": "lifo"})
+
+
+def test_a_space_stored_before_the_policy_knobs_keeps_their_defaults() -> None:
+    stored = build_space(max_model_len=2048).to_dict()
+    for name in ("scheduling_policy", "swap_threshold_tokens"):
+        del stored["params"][name]
+    space = SearchSpace.from_dict(stored)
+    configs = {space.config_from_params(p) for p in space.grid()[:20]}
+    assert {(c.scheduling_policy, c.swap_threshold_tokens) for c in configs} == {("fcfs", 2048)}
