@@ -36,6 +36,12 @@ class EngineConfig:
     latest-arrived running request preempted first. ``preemption_mode="hybrid"`` swaps a
     victim holding at least ``swap_threshold_tokens`` computed tokens and recomputes a
     shorter one (or any when the CPU pool is full); the threshold matters only there.
+
+    ``top_tier_kv_share`` and ``top_tier_token_share`` reserve that share of the GPU KV
+    blocks and of each step's token budget for tier-0 requests (a static reservation:
+    the lower tiers together never hold more than the rest, even while no tier-0 request
+    is there). With either on (``tiered``), tiers order both queues: tier 0 is admitted
+    first and the highest tier value preempted first.
     """
 
     max_num_batched_tokens: int = 2048
@@ -52,6 +58,8 @@ class EngineConfig:
     kv_cache_dtype: KVCacheDtype = "auto"
     scheduling_policy: SchedulingPolicy = "fcfs"
     swap_threshold_tokens: int = 2048
+    top_tier_kv_share: float = 0.0
+    top_tier_token_share: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -91,6 +99,30 @@ class EngineConfig:
             )
         if self.swap_threshold_tokens < 1:
             _fail("swap_threshold_tokens", "must be at least 1 token", self.swap_threshold_tokens)
+        for name in ("top_tier_kv_share", "top_tier_token_share"):
+            share = getattr(self, name)
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                _fail(name, "must be a number in [0, 1)", share)
+            if not 0 <= share < 1:
+                _fail(name, "must be in [0, 1): the share reserved for tier 0", share)
+        if self.tiered and self.lower_tier_token_budget < 1:
+            _fail(
+                "top_tier_token_share",
+                f"leaves the lower tiers no token of max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}",
+                self.top_tier_token_share,
+            )
+        if (
+            self.tiered
+            and self.policy == "prefill_first"
+            and self.lower_tier_token_budget < self.max_model_len
+        ):
+            _fail(
+                "top_tier_token_share",
+                "must leave the lower tiers at least max_model_len tokens per step with "
+                "policy='prefill_first', which never splits prompts",
+                self.top_tier_token_share,
+            )
         if self.scheduling_policy not in _SCHEDULING_POLICIES:
             _fail(
                 "scheduling_policy",
@@ -116,6 +148,20 @@ class EngineConfig:
                 f"or a prompt of max_model_len={self.max_model_len} tokens could never run",
                 self.max_num_batched_tokens,
             )
+
+    @property
+    def tiered(self) -> bool:
+        """Whether tier 0 has a reserved share (tiers then order the queues)."""
+        return self.top_tier_kv_share > 0 or self.top_tier_token_share > 0
+
+    @property
+    def lower_tier_token_budget(self) -> int:
+        """The tokens the lower tiers may take together in a step."""
+        return int(self.max_num_batched_tokens * (1 - self.top_tier_token_share))
+
+    def lower_tier_blocks(self, num_gpu_blocks: int) -> int:
+        """The GPU blocks the lower tiers may hold together."""
+        return int(num_gpu_blocks * (1 - self.top_tier_kv_share))
 
     @property
     def prefix_caching_enabled(self) -> bool:

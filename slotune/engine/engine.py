@@ -85,11 +85,20 @@ class Engine:
         num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode != "recompute" else 0
         self.capacity = KVCacheCapacity(num_gpu_blocks, max(num_cpu_blocks, 0))
         executor.initialize_cache(config, self.capacity)
+        lower_tier_blocks = None
+        if config.tiered:
+            lower_tier_blocks = config.lower_tier_blocks(num_gpu_blocks)
+            if lower_tier_blocks < 1:
+                raise ValueError(
+                    f"Engine: top_tier_kv_share={config.top_tier_kv_share} of "
+                    f"{num_gpu_blocks} KV blocks leaves the lower tiers none; lower it"
+                )
         self.kv_cache = KVCacheManager(
             self.capacity.num_gpu_blocks,
             self.capacity.num_cpu_blocks,
             config.block_size,
             config.prefix_caching,
+            lower_tier_blocks,
         )
         self.scheduler = Scheduler(config, self.kv_cache)
         if check_stretches is None:
@@ -180,6 +189,13 @@ class Engine:
                 raise ValueError(f"add_request({request_id!r}): {name} must be an integer")
         if tier < 0:
             raise ValueError(f"add_request({request_id!r}): tier must be >= 0 (got {tier})")
+        if tier and not self.kv_cache.can_ever_fit(len(prompt_token_ids), tier):
+            raise ValueError(
+                f"add_request({request_id!r}): prompt of {len(prompt_token_ids)} tokens needs "
+                f"{self.kv_cache.blocks_needed(len(prompt_token_ids))} KV blocks but tier "
+                f"{tier} may hold only {self.kv_cache.lower_tier_blocks}; lower "
+                "top_tier_kv_share or shorten the prompt"
+            )
         request = Request(
             request_id,
             list(prompt_token_ids),

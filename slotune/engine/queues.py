@@ -1,4 +1,4 @@
-"""The waiting queue of ``scheduling_policy="priority"``: a heap in ``rules.rank`` order.
+"""The waiting queue of priority scheduling and tiers: a heap in ``rules.queue_key`` order.
 
 It offers the slice of ``collections.deque`` the scheduler uses (``[0]``, ``append``,
 ``appendleft``, ``popleft``, ``remove``, iteration), so the scheduler's code is one for
@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from slotune.engine.request import Request
-from slotune.engine.rules import rank
 
 
 class PriorityWaiting:
-    __slots__ = ("_counter", "_heap")
+    __slots__ = ("_counter", "_heap", "_key")
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[int, float], int, Request]] = []
+    def __init__(self, key: Callable[[Request], tuple]) -> None:
+        self._heap: list[tuple[tuple, int, Request]] = []
         self._counter = itertools.count()
+        self._key = key
 
     def append(self, req: Request) -> None:
-        heapq.heappush(self._heap, (rank(req), next(self._counter), req))
+        heapq.heappush(self._heap, (self._key(req), next(self._counter), req))
 
-    appendleft = append  # a preempted request waits by its rank too
+    appendleft = append  # a preempted request waits in its place too
 
     def popleft(self) -> Request:
         return heapq.heappop(self._heap)[2]
@@ -53,5 +53,5 @@ class PriorityWaiting:
         return bool(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        """The requests in rank order."""
+        """The requests in queue order."""
         return iter([entry[2] for entry in sorted(self._heap, key=lambda e: (e[0], e[1]))])

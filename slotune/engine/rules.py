@@ -10,6 +10,8 @@ the tests check each against its rule applied step by step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from slotune.engine.request import Request, RequestStatus
 
 
@@ -67,10 +69,30 @@ def prompts_first(prefill_first: bool, head: Request | None) -> bool:
     return prefill_first and head is not None and head.status is not RequestStatus.SWAPPED
 
 
-def rank(req: Request) -> tuple[int, float]:
-    """A request's place under ``scheduling_policy="priority"``: lower priority values
-    first, then earlier arrivals (vLLM's order); the largest is preempted first."""
+def queue_key(by_priority: bool, tiered: bool) -> Callable[[Request], tuple] | None:
+    """The order of both queues: tier first when ``tiered`` (0 first), then lower
+    ``priority`` values under priority scheduling (vLLM's convention), then earlier
+    arrivals; the last running request in this order is preempted first. None: plain
+    FIFO waiting and admission-order running (FCFS without tiers)."""
+    if by_priority and tiered:
+        return _tier_priority_arrival
+    if by_priority:
+        return _priority_arrival
+    if tiered:
+        return _tier_arrival
+    return None
+
+
+def _tier_priority_arrival(req: Request) -> tuple[int, int, float]:
+    return (req.tier, req.priority, req.arrival_time)
+
+
+def _priority_arrival(req: Request) -> tuple[int, float]:
     return (req.priority, req.arrival_time)
+
+
+def _tier_arrival(req: Request) -> tuple[int, float]:
+    return (req.tier, req.arrival_time)
 
 
 def swaps(mode: str, num_computed: int, swap_threshold: int) -> bool:

@@ -36,7 +36,7 @@ from slotune.engine.rules import (
     needs_blocks,
     num_samples,
     prompts_first,
-    rank,
+    queue_key,
     reaches_length,
     running_chunk,
     swaps,
@@ -88,10 +88,12 @@ class Scheduler:
 
     ``running`` is in admission order (the last is preempted first); ``waiting`` is FIFO
     with preempted and swapped requests put back at its front. Under
-    ``scheduling_policy="priority"`` both are in ``rank`` order instead: the waiting head
-    is the highest-priority, earliest request, and the last running one (the first
-    victim) is vLLM's ``max(running, key=(priority, arrival))``; running requests take
-    the step's budget in that order too.
+    ``scheduling_policy="priority"`` or tiers both are in ``queue_key`` order instead:
+    the waiting head is the first in that order, and the last running one (the first
+    victim) is vLLM's ``max(running, key=(priority, arrival))`` (tier first with
+    tiers); running requests take the step's budget in that order too. With tiers the
+    lower tiers together take at most ``lower_budget`` tokens a step (and the KV manager
+    caps their blocks).
     """
 
     def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
@@ -103,16 +105,18 @@ class Scheduler:
         self.prefill_first = config.policy == "prefill_first"
         self.preemption_mode = config.preemption_mode
         self.swap_threshold = config.swap_threshold_tokens
-        self.by_rank = config.scheduling_policy == "priority"
+        self.key = queue_key(config.scheduling_policy == "priority", config.tiered)
+        self.lower_budget = config.lower_tier_token_budget if config.tiered else None
         self.threshold = config.long_prefill_token_threshold or config.max_num_batched_tokens
         self.waiting: deque[Request] | PriorityWaiting = (
-            PriorityWaiting() if self.by_rank else deque()
+            deque() if self.key is None else PriorityWaiting(self.key)
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
         self.pending_outputs: list[RequestOutput] = []
         self.fork_seats = 0  # future children of running, not yet forked n > 1 requests
+        self.lower_left: int | None = None  # tokens the lower tiers may still take this step
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
@@ -146,6 +150,7 @@ class Scheduler:
         )
         self.finished_request_ids = set()
         budget = self.config.max_num_batched_tokens
+        self.lower_left = self.lower_budget
         if not self.prefill_first:
             budget = self._schedule_running(out, budget)
             if not out.preempted_request_ids:
@@ -179,6 +184,8 @@ class Scheduler:
         scheduled = out.num_scheduled_tokens
         samples = out.num_samples
         prefill = 0
+        tiers = self.lower_left is not None
+        lower_left = self.lower_left or 0  # what the lower tiers may still take
         for req in running:  # preemption only pops entries after ``req`` (or ``req`` itself)
             if budget <= 0:
                 break
@@ -187,6 +194,9 @@ class Scheduler:
             n = total - computed
             rid = req.request_id
             has_output = bool(req.output_token_ids)
+            limited = tiers and req.tier > 0
+            if limited and lower_left < 1:
+                continue  # the lower tiers' share of this step is spent
             if is_decoding(n, has_output):  # the hot path
                 # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (
@@ -196,8 +206,11 @@ class Scheduler:
                 scheduled[rid] = 1
                 samples[rid] = 1
                 budget -= 1
+                if limited:
+                    lower_left -= 1
                 continue
-            n = running_chunk(n, computed, self.threshold, budget, self.max_model_len)
+            cap = min(budget, lower_left) if limited else budget
+            n = running_chunk(n, computed, self.threshold, cap, self.max_model_len)
             if (
                 (needs_blocks(computed, n, req_blocks[rid].num_slots) or cow_pending)
                 and not kv.allocate_slots(req, n)
@@ -210,7 +223,11 @@ class Scheduler:
             if counts_as_prefill(n, has_output):
                 prefill += n
             budget -= n
+            if limited:
+                lower_left -= n
         out.num_prefill_tokens += prefill
+        if tiers:
+            self.lower_left = lower_left
         return budget
 
     def _make_room(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
@@ -260,7 +277,11 @@ class Scheduler:
                 break
             if not self.has_seat_for(req, len(self.running)):
                 break
-            n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
+            lower_left = self.lower_left if req.tier > 0 else None
+            avail = budget if lower_left is None else min(budget, lower_left)
+            if avail <= 0:
+                break  # the lower tiers' share is spent, and all behind are lower tiers
+            n = self._admit_swapped(req, out, avail) if swapped else self._admit(req, out, avail)
             if n is None:
                 break
             if n == 0:
@@ -275,6 +296,8 @@ class Scheduler:
             if not swapped or counts_as_prefill(n, bool(req.output_token_ids)):
                 out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n
+            if lower_left is not None:
+                self.lower_left = lower_left - n
         return budget
 
     def seat_head(self) -> Request:
@@ -286,10 +309,10 @@ class Scheduler:
         return req
 
     def _seat(self, req: Request) -> None:
-        if self.by_rank:
-            bisect.insort_right(self.running, req, key=rank)
-        else:
+        if self.key is None:
             self.running.append(req)
+        else:
+            bisect.insort_right(self.running, req, key=self.key)
 
     def has_seat_for(self, req: Request, num_seated: int) -> bool:
         """Whether ``req`` fits next to ``num_seated`` running requests and the seats

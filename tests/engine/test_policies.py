@@ -9,6 +9,7 @@ import pytest
 from slotune.engine import Engine, EngineConfig, SamplingParams
 from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request
+from slotune.engine.rules import queue_key
 from tests.engine.deterministic import DeterministicExecutor
 from tests.engine.invariants import check_all, check_drained
 
@@ -19,7 +20,7 @@ def _req(rid: str, priority: int, arrival: float) -> Request:
 
 def test_priority_queue_matches_a_sorted_reference() -> None:
     rng = random.Random(7)
-    queue = PriorityWaiting()
+    queue = PriorityWaiting(queue_key(by_priority=True, tiered=False))  # type: ignore[arg-type]
     reference: list[tuple[tuple[int, float], int, Request]] = []  # (rank, put-in order, req)
     order = 0
     for step in range(2_000):
@@ -136,3 +137,51 @@ def test_bad_priority_or_tier_is_refused() -> None:
         engine.add_request("a", [2], priority=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tier must be >= 0"):
         engine.add_request("b", [2], tier=-1)
+
+
+def _tier_run(config: EngineConfig, gpu_blocks: int) -> tuple[list[str], Engine]:
+    engine = _engine(config, gpu_blocks)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    engine.add_request("free", [2] * 4, params, 0.0, tier=1)
+    engine.add_request("pro", [3] * 4, params, 1.0, tier=0)
+    engine.add_request("free-late", [4] * 4, params, 2.0, tier=1)
+    preempted: list[str] = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        check_all(engine, None)
+        preempted += engine.executor.outputs[-1].preempted_request_ids  # type: ignore[attr-defined]
+    check_drained(engine)
+    return preempted, engine
+
+
+def test_lower_tiers_are_preempted_first_and_keep_to_their_share() -> None:
+    plain, _ = _tier_run(EngineConfig(block_size=4), 6)
+    assert plain[0] == "free-late"  # FCFS: the last admitted
+    config = EngineConfig(block_size=4, top_tier_token_share=0.5, max_num_batched_tokens=8)
+    tiered, engine = _tier_run(config, 6)
+    assert tiered and all(rid.startswith("free") for rid in tiered)
+    first = engine.executor.outputs[0]  # type: ignore[attr-defined]
+    assert list(first.num_scheduled_tokens) == ["pro", "free"]  # tier 0 first, 4 tokens each
+    kv_config = EngineConfig(block_size=4, top_tier_kv_share=0.5)
+    _, engine = _tier_run(kv_config, 8)
+    assert engine.kv_cache.lower_tier_blocks == 4
+
+
+def test_tier_shares_are_validated() -> None:
+    with pytest.raises(ValueError, match="top_tier_kv_share: must be in"):
+        EngineConfig(top_tier_kv_share=1.0)
+    with pytest.raises(ValueError, match="top_tier_token_share: leaves the lower tiers no"):
+        EngineConfig(max_num_batched_tokens=4, top_tier_token_share=0.9)
+    with pytest.raises(ValueError, match="max_model_len tokens per step"):
+        EngineConfig(
+            policy="prefill_first",
+            max_num_batched_tokens=8192,
+            max_model_len=8192,
+            top_tier_token_share=0.1,
+        )
+    with pytest.raises(ValueError, match="leaves the lower tiers none"):
+        _engine(EngineConfig(top_tier_kv_share=0.9), 5)
+    engine = _engine(EngineConfig(block_size=4, top_tier_kv_share=0.5), 8)
+    engine.add_request("pro", [2] * 30, tier=0)  # 8 blocks: the whole pool is tier 0's
+    with pytest.raises(ValueError, match="tier 1 may hold only 4"):
+        engine.add_request("free", [2] * 30, tier=1)

@@ -24,7 +24,7 @@ BLOCK_SIZES = (1, 4, 16)
 POLICIES = ("chunked", "prefill_first")
 PREEMPTION = ("recompute", "swap", "hybrid")
 CACHING = ("none", "hash", "radix")
-SCHEDULING = ("fcfs", "priority")
+SCHEDULING = ("fcfs", "priority", "fcfs-tiers", "priority-tiers")
 ALL_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, BLOCK_SIZES, SCHEDULING))
 
 
@@ -37,6 +37,7 @@ class Job:
     arrive: int
     abort_at: int | None
     priority: int = 0
+    tier: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Workload:
     extra_blocks: int
     cpu_blocks: int
     swap_threshold: int = 8
+    kv_share: float = 0.0  # of tier 0, in the tiered configurations
+    token_share: float = 0.0
 
 
 @st.composite
@@ -67,6 +70,7 @@ def workloads(draw: st.DrawFn) -> Workload:
                 arrive=draw(st.integers(0, 6)),
                 abort_at=draw(st.integers(0, 12)) if aborted else None,
                 priority=draw(st.integers(-1, 2)),
+                tier=draw(st.sampled_from((0, 1, 1, 2))),
             )
         )
     return Workload(
@@ -77,7 +81,32 @@ def workloads(draw: st.DrawFn) -> Workload:
         extra_blocks=draw(st.integers(0, 6)),
         cpu_blocks=draw(st.integers(0, 10)),
         swap_threshold=draw(st.integers(1, 40)),
+        kv_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.75))),
+        token_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.9))),
     )
+
+
+def tier_shares(
+    w: Workload, scheduling: str, budget: int, num_blocks: int, need: int, prefill_first: bool
+) -> dict:
+    """The tier fields of a configuration: the workload's shares, cut where they would
+    leave a lower-tier request no room (``need`` blocks, or a whole prompt under
+    prefill-first, whose budget is over ``MAX_MODEL_LEN``); the token share stays on when
+    both are cut."""
+    if not scheduling.endswith("tiers"):
+        return {}
+    kv = w.kv_share
+    if int(num_blocks * (1 - kv)) < need:
+        kv = 0.0
+    token = w.token_share
+    floor = MAX_MODEL_LEN if prefill_first else 1
+    if int(budget * (1 - token)) < floor:
+        token = 0.0
+    if kv == 0 and token == 0:
+        token = 1 / (2 * budget)  # one token of the budget
+        if int(budget * (1 - token)) < floor:
+            return {}
+    return {"top_tier_kv_share": kv, "top_tier_token_share": token}
 
 
 def workload_config(
@@ -87,11 +116,14 @@ def workload_config(
     caching: str,
     block_size: int,
     scheduling: str = "fcfs",
+    num_blocks: int = 0,
 ) -> EngineConfig:
     """The engine configuration ``cfg`` (one of ``ALL_CONFIGS``) runs workload ``w`` with."""
     chunked = policy == "chunked"
+    budget = w.budget if chunked else MAX_MODEL_LEN + w.budget
+    need = largest_request_blocks(w, block_size)
     return EngineConfig(
-        max_num_batched_tokens=w.budget if chunked else MAX_MODEL_LEN + w.budget,
+        max_num_batched_tokens=budget,
         long_prefill_token_threshold=w.threshold if chunked else 0,
         block_size=block_size,
         max_num_seqs=w.max_num_seqs,
@@ -99,8 +131,9 @@ def workload_config(
         preemption_mode=preemption,  # type: ignore[arg-type]
         prefix_caching=caching,  # type: ignore[arg-type]
         policy=policy,  # type: ignore[arg-type]
-        scheduling_policy=scheduling,  # type: ignore[arg-type]
+        scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
+        **tier_shares(w, scheduling, budget, num_blocks, need, not chunked),
     )
 
 
@@ -112,10 +145,11 @@ def largest_request_blocks(w: Workload, block_size: int) -> int:
 def run(
     w: Workload, policy: str, preemption: str, caching: str, block_size: int, scheduling: str
 ) -> tuple[dict[tuple[str, int], list[int]], Engine]:
-    config = workload_config(w, policy, preemption, caching, block_size, scheduling)
     # The largest single request must fit alone; anything more is contention.
     need = largest_request_blocks(w, block_size)
-    executor = DeterministicExecutor(need + w.extra_blocks * max(1, 8 // block_size), w.cpu_blocks)
+    num_blocks = need + w.extra_blocks * max(1, 8 // block_size)
+    config = workload_config(w, policy, preemption, caching, block_size, scheduling, num_blocks)
+    executor = DeterministicExecutor(num_blocks, w.cpu_blocks)
     engine = Engine(config, executor)
     tokens: dict[tuple[str, int], list[int]] = {}
     finished: dict[tuple[str, int], str] = {}
@@ -124,7 +158,9 @@ def run(
         for j in w.jobs:
             if j.arrive == step:
                 params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
-                engine.add_request(j.rid, j.prompt, params, float(step), priority=j.priority)
+                engine.add_request(
+                    j.rid, j.prompt, params, float(step), priority=j.priority, tier=j.tier
+                )
             if j.abort_at == step:
                 engine.abort_request(j.rid)
         if engine.has_unfinished_requests():
@@ -192,24 +228,28 @@ def test_requests_that_outgrow_the_pool_end_early_without_hanging(
     w: Workload, cfg: tuple, num_blocks: int
 ) -> None:
     policy, preemption, caching, block_size, scheduling = cfg
+    budget = w.budget if policy == "chunked" else MAX_MODEL_LEN
+    gpu_blocks = max(1, num_blocks * 4 // block_size)
+    tiers = tier_shares(w, scheduling, budget, gpu_blocks, 1, policy != "chunked")
     config = EngineConfig(
-        max_num_batched_tokens=w.budget if policy == "chunked" else MAX_MODEL_LEN,
+        max_num_batched_tokens=budget,
         block_size=block_size,
         max_num_seqs=w.max_num_seqs,
         max_model_len=MAX_MODEL_LEN,
         preemption_mode=preemption,
         prefix_caching=caching,
         policy=policy,
-        scheduling_policy=scheduling,
+        scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
+        **tiers,
     )
-    executor = DeterministicExecutor(max(1, num_blocks * 4 // block_size), w.cpu_blocks)
+    executor = DeterministicExecutor(gpu_blocks, w.cpu_blocks)
     engine = Engine(config, executor)
     accepted = []
     for j in w.jobs:
         try:
             params = SamplingParams(max_tokens=j.max_tokens, n=j.n)
-            engine.add_request(j.rid, j.prompt, params, priority=j.priority)
+            engine.add_request(j.rid, j.prompt, params, priority=j.priority, tier=j.tier)
             accepted.append(j)
         except ValueError as err:
             assert "KV blocks" in str(err)
