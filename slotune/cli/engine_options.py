@@ -18,7 +18,7 @@ LongPrefillTokenThreshold = Annotated[
 ]
 BlockSize = Annotated[int | None, opt("--block-size", "KV block size.")]
 MaxNumSeqs = Annotated[int | None, opt("--max-num-seqs", "Max running requests.")]
-PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swap.")]
+PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swap | hybrid.")]
 PrefixCaching = Annotated[str | None, opt("--prefix-caching", "none | hash | radix.")]
 Policy = Annotated[str | None, opt("--policy", "chunked | prefill_first.")]
 NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV pool size.")]

@@ -10,8 +10,9 @@ import pytest
 
 from slotune.engine import EngineConfig
 from slotune.workloads import TraceFormatError, load_trace
-from slotune.workloads.metrics import request_metrics
+from slotune.workloads.metrics import request_metrics, summarize
 from slotune.workloads.runner.engine_loop import run_simulated
+from slotune.workloads.slo import parse_slo
 from slotune.workloads.trace import Trace, TraceRequest
 
 
@@ -79,3 +80,24 @@ def test_priority_scheduling_serves_urgent_requests_first_in_the_simulator() -> 
         ttft[policy] = (metrics["ttft"][urgent].mean(), metrics["ttft"][~urgent].mean())
     assert ttft["priority"][0] < ttft["fcfs"][0]
     assert ttft["priority"][0] < ttft["priority"][1] / 2  # all urgent ones went first
+
+
+def test_summary_scores_each_tier_and_quotas_favour_tier_zero() -> None:
+    reqs = tuple(
+        TraceRequest(f"r{i}", 800, 80, arrival_time=0.0, tier=int(i % 4 != 0)) for i in range(48)
+    )
+    trace = Trace("two-tiers", reqs)
+    slo = parse_slo("ttft=1500ms")
+    scores = {}
+    for name, extra in (("plain", {}), ("quotas", {"top_tier_token_share": 0.5})):
+        config = EngineConfig(max_num_seqs=16, max_num_batched_tokens=2048, **extra)
+        summary = summarize(run_simulated(config, trace), slo)
+        tiers = summary["tiers"]
+        assert set(tiers) == {"0", "1"}
+        assert tiers["0"]["num_requests"] == 12 and tiers["1"]["num_requests"] == 36
+        assert tiers["0"]["completed"] + tiers["1"]["completed"] == summary["completed"]
+        assert "preemption_mix" in summary
+        scores[name] = (tiers["0"]["slo_attainment"], tiers["1"]["slo_attainment"])
+    assert scores["quotas"][0] > scores["plain"][0]  # tier 0 admitted first, its share kept
+    one_tier = summarize(run_simulated(EngineConfig(), Trace("one", reqs[1:4])), slo)
+    assert "tiers" not in one_tier  # all of tier 1: nothing to split
