@@ -8,13 +8,15 @@
 3-6k tokens; seeded), Poisson arrivals, llama-2-7b on a100-80g with the KV pool cut to
 ``--blocks`` blocks of 16 tokens so requests preempt; recompute-only, swap-only (4 GiB of
 host swap) and hybrid at each threshold of ``--thresholds`` (the grid a ``--search`` file
-would give the tuner). Prints TTFT/TPOT p99, output throughput, preemptions and the
-preemption mix (tokens recomputed vs swapped).
+would give the tuner), with the prefix cache of ``--prefix-caching`` (a recomputed
+request finds its own freed blocks there while they last). Prints TTFT/TPOT p99, output
+throughput, preemptions and the preemption mix (tokens recomputed vs swapped).
 
 ``tiers``: the bundled ``agent-tiers`` trace (64 agent sessions, a quarter pro = tier 0)
 with every session started at once (overload) on the same cut pool, scored against the
-SLO ``--slo``: FCFS, priority scheduling (priority = tier), tier quotas, and both. Prints
-each tier's SLO attainment, goodput and TTFT p99.
+SLO ``--slo``: FCFS, priority scheduling (priority = tier: with tiers on, the queues
+are in tier order anyway), a token-budget quota for tier 0, and KV + token quotas (both
+of ``--share``). Prints each tier's SLO attainment, goodput and TTFT p99.
 
 Every run is single-stepped (the stretch planner declines these policies), so keep the
 traces small.
@@ -83,6 +85,7 @@ def preemption(args: argparse.Namespace) -> list[dict]:
         num_gpu_blocks=args.blocks,
         max_model_len=longest,
         swap_space_gb=4.0,
+        prefix_caching=args.prefix_caching,
     )
     arrivals = ArrivalSpec(rate=args.rate)
     cases = [("recompute", base), ("swap", replace(base, preemption_mode="swap"))]
@@ -96,12 +99,15 @@ def tiers(args: argparse.Namespace) -> list[dict]:
     trace = load_trace("agent-tiers")
     slo = parse_slo(args.slo)
     base = EngineConfig(max_num_batched_tokens=2048, num_gpu_blocks=args.blocks, max_model_len=8192)
-    quotas = {"top_tier_kv_share": 0.3, "top_tier_token_share": 0.3}
+    share = args.share
     cases = [
         ("fcfs", base),
         ("priority", replace(base, scheduling_policy="priority")),
-        ("tier quotas", replace(base, **quotas)),
-        ("priority + quotas", replace(base, scheduling_policy="priority", **quotas)),
+        (f"token quota {share}", replace(base, top_tier_token_share=share)),
+        (
+            f"kv + token quotas {share}",
+            replace(base, top_tier_kv_share=share, top_tier_token_share=share),
+        ),
     ]
     return [_row(name, c, trace, ALL_AT_ONCE, slo) for name, c in cases]
 
@@ -114,6 +120,8 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=2048)
     p.add_argument("--thresholds", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     p.add_argument("--slo", default="ttft=2s,tpot=100ms")
+    p.add_argument("--share", type=float, default=0.3, help="tier 0's reserved share")
+    p.add_argument("--prefix-caching", default="hash", choices=("none", "hash", "radix"))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rows = []
