@@ -164,8 +164,10 @@ def _policy_rows(
     rows: list[list[Cell | str]] = []
     if any("preemption_mix" in s for _, s in runs):
         for label, key in (("recomputed", "recomputed_tokens"), ("swapped", "swapped_tokens")):
-            cells = [fmt.num(stat(section(s, "preemption_mix"), key)) for _, s in runs]
-            rows.append([f"tokens {label} by preemption", "—", *cells])
+            mix: list[Cell | str] = [
+                fmt.num(stat(section(s, "preemption_mix"), key)) for _, s in runs
+            ]
+            rows.append([f"tokens {label} by preemption", "—", *mix])
     tiers = sorted({t for _, s in runs for t in section(s, "tiers")}, key=int)
     for tier in tiers:
         scores = [section(section(s, "tiers"), tier) for _, s in runs]
@@ -178,7 +180,7 @@ def _policy_rows(
         )
         for metric, key, slo_key in (("TTFT", "ttft_ms", "ttft"), ("TPOT", "tpot_ms", "tpot")):
             target = slo.get(slo_key)
-            cells = [_slo_cell(stat(t, key, "p99"), target) for t in scores]
+            cells: list[Cell | str] = [_slo_cell(stat(t, key, "p99"), target) for t in scores]
             rows.append([f"tier {tier}: {metric} p99", fmt.ms(target) if target else "—", *cells])
     return rows
 

@@ -253,9 +253,7 @@ def test_policy_knobs_are_opt_in() -> None:
     for params in space.grid()[:50]:
         assert space.params_for(space.config_from_params(params)) is not None
     with pytest.raises(SearchSpaceError, match="swap or hybrid needs swap_space_gb"):
-        build_space(
-            max_model_len=2048, overrides={"preemption_mode": "hybrid", "swap_space_gb": 0}
-        )
+        build_space(max_model_len=2048, overrides={"preemption_mode": "hybrid", "swap_space_gb": 0})
     with pytest.raises(SearchSpaceError, match="not one of"):
         build_space(max_model_len=2048, overrides={"scheduling_policy": "lifo"})
 
