@@ -84,6 +84,19 @@ def _sglang_preemption(v: str, _c: EngineConfig) -> Flags:
     return Flags()
 
 
+def _no_tiers(engine: str) -> Rule:
+    def rule(v: float, _c: EngineConfig) -> Flags:
+        if not v:
+            return Flags()
+        return Flags(
+            (),
+            f"{engine} reserves no share for a service tier: the tier quotas run on "
+            "slotune's embedded engine only (left out here)",
+        )
+
+    return rule
+
+
 def _vllm_scheduling(v: str, _c: EngineConfig) -> Flags:
     return Flags(("--scheduling-policy", "priority")) if v == "priority" else Flags()
 
@@ -192,6 +205,8 @@ FLAGS: dict[str, dict[str, Rule]] = {
     "swap_space_gb": {"vllm": _none, "sglang": _none},
     "scheduling_policy": {"vllm": _vllm_scheduling, "sglang": _sglang_scheduling},
     "swap_threshold_tokens": {"vllm": _none, "sglang": _none},
+    "top_tier_kv_share": {"vllm": _no_tiers("vLLM"), "sglang": _no_tiers("SGLang")},
+    "top_tier_token_share": {"vllm": _no_tiers("vLLM"), "sglang": _no_tiers("SGLang")},
     "kv_cache_dtype": {
         "vllm": _kv_dtype("vLLM", _VLLM_KV),
         "sglang": _kv_dtype(

@@ -76,6 +76,8 @@ def test_tensor_parallel_flags() -> None:
         ({"preemption_mode": "swap"}, "vllm", "vLLM V1 has no swap preemption", None),
         ({"preemption_mode": "swap"}, "sglang", "SGLang has no swap preemption", None),
         ({"preemption_mode": "hybrid"}, "vllm", "vLLM V1 has no hybrid preemption", None),
+        ({"top_tier_kv_share": 0.3}, "vllm", "vLLM reserves no share", None),
+        ({"top_tier_token_share": 0.3}, "sglang", "SGLang reserves no share", None),
         (
             {"scheduling_policy": "priority"},
             "sglang",
