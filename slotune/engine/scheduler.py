@@ -186,6 +186,7 @@ class Scheduler:
         prefill = 0
         tiers = self.lower_left is not None
         lower_left = self.lower_left or 0  # what the lower tiers may still take
+        limited = False  # whether ``req`` takes from the lower tiers' share (tiers only)
         for req in running:  # preemption only pops entries after ``req`` (or ``req`` itself)
             if budget <= 0:
                 break
@@ -194,9 +195,10 @@ class Scheduler:
             n = total - computed
             rid = req.request_id
             has_output = bool(req.output_token_ids)
-            limited = tiers and req.tier > 0
-            if limited and lower_left < 1:
-                continue  # the lower tiers' share of this step is spent
+            if tiers:
+                limited = req.tier > 0
+                if limited and lower_left < 1:
+                    continue  # the lower tiers' share of this step is spent
             if is_decoding(n, has_output):  # the hot path
                 # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (

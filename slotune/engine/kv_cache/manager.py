@@ -215,7 +215,8 @@ class KVCacheManager:
                 self._copy_on_write(request, rb, request.num_computed_tokens // self.block_size)
         if num_new > 0:
             new = pool.get_new_blocks(num_new)
-            self._hold(request, new)
+            if self.lower_tier_blocks is not None:
+                self._hold(request, new)
             rb.blocks.extend(new)
             rb.block_ids.extend([b.block_id for b in new])
             rb.num_slots = len(rb.blocks) * self.block_size
