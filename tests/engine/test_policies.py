@@ -185,3 +185,10 @@ def test_tier_shares_are_validated() -> None:
     engine.add_request("pro", [2] * 30, tier=0)  # 8 blocks: the whole pool is tier 0's
     with pytest.raises(ValueError, match="tier 1 may hold only 4"):
         engine.add_request("free", [2] * 30, tier=1)
+
+
+def test_the_simulator_gives_hybrid_a_cpu_pool() -> None:
+    for mode, has_pool in (("recompute", False), ("swap", True), ("hybrid", True)):
+        config = EngineConfig(preemption_mode=mode)  # type: ignore[arg-type]
+        engine = Engine.simulated(config, gpu="a100-80g", model="llama-2-7b")
+        assert (engine.capacity.num_cpu_blocks > 0) is has_pool, mode
