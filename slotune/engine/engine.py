@@ -184,18 +184,8 @@ class Engine:
         tier (0 the highest)."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
-        for name, value in (("priority", priority), ("tier", tier)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"add_request({request_id!r}): {name} must be an integer")
-        if tier < 0:
-            raise ValueError(f"add_request({request_id!r}): tier must be >= 0 (got {tier})")
-        if tier and not self.kv_cache.can_ever_fit(len(prompt_token_ids), tier):
-            raise ValueError(
-                f"add_request({request_id!r}): prompt of {len(prompt_token_ids)} tokens needs "
-                f"{self.kv_cache.blocks_needed(len(prompt_token_ids))} KV blocks but tier "
-                f"{tier} may hold only {self.kv_cache.lower_tier_blocks}; lower "
-                "top_tier_kv_share or shorten the prompt"
-            )
+        if priority or tier:
+            self._validate_class(request_id, len(prompt_token_ids), priority, tier)
         request = Request(
             request_id,
             list(prompt_token_ids),
@@ -213,6 +203,21 @@ class Engine:
             self._used_ids.update(f"{request_id}#{i}" for i in range(1, params.n))
         request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
         return request
+
+    def _validate_class(self, request_id: str, num_prompt: int, priority: int, tier: int) -> None:
+        where = f"add_request({request_id!r})"
+        for name, value in (("priority", priority), ("tier", tier)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{where}: {name} must be an integer")
+        if tier < 0:
+            raise ValueError(f"{where}: tier must be >= 0 (got {tier})")
+        if tier and not self.kv_cache.can_ever_fit(num_prompt, tier):
+            raise ValueError(
+                f"{where}: prompt of {num_prompt} tokens needs "
+                f"{self.kv_cache.blocks_needed(num_prompt)} KV blocks but tier {tier} may "
+                f"hold only {self.kv_cache.lower_tier_blocks}; lower top_tier_kv_share or "
+                "shorten the prompt"
+            )
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         where = f"add_request({request_id!r})"

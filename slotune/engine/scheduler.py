@@ -306,7 +306,10 @@ class Scheduler:
         """Move the waiting head (admitted, its blocks allocated) to the running requests."""
         req = self.waiting.popleft()
         req.status = RUNNING
-        self._seat(req)
+        if self.key is None:
+            self.running.append(req)
+        else:
+            self._seat(req)
         self.fork_seats += req.seats - 1
         return req
 

@@ -66,12 +66,13 @@ class TraceRequest:
     def __post_init__(self) -> None:
         if not self.request_id:
             raise ValueError("request id must be a non-empty string")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ValueError(f"priority must be an integer (got {self.priority!r})")
-        check_priority(self.priority)
-        if isinstance(self.tier, bool) or not isinstance(self.tier, int):
-            raise ValueError(f"tier must be an integer (got {self.tier!r})")
-        check_tier(self.tier)
+        if self.priority or self.tier:  # 0 for most requests: skip the checks there
+            if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+                raise ValueError(f"priority must be an integer (got {self.priority!r})")
+            check_priority(self.priority)
+            if isinstance(self.tier, bool) or not isinstance(self.tier, int):
+                raise ValueError(f"tier must be an integer (got {self.tier!r})")
+            check_tier(self.tier)
         if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, int):
             raise ValueError(f"prompt length must be an integer (got {self.prompt_len!r})")
         if isinstance(self.output_len, bool) or not isinstance(self.output_len, int):

@@ -311,7 +311,8 @@ class KVCacheManager:
         rb = self.req_blocks.pop(rid, None)
         if rb is not None:
             del self.block_tables[rid]
-            self._hold(request, rb.blocks, -1)
+            if self.lower_tier_blocks is not None:
+                self._hold(request, rb.blocks, -1)
             self.pool.free_blocks(rb.blocks[::-1])
         cpu = self.swapped.pop(rid, None)
         if cpu is not None:
