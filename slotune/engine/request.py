@@ -53,6 +53,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     priority: int = 0  # scheduling_policy="priority": lower runs first (vLLM's convention)
     tier: int = 0  # service tier: 0 the highest (pro), larger ones (free) below it
+    queue_seq: int = -1  # when it first joined a priority queue (ties keep that order)
 
     def __post_init__(self) -> None:
         if not self.parent_id:

@@ -461,6 +461,7 @@ class Scheduler:
                 status=RUNNING,
                 priority=parent.priority,
                 tier=parent.tier,
+                queue_seq=parent.queue_seq,
             )
             child.max_num_tokens = parent.max_num_tokens
             self.kv_cache.fork(parent, child)

@@ -21,19 +21,25 @@ def _req(rid: str, priority: int, arrival: float) -> Request:
 def test_priority_queue_matches_a_sorted_reference() -> None:
     rng = random.Random(7)
     queue = PriorityWaiting(queue_key(by_priority=True, tiered=False))  # type: ignore[arg-type]
-    reference: list[tuple[tuple[int, float], int, Request]] = []  # (rank, put-in order, req)
-    order = 0
+    reference: list[tuple[tuple[int, float], int, Request]] = []  # (rank, first put in, req)
+    first_in: dict[str, int] = {}
+    popped: list[Request] = []
     for step in range(2_000):
         op = rng.random()
         if op < 0.5 or not reference:
-            req = _req(f"r{step}", rng.randint(-2, 3), float(rng.randint(0, 20)))
-            (queue.appendleft if op < 0.1 else queue.append)(req)
-            reference.append(((req.priority, req.arrival_time), order, req))
-            order += 1
+            if popped and op < 0.1:  # a preempted request comes back: its old place
+                req = popped.pop(rng.randrange(len(popped)))
+                queue.appendleft(req)
+            else:
+                req = _req(f"r{step}", rng.randint(-2, 3), float(rng.randint(0, 20)))
+                queue.append(req)
+            first_in.setdefault(req.request_id, len(first_in))
+            reference.append(((req.priority, req.arrival_time), first_in[req.request_id], req))
         elif op < 0.8:
             reference.sort(key=lambda e: (e[0], e[1]))
             assert queue[0] is reference[0][2]
-            assert queue.popleft() is reference.pop(0)[2]
+            popped.append(queue.popleft())
+            assert popped[-1] is reference.pop(0)[2]
         else:
             victim = reference.pop(rng.randrange(len(reference)))[2]
             queue.remove(victim)
