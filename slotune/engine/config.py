@@ -42,6 +42,11 @@ class EngineConfig:
     the lower tiers together never hold more than the rest, even while no tier-0 request
     is there). With either on (``tiered``), tiers order both queues: tier 0 is admitted
     first and the highest tier value preempted first.
+
+    ``decode_budget_ms`` (0: off) is a decode budget: a preempted request that has waited
+    longer than this (its TPOT target) since it was preempted earns priority: it goes
+    ahead of every request without it in both queues (admitted first, preempted last)
+    until it finishes.
     """
 
     max_num_batched_tokens: int = 2048
@@ -60,6 +65,7 @@ class EngineConfig:
     swap_threshold_tokens: int = 2048
     top_tier_kv_share: float = 0.0
     top_tier_token_share: float = 0.0
+    decode_budget_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,6 +111,9 @@ class EngineConfig:
                 _fail(name, "must be a number in [0, 1)", share)
             if not 0 <= share < 1:
                 _fail(name, "must be in [0, 1): the share reserved for tier 0", share)
+        budget = self.decode_budget_ms
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+            _fail("decode_budget_ms", "must be 0 (off) or a positive number of ms", budget)
         if self.tiered and self.lower_tier_token_budget < 1:
             _fail(
                 "top_tier_token_share",

@@ -285,6 +285,7 @@ class Engine:
             result = _NO_OUTPUT
             scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
         outputs = scheduler.update_from_output(out, result)
+        scheduler.advance(result.duration_s)
         if self._checker is not None:
             self._checker.step(out, result, outputs)
         total = out.total_num_scheduled_tokens

@@ -69,11 +69,21 @@ def prompts_first(prefill_first: bool, head: Request | None) -> bool:
     return prefill_first and head is not None and head.status is not RequestStatus.SWAPPED
 
 
-def queue_key(by_priority: bool, tiered: bool) -> Callable[[Request], tuple] | None:
-    """The order of both queues: tier first when ``tiered`` (0 first), then lower
-    ``priority`` values under priority scheduling (vLLM's convention), then earlier
-    arrivals; the last running request in this order is preempted first. None: plain
-    FIFO waiting and admission-order running (FCFS without tiers)."""
+def queue_key(
+    by_priority: bool, tiered: bool, budgeted: bool = False
+) -> Callable[[Request], tuple] | None:
+    """The order of both queues: with a decode budget (``budgeted``) the requests that
+    earned priority first, then tier when ``tiered`` (0 first), then lower ``priority``
+    values under priority scheduling (vLLM's convention), then earlier arrivals; the
+    last running request in this order is preempted first. None: plain FIFO waiting and
+    admission-order running (FCFS without tiers or budget)."""
+    if budgeted:
+        base = queue_key(by_priority, tiered) or _arrival
+
+        def boosted_first(req: Request) -> tuple:
+            return (not req.boosted, *base(req))
+
+        return boosted_first
     if by_priority and tiered:
         return _tier_priority_arrival
     if by_priority:
@@ -93,6 +103,16 @@ def _priority_arrival(req: Request) -> tuple[int, float]:
 
 def _tier_arrival(req: Request) -> tuple[int, float]:
     return (req.tier, req.arrival_time)
+
+
+def _arrival(req: Request) -> tuple[float]:
+    return (req.arrival_time,)
+
+
+def earns_priority(req: Request, now: float, budget_s: float) -> bool:
+    """Decode budget: whether a waiting request, preempted once it had output, has waited
+    past ``budget_s`` (its TPOT target) and goes first from now on."""
+    return not req.boosted and bool(req.output_token_ids) and now - req.preempted_at > budget_s
 
 
 def swaps(mode: str, num_computed: int, swap_threshold: int) -> bool:

@@ -29,6 +29,7 @@ from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     counts_as_prefill,
+    earns_priority,
     fills_block,
     first_chunk,
     has_seat,
@@ -105,7 +106,11 @@ class Scheduler:
         self.prefill_first = config.policy == "prefill_first"
         self.preemption_mode = config.preemption_mode
         self.swap_threshold = config.swap_threshold_tokens
-        self.key = queue_key(config.scheduling_policy == "priority", config.tiered)
+        self.budget_s = config.decode_budget_ms / 1000 if config.decode_budget_ms else None
+        self.key = queue_key(
+            config.scheduling_policy == "priority", config.tiered, self.budget_s is not None
+        )
+        self.clock = 0.0  # seconds of steps run (``advance``), for the decode budget
         self.lower_budget = config.lower_tier_token_budget if config.tiered else None
         self.threshold = config.long_prefill_token_threshold or config.max_num_batched_tokens
         self.waiting: deque[Request] | PriorityWaiting = (
@@ -250,7 +255,21 @@ class Scheduler:
             if self.kv_cache.allocate_slots(req, num_new_tokens):
                 return True
 
+    def advance(self, seconds: float) -> None:
+        """A step of ``seconds`` ran. With a decode budget, the waiting requests that now
+        earn priority move ahead (between steps, so each step sees settled queues)."""
+        self.clock += seconds
+        budget_s = self.budget_s
+        if budget_s is None:
+            return
+        now = self.clock
+        for req in [r for r in self.waiting if earns_priority(r, now, budget_s)]:
+            self.waiting.remove(req)
+            req.boosted = True
+            self.waiting.append(req)
+
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        victim.preempted_at = self.clock
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_request_ids.append(victim.request_id)

@@ -97,6 +97,19 @@ def _no_tiers(engine: str) -> Rule:
     return rule
 
 
+def _no_budget(engine: str) -> Rule:
+    def rule(v: float, _c: EngineConfig) -> Flags:
+        if not v:
+            return Flags()
+        return Flags(
+            (),
+            f"{engine} has no decode budget for preempted requests: it runs on slotune's "
+            "embedded engine only (left out here)",
+        )
+
+    return rule
+
+
 def _vllm_scheduling(v: str, _c: EngineConfig) -> Flags:
     return Flags(("--scheduling-policy", "priority")) if v == "priority" else Flags()
 
@@ -207,6 +220,7 @@ FLAGS: dict[str, dict[str, Rule]] = {
     "swap_threshold_tokens": {"vllm": _none, "sglang": _none},
     "top_tier_kv_share": {"vllm": _no_tiers("vLLM"), "sglang": _no_tiers("SGLang")},
     "top_tier_token_share": {"vllm": _no_tiers("vLLM"), "sglang": _no_tiers("SGLang")},
+    "decode_budget_ms": {"vllm": _no_budget("vLLM"), "sglang": _no_budget("SGLang")},
     "kv_cache_dtype": {
         "vllm": _kv_dtype("vLLM", _VLLM_KV),
         "sglang": _kv_dtype(

@@ -52,12 +52,23 @@ _SEARCH_ORDER = (
     "kv_cache_dtype",
     "swap_threshold_tokens",
     "scheduling_policy",
+    "top_tier_kv_share",
+    "top_tier_token_share",
+    "decode_budget_ms",
 )
-OPT_IN = ("swap_threshold_tokens", "scheduling_policy")
+OPT_IN = (
+    "swap_threshold_tokens",
+    "scheduling_policy",
+    "top_tier_kv_share",
+    "top_tier_token_share",
+    "decode_budget_ms",
+)
+_FRACTIONS = ("top_tier_kv_share", "top_tier_token_share")  # in [0, 1)
 """Knobs fixed at their ``EngineConfig`` default unless a ``--search`` file lists values
 (``preemption_mode: [recompute, hybrid]``, ``swap_threshold_tokens: [1024, 4096]``,
-``scheduling_policy: [fcfs, priority]``); hybrid preemption runs on the embedded engine
-only, priority scheduling also on vLLM and SGLang."""
+``scheduling_policy: [fcfs, priority]``, ``top_tier_kv_share: [0, 0.2]``,
+``decode_budget_ms: [0, 50]``); hybrid preemption, tier quotas and the decode budget run
+on the embedded engine only, priority scheduling also on vLLM and SGLang."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 
@@ -426,6 +437,13 @@ def _check_value(name: str, value: Any, at: str) -> Any:
         return value
     if name == "long_prefill_token_threshold" and (value is False or value in ("off", 0)):
         return 0
+    if name in _FRACTIONS or name == "decode_budget_ms":
+        most = 1.0 if name in _FRACTIONS else float("inf")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SearchSpaceError(f"{at}: {value!r} is not a number")
+        if not 0 <= value < most:
+            raise SearchSpaceError(f"{at}: {value!r} is out of range [0, {most:g})")
+        return value
     if not _is_int(value) or value < 1:
         raise SearchSpaceError(f"{at}: {value!r} is not a positive integer")
     if name == "block_size" and value & (value - 1):

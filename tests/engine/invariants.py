@@ -113,24 +113,31 @@ def check_drained(engine: Engine) -> None:
 class QueueSnapshot:
     """The queues before a step, to check the step against brute-force references: the
     requests it admits are the first of the waiting queue (FIFO; under priority
-    scheduling the lowest ``(priority, arrival)`` of all waiting, found by sorting), and
-    its victims are the last admitted (under priority scheduling the highest
-    ``(priority, arrival)`` of all running, found by sorting)."""
+    scheduling, tiers or a decode budget the lowest ``(not boosted, tier, priority,
+    arrival)`` of all waiting, found by sorting), and its victims are the last admitted
+    (else the highest of all running in that order, found by sorting)."""
 
     def __init__(self, engine: Engine) -> None:
         s = engine.scheduler
         self.by_priority = engine.config.scheduling_policy == "priority"
         self.tiered = engine.config.tiered
-        self.by_rank = self.by_priority or self.tiered
+        self.budgeted = engine.config.decode_budget_ms > 0
+        self.by_rank = self.by_priority or self.tiered or self.budgeted
         self.waiting = list(s.waiting)
         self.running = list(s.running)
+        # each request's place now: a decode budget may boost it after the step
+        self.keys = {r.request_id: self._live_key(r) for r in [*self.waiting, *self.running]}
 
-    def _key(self, req: Request) -> tuple[int, int, float]:
+    def _live_key(self, req: Request) -> tuple[bool, int, int, float]:
         return (
+            not req.boosted if self.budgeted else False,
             req.tier if self.tiered else 0,
             req.priority if self.by_priority else 0,
             req.arrival_time,
         )
+
+    def _key(self, req: Request) -> tuple[bool, int, int, float]:
+        return self.keys[req.request_id]
 
     def check(self, engine: Engine, so: SchedulerOutput) -> None:
         if self.tiered:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -198,3 +199,35 @@ def test_the_simulator_gives_hybrid_a_cpu_pool() -> None:
         config = EngineConfig(preemption_mode=mode)  # type: ignore[arg-type]
         engine = Engine.simulated(config, gpu="a100-80g", model="llama-2-7b")
         assert (engine.capacity.num_cpu_blocks > 0) is has_pool, mode
+
+
+def _finish_steps(config: EngineConfig) -> tuple[dict[str, int], Engine]:
+    """``low`` runs first; urgent requests then arrive one a step, more than the pool
+    holds next to it, so it is preempted and, without a budget, passed over."""
+    engine = _engine(config, 8)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    engine.add_request("low", [2] * 4, params, 0.0, priority=5)
+    done: dict[str, int] = {}
+    step = 0
+    while engine.has_unfinished_requests():
+        if step < 10:
+            engine.add_request(f"hi{step}", [3 + step] * 4, params, 1.0 + step, priority=0)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = step
+        check_all(engine, None)
+        step += 1
+    check_drained(engine)
+    return done, engine
+
+
+def test_decode_budget_lets_a_starved_preempted_request_go_first() -> None:
+    base = EngineConfig(block_size=4, scheduling_policy="priority", max_num_batched_tokens=64)
+    plain, engine = _finish_steps(base)
+    assert engine.stats()["num_preemptions"] > 0
+    assert plain["low"] > plain["hi2"] and plain["low"] >= plain["hi8"]  # passed over
+    budgeted, _ = _finish_steps(replace(base, decode_budget_ms=15.0))  # steps take 10 ms
+    assert budgeted["low"] < budgeted["hi2"]  # back ahead of urgent requests queued
+    assert budgeted["low"] < plain["low"]
+    with pytest.raises(ValueError, match="decode_budget_ms: must be 0"):
+        EngineConfig(decode_budget_ms=-1.0)

@@ -24,7 +24,14 @@ BLOCK_SIZES = (1, 4, 16)
 POLICIES = ("chunked", "prefill_first")
 PREEMPTION = ("recompute", "swap", "hybrid")
 CACHING = ("none", "hash", "radix")
-SCHEDULING = ("fcfs", "priority", "fcfs-tiers", "priority-tiers")
+SCHEDULING = (
+    "fcfs",
+    "priority",
+    "fcfs-tiers",
+    "priority-tiers",
+    "fcfs-budget",
+    "priority-tiers-budget",
+)
 ALL_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, BLOCK_SIZES, SCHEDULING))
 # the slow test runs every configuration on each example: the scheduling modes on one
 # cache and block size (they do not touch the cache), everything else in full
@@ -57,6 +64,7 @@ class Workload:
     swap_threshold: int = 8
     kv_share: float = 0.0  # of tier 0, in the tiered configurations
     token_share: float = 0.0
+    decode_budget_ms: float = 15.0  # in the budget configurations (steps take 10 ms)
 
 
 @st.composite
@@ -89,6 +97,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         swap_threshold=draw(st.integers(1, 40)),
         kv_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.75))),
         token_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.9))),
+        decode_budget_ms=draw(st.sampled_from((5.0, 15.0, 45.0))),
     )
 
 
@@ -99,7 +108,7 @@ def tier_shares(
     leave a lower-tier request no room (``need`` blocks, or a whole prompt under
     prefill-first, whose budget is over ``MAX_MODEL_LEN``); the token share stays on when
     both are cut."""
-    if not scheduling.endswith("tiers"):
+    if "tiers" not in scheduling:
         return {}
     kv = w.kv_share
     if int(num_blocks * (1 - kv)) < need:
@@ -139,6 +148,7 @@ def workload_config(
         policy=policy,  # type: ignore[arg-type]
         scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
+        decode_budget_ms=w.decode_budget_ms if "budget" in scheduling else 0.0,
         **tier_shares(w, scheduling, budget, num_blocks, need, not chunked),
     )
 
@@ -247,6 +257,7 @@ def test_requests_that_outgrow_the_pool_end_early_without_hanging(
         policy=policy,
         scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
+        decode_budget_ms=w.decode_budget_ms if "budget" in scheduling else 0.0,
         **tiers,
     )
     executor = DeterministicExecutor(gpu_blocks, w.cpu_blocks)

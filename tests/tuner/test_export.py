@@ -78,6 +78,7 @@ def test_tensor_parallel_flags() -> None:
         ({"preemption_mode": "hybrid"}, "vllm", "vLLM V1 has no hybrid preemption", None),
         ({"top_tier_kv_share": 0.3}, "vllm", "vLLM reserves no share", None),
         ({"top_tier_token_share": 0.3}, "sglang", "SGLang reserves no share", None),
+        ({"decode_budget_ms": 50.0}, "vllm", "vLLM has no decode budget", None),
         (
             {"scheduling_policy": "priority"},
             "sglang",

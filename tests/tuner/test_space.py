@@ -256,11 +256,20 @@ def test_policy_knobs_are_opt_in() -> None:
         build_space(max_model_len=2048, overrides={"preemption_mode": "hybrid", "swap_space_gb": 0})
     with pytest.raises(SearchSpaceError, match="not one of"):
         build_space(max_model_len=2048, overrides={"scheduling_policy": "lifo"})
+    tiers = build_space(
+        max_model_len=2048,
+        overrides={"top_tier_kv_share": [0, 0.25], "decode_budget_ms": [0, 50.0]},
+    )
+    configs = [c for _, c in sample(tiers, 60)]
+    assert {c.top_tier_kv_share for c in configs} == {0, 0.25}
+    assert {c.decode_budget_ms for c in configs} == {0, 50.0}
+    with pytest.raises(SearchSpaceError, match="out of range"):
+        build_space(max_model_len=2048, overrides={"top_tier_token_share": [0, 1.0]})
 
 
 def test_a_space_stored_before_the_policy_knobs_keeps_their_defaults() -> None:
     stored = build_space(max_model_len=2048).to_dict()
-    for name in ("scheduling_policy", "swap_threshold_tokens"):
+    for name in ("scheduling_policy", "swap_threshold_tokens", "decode_budget_ms"):
         del stored["params"][name]
     space = SearchSpace.from_dict(stored)
     configs = {space.config_from_params(p) for p in space.grid()[:20]}

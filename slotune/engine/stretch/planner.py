@@ -49,6 +49,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "swap_threshold_tokens": None,  # read only under preemption_mode="hybrid", refused above
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
+    "decode_budget_ms": frozenset({0.0}),
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 
