@@ -16,7 +16,8 @@ throughput, preemptions and the preemption mix (tokens recomputed vs swapped).
 with every session started at once (overload) on the same cut pool, scored against the
 SLO ``--slo``: FCFS, priority scheduling (priority = tier: with tiers on, the queues
 are in tier order anyway), a token-budget quota for tier 0, and KV + token quotas (both
-of ``--share``). Prints each tier's SLO attainment, goodput and TTFT p99.
+of ``--share``), and priority with a decode budget of ``--budget-ms``. Prints each
+tier's SLO attainment, goodput and TTFT p99.
 
 Every run is single-stepped (the stretch planner declines these policies), so keep the
 traces small.
@@ -108,6 +109,10 @@ def tiers(args: argparse.Namespace) -> list[dict]:
             f"kv + token quotas {share}",
             replace(base, top_tier_kv_share=share, top_tier_token_share=share),
         ),
+        (
+            f"priority + decode budget {args.budget_ms:g} ms",
+            replace(base, scheduling_policy="priority", decode_budget_ms=args.budget_ms),
+        ),
     ]
     return [_row(name, c, trace, ALL_AT_ONCE, slo) for name, c in cases]
 
@@ -121,6 +126,7 @@ def main() -> None:
     p.add_argument("--thresholds", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     p.add_argument("--slo", default="ttft=2s,tpot=100ms")
     p.add_argument("--share", type=float, default=0.3, help="tier 0's reserved share")
+    p.add_argument("--budget-ms", type=float, default=100.0, help="decode budget (TPOT target)")
     p.add_argument("--prefix-caching", default="hash", choices=("none", "hash", "radix"))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
