@@ -22,6 +22,7 @@ from slotune.workloads.generators import (
     reasoning,
     shared_prefix,
     sharegpt_like,
+    with_tiers,
 )
 from slotune.workloads.load import DATA_DIR
 
@@ -48,6 +49,12 @@ def main(out_dir: Path = DATA_DIR) -> None:
                 seed=SEED + 5,
             ),
             name="shared-prefix-chat",
+        ),
+        with_tiers(
+            agent_sessions(AgentParams(num_sessions=64), seed=SEED + 1),
+            pro_share=0.25,
+            seed=SEED + 6,
+            name="agent-tiers",
         ),
     ]
     for trace in traces:

@@ -104,6 +104,11 @@ def bench(
     num_speculative_tokens: eo.NumSpeculativeTokens = None,
     prompt_lookup_min: eo.PromptLookupMin = None,
     prompt_lookup_max: eo.PromptLookupMax = None,
+    scheduling_policy: eo.SchedulingPolicy = None,
+    swap_threshold_tokens: eo.SwapThreshold = None,
+    top_tier_kv_share: eo.TopTierKVShare = None,
+    top_tier_token_share: eo.TopTierTokenShare = None,
+    decode_budget_ms: eo.DecodeBudget = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[

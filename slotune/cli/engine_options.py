@@ -18,7 +18,7 @@ LongPrefillTokenThreshold = Annotated[
 ]
 BlockSize = Annotated[int | None, opt("--block-size", "KV block size.")]
 MaxNumSeqs = Annotated[int | None, opt("--max-num-seqs", "Max running requests.")]
-PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swap.")]
+PreemptionMode = Annotated[str | None, opt("--preemption-mode", "recompute | swap | hybrid.")]
 PrefixCaching = Annotated[str | None, opt("--prefix-caching", "none | hash | radix.")]
 Policy = Annotated[str | None, opt("--policy", "chunked | prefill_first.")]
 NumGpuBlocks = Annotated[int | None, opt("--num-gpu-blocks", "Override the KV pool size.")]
@@ -53,6 +53,23 @@ PromptLookupMin = Annotated[
 PromptLookupMax = Annotated[
     int | None, opt("--prompt-lookup-max", "Longest n-gram a draft is looked up by.")
 ]
+SchedulingPolicy = Annotated[
+    str | None, opt("--scheduling-policy", "fcfs | priority (the trace's per-request priority).")
+]
+SwapThreshold = Annotated[
+    int | None,
+    opt("--swap-threshold-tokens", "With --preemption-mode hybrid: swap victims this long."),
+]
+TopTierKVShare = Annotated[
+    float | None, opt("--top-tier-kv-share", "Share of the KV pool reserved for tier 0.")
+]
+TopTierTokenShare = Annotated[
+    float | None, opt("--top-tier-token-share", "Share of each step's budget for tier 0.")
+]
+DecodeBudget = Annotated[
+    float | None,
+    opt("--decode-budget-ms", "A preempted request waiting longer than this goes first."),
+]
 ConfigJson = Annotated[
     str | None,
     opt(
@@ -78,6 +95,11 @@ ENGINE_FLAGS = (
     "num_speculative_tokens",
     "prompt_lookup_min",
     "prompt_lookup_max",
+    "scheduling_policy",
+    "swap_threshold_tokens",
+    "top_tier_kv_share",
+    "top_tier_token_share",
+    "decode_budget_ms",
 )
 
 

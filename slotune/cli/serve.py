@@ -68,6 +68,11 @@ def serve(
     num_speculative_tokens: eo.NumSpeculativeTokens = None,
     prompt_lookup_min: eo.PromptLookupMin = None,
     prompt_lookup_max: eo.PromptLookupMax = None,
+    scheduling_policy: eo.SchedulingPolicy = None,
+    swap_threshold_tokens: eo.SwapThreshold = None,
+    top_tier_kv_share: eo.TopTierKVShare = None,
+    top_tier_token_share: eo.TopTierTokenShare = None,
+    decode_budget_ms: eo.DecodeBudget = None,
     config: eo.ConfigJson = None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.

@@ -7,12 +7,14 @@ from typing import Any, Literal
 
 from slotune.engine.kv_dtype import KV_CACHE_DTYPES
 
-PreemptionMode = Literal["recompute", "swap"]
+PreemptionMode = Literal["recompute", "swap", "hybrid"]
 PrefixCaching = Literal["none", "hash", "radix"]
 Policy = Literal["chunked", "prefill_first"]
 KVCacheDtype = Literal["auto", "fp8", "int8", "int4"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
-_PREEMPTION_MODES = ("recompute", "swap")
+_PREEMPTION_MODES = ("recompute", "swap", "hybrid")
+_SCHEDULING_POLICIES = ("fcfs", "priority")
 _PREFIX_CACHING = ("none", "hash", "radix")
 _POLICIES = ("chunked", "prefill_first")
 
@@ -31,6 +33,23 @@ class EngineConfig:
     ``num_speculative_tokens`` > 0 turns on n-gram speculation (prompt lookup of
     ``prompt_lookup_min``..``prompt_lookup_max`` tokens, vLLM's defaults; see
     ``slotune.engine.spec_decode``); 0 is off.
+
+    ``scheduling_policy="priority"`` is vLLM's ``--scheduling-policy priority``: the
+    waiting queue in (priority, arrival) order, the lowest-priority (highest value),
+    latest-arrived running request preempted first. ``preemption_mode="hybrid"`` swaps a
+    victim holding at least ``swap_threshold_tokens`` computed tokens and recomputes a
+    shorter one (or any when the CPU pool is full); the threshold matters only there.
+
+    ``top_tier_kv_share`` and ``top_tier_token_share`` reserve that share of the GPU KV
+    blocks and of each step's token budget for tier-0 requests (a static reservation:
+    the lower tiers together never hold more than the rest, even while no tier-0 request
+    is there). With either on (``tiered``), tiers order both queues: tier 0 is admitted
+    first and the highest tier value preempted first.
+
+    ``decode_budget_ms`` (0: off) is a decode budget: a preempted request that has waited
+    longer than this (its TPOT target) since it was preempted earns priority: it goes
+    ahead of every request without it in both queues (admitted first, preempted last)
+    until it finishes.
     """
 
     max_num_batched_tokens: int = 2048
@@ -48,6 +67,11 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    swap_threshold_tokens: int = 2048
+    top_tier_kv_share: float = 0.0
+    top_tier_token_share: float = 0.0
+    decode_budget_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,9 +103,46 @@ class EngineConfig:
             _fail("policy", f"must be one of {_POLICIES}", self.policy)
         if not isinstance(self.swap_space_gb, (int, float)) or self.swap_space_gb < 0:
             _fail("swap_space_gb", "must be a non-negative number of GB", self.swap_space_gb)
-        if self.preemption_mode == "swap" and self.swap_space_gb <= 0:
+        if self.preemption_mode != "recompute" and self.swap_space_gb <= 0:
             _fail(
-                "swap_space_gb", "must be positive when preemption_mode='swap'", self.swap_space_gb
+                "swap_space_gb",
+                f"must be positive when preemption_mode={self.preemption_mode!r}",
+                self.swap_space_gb,
+            )
+        if self.swap_threshold_tokens < 1:
+            _fail("swap_threshold_tokens", "must be at least 1 token", self.swap_threshold_tokens)
+        for name in ("top_tier_kv_share", "top_tier_token_share"):
+            share = getattr(self, name)
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                _fail(name, "must be a number in [0, 1)", share)
+            if not 0 <= share < 1:
+                _fail(name, "must be in [0, 1): the share reserved for tier 0", share)
+        budget = self.decode_budget_ms
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+            _fail("decode_budget_ms", "must be 0 (off) or a positive number of ms", budget)
+        if self.tiered and self.lower_tier_token_budget < 1:
+            _fail(
+                "top_tier_token_share",
+                f"leaves the lower tiers no token of max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}",
+                self.top_tier_token_share,
+            )
+        if (
+            self.tiered
+            and self.policy == "prefill_first"
+            and self.lower_tier_token_budget < self.max_model_len
+        ):
+            _fail(
+                "top_tier_token_share",
+                "must leave the lower tiers at least max_model_len tokens per step with "
+                "policy='prefill_first', which never splits prompts",
+                self.top_tier_token_share,
+            )
+        if self.scheduling_policy not in _SCHEDULING_POLICIES:
+            _fail(
+                "scheduling_policy",
+                f"must be one of {_SCHEDULING_POLICIES}",
+                self.scheduling_policy,
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("gpu_memory_utilization", "must be in (0, 1]", self.gpu_memory_utilization)
@@ -119,6 +180,20 @@ class EngineConfig:
         or the whole budget where it is 0 (off)."""
         return self.long_prefill_token_threshold or self.max_num_batched_tokens
 
+    @property
+    def tiered(self) -> bool:
+        """Whether tier 0 has a reserved share (tiers then order the queues)."""
+        return self.top_tier_kv_share > 0 or self.top_tier_token_share > 0
+
+    @property
+    def lower_tier_token_budget(self) -> int:
+        """The tokens the lower tiers may take together in a step."""
+        return int(self.max_num_batched_tokens * (1 - self.top_tier_token_share))
+
+    def lower_tier_blocks(self, num_gpu_blocks: int) -> int:
+        """The GPU blocks the lower tiers may hold together."""
+        return int(num_gpu_blocks * (1 - self.top_tier_kv_share))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -142,5 +217,6 @@ _INT_FIELDS = frozenset(
         "num_speculative_tokens",
         "prompt_lookup_min",
         "prompt_lookup_max",
+        "swap_threshold_tokens",
     }
 )

@@ -82,14 +82,23 @@ class Engine:
                 f"Engine: the executor found room for {num_gpu_blocks} KV blocks; raise "
                 "gpu_memory_utilization, shrink the model, or set num_gpu_blocks"
             )
-        num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode == "swap" else 0
+        num_cpu_blocks = capacity.num_cpu_blocks if config.preemption_mode != "recompute" else 0
         self.capacity = KVCacheCapacity(num_gpu_blocks, max(num_cpu_blocks, 0))
         executor.initialize_cache(config, self.capacity)
+        lower_tier_blocks = None
+        if config.tiered:
+            lower_tier_blocks = config.lower_tier_blocks(num_gpu_blocks)
+            if lower_tier_blocks < 1:
+                raise ValueError(
+                    f"Engine: top_tier_kv_share={config.top_tier_kv_share} of "
+                    f"{num_gpu_blocks} KV blocks leaves the lower tiers none; lower it"
+                )
         self.kv_cache = KVCacheManager(
             self.capacity.num_gpu_blocks,
             self.capacity.num_cpu_blocks,
             config.block_size,
             config.prefix_caching,
+            lower_tier_blocks,
         )
         # an executor that cannot read tokens (the simulator) drafts its own
         self.scheduler = Scheduler(config, self.kv_cache, getattr(executor, "propose_draft", None))
@@ -153,8 +162,15 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        *,
+        priority: int = 0,
+        tier: int = 0,
     ) -> None:
-        self.enqueue(self.new_request(request_id, prompt_token_ids, params, arrival_time))
+        self.enqueue(
+            self.new_request(
+                request_id, prompt_token_ids, params, arrival_time, priority=priority, tier=tier
+            )
+        )
 
     def enqueue(self, request: Request) -> None:
         """Queue a request built by ``new_request``."""
@@ -168,17 +184,26 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        *,
+        priority: int = 0,
+        tier: int = 0,
     ) -> Request:
         """A validated request for this engine, its id taken, not yet scheduled: what
-        ``add_request`` adds, or what a ``run_stretch`` feed hands in."""
+        ``add_request`` adds, or what a ``run_stretch`` feed hands in. ``priority`` orders
+        it under ``scheduling_policy="priority"`` (lower first); ``tier`` is its service
+        tier (0 the highest)."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params)
+        if priority or tier:
+            self._validate_class(request_id, len(prompt_token_ids), priority, tier)
         request = Request(
             request_id,
             list(prompt_token_ids),
             params,
             arrival_time=arrival_time,
             eos_token_id=self.eos_token_id,
+            priority=priority,
+            tier=tier,
         )
         if self._extra_eos and not params.ignore_eos:
             request.stop_ids = request.stop_ids | self._extra_eos
@@ -188,6 +213,21 @@ class Engine:
             self._used_ids.update(f"{request_id}#{i}" for i in range(1, params.n))
         request.max_num_tokens = min(request.max_num_tokens, self.config.max_model_len)
         return request
+
+    def _validate_class(self, request_id: str, num_prompt: int, priority: int, tier: int) -> None:
+        where = f"add_request({request_id!r})"
+        for name, value in (("priority", priority), ("tier", tier)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{where}: {name} must be an integer")
+        if tier < 0:
+            raise ValueError(f"{where}: tier must be >= 0 (got {tier})")
+        if tier and not self.kv_cache.can_ever_fit(num_prompt, tier):
+            raise ValueError(
+                f"{where}: prompt of {num_prompt} tokens needs "
+                f"{self.kv_cache.blocks_needed(num_prompt)} KV blocks but tier {tier} may "
+                f"hold only {self.kv_cache.lower_tier_blocks}; lower top_tier_kv_share or "
+                "shorten the prompt"
+            )
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         where = f"add_request({request_id!r})"
@@ -255,6 +295,7 @@ class Engine:
             result = _NO_OUTPUT
             scheduler.finished_request_ids |= out.finished_request_ids  # tell them next time
         outputs = scheduler.update_from_output(out, result)
+        scheduler.advance(result.duration_s)
         if self._checker is not None:
             self._checker.step(out, result, outputs)
         total = out.total_num_scheduled_tokens
@@ -398,6 +439,8 @@ class Engine:
             "num_preemptions": s.num_preemptions,
             "num_swap_outs": s.num_swap_outs,
             "num_swap_ins": s.num_swap_ins,
+            "num_recomputed_tokens": s.num_recomputed_tokens,
+            "num_swapped_tokens": s.num_swapped_tokens,
             "num_copy_on_write": kv.num_copy_on_write,
             "prefix_cache_queries_tokens": kv.prefix_cache_queries_tokens,
             "prefix_cache_hit_tokens": kv.prefix_cache_hit_tokens,

@@ -54,6 +54,11 @@ class Request:
     # prompt tokens whose KV another instance computed and sent (prefill/decode
     # disaggregation): a first admission takes their blocks without computing them
     num_external_tokens: int = 0
+    priority: int = 0  # scheduling_policy="priority": lower runs first (vLLM's convention)
+    tier: int = 0  # service tier: 0 the highest (pro), larger ones (free) below it
+    queue_seq: int = -1  # when it first joined a priority queue (ties keep that order)
+    boosted: bool = False  # decode budget: it waited past its TPOT target once preempted
+    preempted_at: float = 0.0  # the scheduler's clock when it was last preempted
 
     def __post_init__(self) -> None:
         if not self.parent_id:

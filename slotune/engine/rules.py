@@ -10,6 +10,8 @@ the tests check each against its rule applied step by step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from slotune.engine.request import Request, RequestStatus
 
 
@@ -65,6 +67,59 @@ def prompts_first(prefill_first: bool, head: Request | None) -> bool:
     """Under prefill-first, a step whose waiting head is a prompt (not a swapped request)
     tries the waiting queue before the running requests."""
     return prefill_first and head is not None and head.status is not RequestStatus.SWAPPED
+
+
+def queue_key(
+    by_priority: bool, tiered: bool, budgeted: bool = False
+) -> Callable[[Request], tuple] | None:
+    """The order of both queues: with a decode budget (``budgeted``) the requests that
+    earned priority first, then tier when ``tiered`` (0 first), then lower ``priority``
+    values under priority scheduling (vLLM's convention), then earlier arrivals; the
+    last running request in this order is preempted first. None: plain FIFO waiting and
+    admission-order running (FCFS without tiers or budget)."""
+    if budgeted:
+        base = queue_key(by_priority, tiered) or _arrival
+
+        def boosted_first(req: Request) -> tuple:
+            return (not req.boosted, *base(req))
+
+        return boosted_first
+    if by_priority and tiered:
+        return _tier_priority_arrival
+    if by_priority:
+        return _priority_arrival
+    if tiered:
+        return _tier_arrival
+    return None
+
+
+def _tier_priority_arrival(req: Request) -> tuple[int, int, float]:
+    return (req.tier, req.priority, req.arrival_time)
+
+
+def _priority_arrival(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_time)
+
+
+def _tier_arrival(req: Request) -> tuple[int, float]:
+    return (req.tier, req.arrival_time)
+
+
+def _arrival(req: Request) -> tuple[float]:
+    return (req.arrival_time,)
+
+
+def earns_priority(req: Request, now: float, budget_s: float) -> bool:
+    """Decode budget: whether a waiting request, preempted once it had output, has waited
+    past ``budget_s`` (its TPOT target) and goes first from now on."""
+    return not req.boosted and bool(req.output_token_ids) and now - req.preempted_at > budget_s
+
+
+def swaps(mode: str, num_computed: int, swap_threshold: int) -> bool:
+    """Whether a victim holding ``num_computed`` computed tokens is swapped to the CPU
+    pool (when it has room) rather than recomputed: always under ``preemption_mode``
+    swap, from ``swap_threshold`` tokens on under hybrid, never under recompute."""
+    return mode == "swap" or (mode == "hybrid" and num_computed >= swap_threshold)
 
 
 def reaches_length(num_tokens: int, max_num_tokens: int) -> bool:

@@ -18,15 +18,18 @@ planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are wh
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput
+from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     counts_as_prefill,
+    earns_priority,
     fills_block,
     first_chunk,
     has_seat,
@@ -34,8 +37,10 @@ from slotune.engine.rules import (
     needs_blocks,
     num_samples,
     prompts_first,
+    queue_key,
     reaches_length,
     running_chunk,
+    swaps,
 )
 from slotune.engine.scheduler_output import SchedulerOutput
 from slotune.engine.spec_decode import NgramProposer, Proposer
@@ -84,7 +89,13 @@ class Scheduler:
     """Owns the request queues; decides each step's batch and applies its results.
 
     ``running`` is in admission order (the last is preempted first); ``waiting`` is FIFO
-    with preempted and swapped requests put back at its front.
+    with preempted and swapped requests put back at its front. Under
+    ``scheduling_policy="priority"`` or tiers both are in ``queue_key`` order instead:
+    the waiting head is the first in that order, and the last running one (the first
+    victim) is vLLM's ``max(running, key=(priority, arrival))`` (tier first with
+    tiers); running requests take the step's budget in that order too. With tiers the
+    lower tiers together take at most ``lower_budget`` tokens a step (and the KV manager
+    caps their blocks).
     """
 
     def __init__(
@@ -98,17 +109,29 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = config.max_model_len
         self.prefill_first = config.policy == "prefill_first"
-        self.swap = config.preemption_mode == "swap"
+        self.preemption_mode = config.preemption_mode
+        self.swap_threshold = config.swap_threshold_tokens
+        self.budget_s = config.decode_budget_ms / 1000 if config.decode_budget_ms else None
+        self.key = queue_key(
+            config.scheduling_policy == "priority", config.tiered, self.budget_s is not None
+        )
+        self.clock = 0.0  # seconds of steps run (``advance``), for the decode budget
+        self.lower_budget = config.lower_tier_token_budget if config.tiered else None
         self.threshold = config.chunk_cap
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] | PriorityWaiting = (
+            deque() if self.key is None else PriorityWaiting(self.key)
+        )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.finished_request_ids: set[str] = set()
         self.pending_outputs: list[RequestOutput] = []
         self.fork_seats = 0  # future children of running, not yet forked n > 1 requests
+        self.lower_left: int | None = None  # tokens the lower tiers may still take this step
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
+        self.num_recomputed_tokens = 0  # computed tokens preemptions dropped (to recompute)
+        self.num_swapped_tokens = 0  # computed tokens preemptions swapped out
         self.steps = 0
         self.max_step_tokens = 0
         self.num_spec = config.num_speculative_tokens
@@ -147,6 +170,7 @@ class Scheduler:
         )
         self.finished_request_ids = set()
         budget = self.config.max_num_batched_tokens
+        self.lower_left = self.lower_budget
         if not self.prefill_first:
             budget = self._schedule_running(out, budget)
             if not out.preempted_request_ids:
@@ -180,6 +204,9 @@ class Scheduler:
         scheduled = out.num_scheduled_tokens
         samples = out.num_samples
         prefill = 0
+        tiers = self.lower_left is not None
+        lower_left = self.lower_left or 0  # what the lower tiers may still take
+        limited = False  # whether ``req`` takes from the lower tiers' share (tiers only)
         for req in running:  # preemption only pops entries after ``req`` (or ``req`` itself)
             if budget <= 0:
                 break
@@ -188,11 +215,18 @@ class Scheduler:
             n = total - computed
             rid = req.request_id
             has_output = bool(req.output_token_ids)
+            if tiers:
+                limited = req.tier > 0
+                if limited and lower_left < 1:
+                    continue  # the lower tiers' share of this step is spent
             if is_decoding(n, has_output):  # the hot path
                 if self.propose is not None:
-                    drafted = self._schedule_draft(req, out, budget)
+                    cap = min(budget, lower_left) if limited else budget
+                    drafted = self._schedule_draft(req, out, cap)
                     if drafted:
                         budget -= drafted
+                        if limited:
+                            lower_left -= drafted
                         continue
                 # needs_blocks only at a block boundary (or a fork's shared block)
                 if (computed % bs == 0 or cow_pending) and not (
@@ -202,8 +236,11 @@ class Scheduler:
                 scheduled[rid] = 1
                 samples[rid] = 1
                 budget -= 1
+                if limited:
+                    lower_left -= 1
                 continue
-            n = running_chunk(n, computed, self.threshold, budget, self.max_model_len)
+            cap = min(budget, lower_left) if limited else budget
+            n = running_chunk(n, computed, self.threshold, cap, self.max_model_len)
             if (
                 (needs_blocks(computed, n, req_blocks[rid].num_slots) or cow_pending)
                 and not kv.allocate_slots(req, n)
@@ -216,7 +253,11 @@ class Scheduler:
             if counts_as_prefill(n, has_output):
                 prefill += n
             budget -= n
+            if limited:
+                lower_left -= n
         out.num_prefill_tokens += prefill
+        if tiers:
+            self.lower_left = lower_left
         return budget
 
     def _schedule_draft(self, req: Request, out: SchedulerOutput, budget: int) -> int:
@@ -260,18 +301,35 @@ class Scheduler:
             if self.kv_cache.allocate_slots(req, num_new_tokens):
                 return True
 
+    def advance(self, seconds: float) -> None:
+        """A step of ``seconds`` ran. With a decode budget, the waiting requests that now
+        earn priority move ahead (between steps, so each step sees settled queues)."""
+        self.clock += seconds
+        budget_s = self.budget_s
+        if budget_s is None:
+            return
+        now = self.clock
+        for req in [r for r in self.waiting if earns_priority(r, now, budget_s)]:
+            self.waiting.remove(req)
+            req.boosted = True
+            self.waiting.append(req)
+
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        victim.preempted_at = self.clock
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_request_ids.append(victim.request_id)
-        if self.swap:
+        computed = victim.num_computed_tokens
+        if swaps(self.preemption_mode, computed, self.swap_threshold):
             copies = self.kv_cache.swap_out(victim)
             if copies is not None:
                 out.swap_out.extend(copies)
                 self.num_swap_outs += 1
+                self.num_swapped_tokens += computed
                 victim.status = SWAPPED
                 self.waiting.appendleft(victim)
                 return
+        self.num_recomputed_tokens += computed
         self.kv_cache.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
@@ -286,7 +344,11 @@ class Scheduler:
                 break
             if not self.has_seat_for(req, len(self.running)):
                 break
-            n = self._admit_swapped(req, out, budget) if swapped else self._admit(req, out, budget)
+            lower_left = self.lower_left if req.tier > 0 else None
+            avail = budget if lower_left is None else min(budget, lower_left)
+            if avail <= 0:
+                break  # the lower tiers' share is spent, and all behind are lower tiers
+            n = self._admit_swapped(req, out, avail) if swapped else self._admit(req, out, avail)
             if n is None:
                 break
             if n == 0:
@@ -301,15 +363,26 @@ class Scheduler:
             if not swapped or counts_as_prefill(n, bool(req.output_token_ids)):
                 out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n
+            if lower_left is not None:
+                self.lower_left = lower_left - n
         return budget
 
     def seat_head(self) -> Request:
         """Move the waiting head (admitted, its blocks allocated) to the running requests."""
         req = self.waiting.popleft()
         req.status = RUNNING
-        self.running.append(req)
+        if self.key is None:
+            self.running.append(req)
+        else:
+            self._seat(req)
         self.fork_seats += req.seats - 1
         return req
+
+    def _seat(self, req: Request) -> None:
+        if self.key is None:
+            self.running.append(req)
+        else:
+            bisect.insort_right(self.running, req, key=self.key)
 
     def has_seat_for(self, req: Request, num_seated: int) -> bool:
         """Whether ``req`` fits next to ``num_seated`` running requests and the seats
@@ -514,11 +587,14 @@ class Scheduler:
                 num_cached_tokens=parent.num_cached_tokens,
                 num_preemptions=parent.num_preemptions,
                 status=RUNNING,
+                priority=parent.priority,
+                tier=parent.tier,
+                queue_seq=parent.queue_seq,
             )
             child.max_num_tokens = parent.max_num_tokens
             self.kv_cache.fork(parent, child)
             self.requests[child.request_id] = child
-            self.running.append(child)
+            self._seat(child)
             family.append(child)
         return family
 

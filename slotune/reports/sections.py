@@ -161,6 +161,7 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
         if key in ("goodput_rps", "score") and all(stat(s, key) is None for _, s in runs):
             continue
         rows.append([label, "—", *[show(stat(s, key)) for _, s in runs]])
+    rows += _policy_rows(runs, slo)
     completed = [f"{fmt.num(stat(s, 'completed'))} / {fmt.num(stat(s, 'failed'))}" for _, s in runs]
     rows.append(["completed / failed", "—", *completed])
     rows.append(["of which timed out", "—", *[fmt.num(timeouts(s)) for _, s in runs]])
@@ -168,6 +169,35 @@ def metrics_table(runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float])
     rows.append(["scoring window", "—", *windows])
     rows.append(["steady state reached", "—", *[steady_cell(s) for _, s in runs]])
     return table(["metric", "SLO", *[label for label, _ in runs]], rows, css="metrics")
+
+
+def _policy_rows(
+    runs: list[tuple[str, dict[str, Any]]], slo: dict[str, float]
+) -> list[list[Cell | str]]:
+    """The preemption mix (tokens recomputed vs swapped) and each service tier's
+    attainment and p99 latencies, for the runs whose summaries have them."""
+    rows: list[list[Cell | str]] = []
+    if any("preemption_mix" in s for _, s in runs):
+        for label, key in (("recomputed", "recomputed_tokens"), ("swapped", "swapped_tokens")):
+            mix: list[Cell | str] = [
+                fmt.num(stat(section(s, "preemption_mix"), key)) for _, s in runs
+            ]
+            rows.append([f"tokens {label} by preemption", "—", *mix])
+    tiers = sorted({t for _, s in runs for t in section(s, "tiers")}, key=int)
+    for tier in tiers:
+        scores = [section(section(s, "tiers"), tier) for _, s in runs]
+        rows.append(
+            [
+                f"tier {tier}: SLO attainment",
+                "—",
+                *[fmt.pct(stat(t, "slo_attainment")) for t in scores],
+            ]
+        )
+        for metric, key, slo_key in (("TTFT", "ttft_ms", "ttft"), ("TPOT", "tpot_ms", "tpot")):
+            target = slo.get(slo_key)
+            cells: list[Cell | str] = [_slo_cell(stat(t, key, "p99"), target) for t in scores]
+            rows.append([f"tier {tier}: {metric} p99", fmt.ms(target) if target else "—", *cells])
+    return rows
 
 
 def timeouts(summary: dict[str, Any]) -> int | None:

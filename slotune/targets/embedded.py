@@ -25,10 +25,11 @@ SLOTUNE = Target(
     stack="eager",
     knob_values={
         "block_size": (8, 16, 32, 64, 128, 256),
-        "preemption_mode": ("recompute", "swap"),
+        "preemption_mode": ("recompute", "swap", "hybrid"),
         "prefix_caching": ("none", "hash", "radix"),
         "policy": ("chunked", "prefill_first"),
         "kv_cache_dtype": KV_CACHE_DTYPES,
+        "scheduling_policy": ("fcfs", "priority"),
     },
     long_prefill_threshold=True,
     budget_ge_seqs=False,

@@ -82,6 +82,18 @@ def _sglang_speculation(k: int, _c: EngineConfig, _l: Launch) -> tuple[str, ...]
     return ()
 
 
+def _vllm_scheduling(v: str, _c: EngineConfig, _l: Launch) -> tuple[str, ...]:
+    return ("--scheduling-policy", "priority") if v == "priority" else ()
+
+
+def _sglang_scheduling(v: str, _c: EngineConfig, _l: Launch) -> tuple[str, ...]:
+    """SGLang orders its queue by priority, lower values first as vLLM and slotune do (its
+    preemption of running requests by priority is off by default, as slotune's is not)."""
+    if v != "priority":
+        return ()
+    return ("--enable-priority-scheduling", "--schedule-low-priority-values-first")
+
+
 def _sglang_budget(v: int, c: EngineConfig, _l: Launch) -> tuple[str, ...]:
     """``--chunked-prefill-size`` caps a whole step's prefill: the budget, or -1 (no
     chunks) for prefill-first; ``--max-prefill-tokens`` the same budget."""
@@ -144,6 +156,11 @@ _SLOTUNE_FLAG = {
     "num_speculative_tokens": "--num-speculative-tokens",
     "prompt_lookup_min": "--prompt-lookup-min",
     "prompt_lookup_max": "--prompt-lookup-max",
+    "scheduling_policy": "--scheduling-policy",
+    "swap_threshold_tokens": "--swap-threshold-tokens",
+    "top_tier_kv_share": "--top-tier-kv-share",
+    "top_tier_token_share": "--top-tier-token-share",
+    "decode_budget_ms": "--decode-budget-ms",
 }
 
 V15, V34, SGL, SLO = "vllm==0.15", "vllm==0.34", "sglang==0.5.23", "slotune"
@@ -239,6 +256,22 @@ FLAGS: dict[str, dict[str, Rule]] = {
         V34: _none,
         SGL: _none,
         SLO: _value(_SLOTUNE_FLAG["prompt_lookup_max"]),
+    },
+    "scheduling_policy": {
+        V15: _vllm_scheduling,
+        V34: _vllm_scheduling,
+        SGL: _sglang_scheduling,
+        SLO: _value(_SLOTUNE_FLAG["scheduling_policy"]),
+    },
+    # slotune's own policies: the engines' knob_values refuse any value but the off one
+    **{
+        name: {V15: _none, V34: _none, SGL: _none, SLO: _value(_SLOTUNE_FLAG[name])}
+        for name in (
+            "swap_threshold_tokens",
+            "top_tier_kv_share",
+            "top_tier_token_share",
+            "decode_budget_ms",
+        )
     },
 }
 """EngineConfig field -> target name -> rule."""

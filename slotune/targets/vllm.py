@@ -31,6 +31,10 @@ _COMMON_KNOBS = {
     "preemption_mode": ("recompute",),
     "prefix_caching": ("none", "hash"),
     "policy": ("chunked",),
+    "scheduling_policy": ("fcfs", "priority"),
+    "top_tier_kv_share": (0.0,),  # no tier quotas, no decode budget: slotune's only
+    "top_tier_token_share": (0.0,),
+    "decode_budget_ms": (0.0,),
 }
 _FIXED = {
     "block_size": 16,

@@ -37,7 +37,8 @@ THRESHOLD_GATE = "long_prefill_token_threshold_on"
 """Optuna parameter that switches the long-prefill threshold on (chunked policy only)."""
 
 _CATEGORICAL = {
-    "preemption_mode": ("recompute", "swap"),
+    "preemption_mode": ("recompute", "swap", "hybrid"),
+    "scheduling_policy": ("fcfs", "priority"),
     "prefix_caching": ("none", "hash", "radix"),
     "policy": ("chunked", "prefill_first"),
     "kv_cache_dtype": KV_CACHE_DTYPES,
@@ -52,7 +53,26 @@ _SEARCH_ORDER = (
     "prefix_caching",
     "kv_cache_dtype",
     "num_speculative_tokens",  # off (fixed at 0) unless a search file opts in
+    "swap_threshold_tokens",
+    "scheduling_policy",
+    "top_tier_kv_share",
+    "top_tier_token_share",
+    "decode_budget_ms",
 )
+OPT_IN = (
+    "num_speculative_tokens",
+    "swap_threshold_tokens",
+    "scheduling_policy",
+    "top_tier_kv_share",
+    "top_tier_token_share",
+    "decode_budget_ms",
+)
+_FRACTIONS = ("top_tier_kv_share", "top_tier_token_share")  # in [0, 1)
+"""Knobs fixed at their ``EngineConfig`` default unless a ``--search`` file lists values
+(``preemption_mode: [recompute, hybrid]``, ``swap_threshold_tokens: [1024, 4096]``,
+``scheduling_policy: [fcfs, priority]``, ``top_tier_kv_share: [0, 0.2]``,
+``decode_budget_ms: [0, 50]``); hybrid preemption, tier quotas and the decode budget run
+on the embedded engine only, priority scheduling also on vLLM and SGLang."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 
@@ -152,7 +172,7 @@ def default_params(
         "prefix_caching": Param("prefix_caching", values=tuple(values["prefix_caching"])),
         "policy": Param("policy", values=tuple(values["policy"])),
         "kv_cache_dtype": Param("kv_cache_dtype", values=kv),
-        "num_speculative_tokens": Param("num_speculative_tokens", values=(0,)),
+        **{n: Param(n, values=(getattr(EngineConfig, n),)) for n in OPT_IN},
     }
 
 
@@ -321,12 +341,10 @@ class SearchSpace:
             else:
                 params[name] = Param(name, **spec)
         fixed = dict(data.get("fixed", {}))
-        if "kv_cache_dtype" not in params:  # a space stored before the knob was searched
-            kv = fixed.pop("kv_cache_dtype", "auto")
-            params["kv_cache_dtype"] = Param("kv_cache_dtype", values=(kv,))
-        if "num_speculative_tokens" not in params:
-            spec = fixed.pop("num_speculative_tokens", 0)
-            params["num_speculative_tokens"] = Param("num_speculative_tokens", values=(spec,))
+        for name in ("kv_cache_dtype", *OPT_IN):  # a space stored before the knob was searched
+            if name not in params:
+                value = fixed.pop(name, getattr(EngineConfig, name))
+                params[name] = Param(name, values=(value,))
         return cls(params, fixed, bool(data.get("budget_ge_seqs", False)))
 
 
@@ -479,6 +497,13 @@ def _check_value(
         return 0
     if name == "num_speculative_tokens" and _is_int(value) and value == 0:
         return 0
+    if name in _FRACTIONS or name == "decode_budget_ms":
+        most = 1.0 if name in _FRACTIONS else float("inf")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SearchSpaceError(f"{at}: {value!r} is not a number")
+        if not 0 <= value < most:
+            raise SearchSpaceError(f"{at}: {value!r} is out of range [0, {most:g})")
+        return value
     if not _is_int(value) or value < 1:
         raise SearchSpaceError(f"{at}: {value!r} is not a positive integer")
     if name == "block_size" and value & (value - 1):
@@ -507,10 +532,12 @@ def _drop_impossible_choices(space: SearchSpace, where: str) -> SearchSpace:
         params["policy"] = replace(policy, values=kept)
     swap_gb = space.fixed.get("swap_space_gb", EngineConfig.swap_space_gb)
     mode = params["preemption_mode"]
-    if "swap" in (mode.values or ()) and swap_gb <= 0:
-        kept = tuple(v for v in mode.values or () if v != "swap")
+    if swap_gb <= 0 and set(mode.values or ()) & {"swap", "hybrid"}:
+        kept = tuple(v for v in mode.values or () if v == "recompute")
         if not kept:
-            raise SearchSpaceError(f"{where}: preemption_mode swap needs swap_space_gb > 0")
+            raise SearchSpaceError(
+                f"{where}: preemption_mode swap or hybrid needs swap_space_gb > 0"
+            )
         params["preemption_mode"] = replace(mode, values=kept)
     return replace(space, params=params)
 

@@ -7,7 +7,7 @@ prefixes are real shared tokens and the traces stay small on disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -194,6 +194,24 @@ def agent_sessions(params: AgentParams = AgentParams(), *, seed: int = 0) -> Tra
             context += int(outputs[t])
             parent = rid
     return Trace(name="agent", requests=tuple(reqs), seed=seed)
+
+
+def with_tiers(trace: Trace, pro_share: float, *, seed: int, name: str) -> Trace:
+    """``trace`` with each session (or lone request) drawn into tier 0 (pro) with
+    probability ``pro_share``, else tier 1 (free); every turn of a session keeps its
+    tier, and its priority is its tier (pro first under priority scheduling)."""
+    if not 0 < pro_share < 1:
+        raise ValueError(f"pro_share must be in (0, 1) (got {pro_share})")
+    rng = np.random.default_rng(seed)
+    tier_of: dict[str, int] = {}
+    reqs = []
+    for r in trace.requests:
+        key = r.session_id if r.session_id is not None else r.request_id
+        if key not in tier_of:
+            tier_of[key] = 0 if rng.random() < pro_share else 1
+        tier = tier_of[key]
+        reqs.append(replace(r, tier=tier, priority=tier))
+    return replace(trace, name=name, requests=tuple(reqs), _cache={})
 
 
 def long_context(

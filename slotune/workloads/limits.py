@@ -24,6 +24,8 @@ about 0.7 KB (400k requests: 290 MB), so a bigger trace is refused at the line p
 with its number, near 1.4 GB instead of growing until the machine runs out."""
 FAST_CSV_BYTES = 256 * 2**20
 """The column-wise CSV reader holds the whole file; larger files stream row by row."""
+MAX_PRIORITY = 2**31 - 1  # a request's priority lies in [-MAX_PRIORITY, MAX_PRIORITY]
+MAX_TIER = 15  # service tiers 0 (the highest) .. MAX_TIER
 
 
 def _number(value: Any, name: str) -> float:
@@ -69,3 +71,11 @@ def check_timestamp(value: Any, name: str) -> float:
     if not -MAX_TIMESTAMP <= v <= MAX_TIMESTAMP:
         raise ValueError(f"{name}: expected a timestamp within ±{MAX_TIMESTAMP:g}, got {value!r}")
     return float(v)
+
+
+def check_priority(value: Any, name: str = "priority") -> int:
+    return check_int(value, name, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+
+
+def check_tier(value: Any, name: str = "tier") -> int:
+    return check_int(value, name, maximum=MAX_TIER)

@@ -17,6 +17,7 @@ BUNDLED = {
     "long-context": "long prompts (2k-7k tokens) with short answers",
     "reasoning": "reasoning model: short prompts (~200 tokens), long outputs (~4k tokens)",
     "shared-prefix-chat": "inference-perf shared_prefix: 10 system prompts x 10 users, 4 rounds",
+    "agent-tiers": "the agent sessions, a quarter of them pro (tier 0), the rest free (tier 1)",
 }
 
 

@@ -6,7 +6,9 @@ ITL = every gap between consecutive tokens of a request, pooled over requests.
 Throughputs divide by the run's duration. A request meets the SLO when it completed and
 meets every target (for ``itl``, every gap; for ``tpot``, a single-token request passes);
 failed requests count as misses. Attainment is the share of all requests that meet it,
-goodput the number per second.
+goodput the number per second. A run with requests of more than one service tier gets
+the same scores per tier (``tiers``: counts, throughputs, latencies, attainment and
+goodput of that tier's requests, over the whole run's duration).
 
 With a warm-up or a cool-down (see ``steady.py``) only the requests that arrive in the
 scoring window are counted, and every rate is per second of the window: throughputs
@@ -194,18 +196,64 @@ def _summary(
         "num_preemptions": _preemptions(result),
         "prefix_cache_hit_rate": _prefix_hit_rate(result),
     }
+    stats = result.engine_stats
+    if "num_recomputed_tokens" in stats:  # what preemptions cost: recomputed vs swapped
+        summary["preemption_mix"] = {
+            "recomputed_tokens": int(stats["num_recomputed_tokens"]),
+            "swapped_tokens": int(stats.get("num_swapped_tokens", 0)),
+        }
     if slo is not None:
         good = meets_slo(m, slo)
         summary["slo"] = str(slo)
         summary["slo_attainment"] = float(good.sum() / n) if n else 0.0
         summary["goodput"] = rate(float(good.sum()))
         summary["slo_checks"] = _percentile_checks(m, slo)
+    tiers = per_tier(result, slo, percentiles, duration)
+    if tiers:
+        summary["tiers"] = tiers
     errors = df["error"].dropna()
     if len(errors):
         summary["errors"] = {
             str(k): int(v) for k, v in errors.str.slice(0, 120).value_counts().head(5).items()
         }
     return summary
+
+
+_TIER_KEYS = (
+    "num_requests",
+    "completed",
+    "failed",
+    "request_throughput",
+    "output_throughput",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "slo_attainment",
+    "goodput",
+)
+
+
+def per_tier(
+    result: RunResult, slo: SLO | None, percentiles: Sequence[float], duration: float
+) -> dict[str, dict[str, Any]]:
+    """The summary's scores for each service tier's requests; empty for one tier."""
+    df = result.requests
+    if "tier" not in df.columns:
+        return {}
+    tier = df["tier"].fillna(0).astype(int).to_numpy()
+    names = sorted(set(tier.tolist()))
+    if len(names) < 2:
+        return {}
+    out = {}
+    for t in names:
+        part = RunResult(
+            requests=df[tier == t].reset_index(drop=True),
+            steps=result.steps,
+            duration_s=result.duration_s,
+        )
+        s = _summary(part, slo, percentiles, duration)
+        out[str(t)] = {k: s[k] for k in _TIER_KEYS}
+    return out
 
 
 def _percentile_checks(m: dict[str, np.ndarray], slo: SLO) -> list[dict[str, Any]]:

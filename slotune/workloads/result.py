@@ -13,6 +13,7 @@ REQUEST_COLUMNS = (
     "request_id",
     "session_id",
     "turn",
+    "tier",
     "arrival_time",
     "first_token_time",
     "finish_time",

@@ -29,7 +29,9 @@ from slotune.workloads.limits import (
     MAX_TOKEN_ID,
     MAX_TOKENS,
     check_int,
+    check_priority,
     check_seconds,
+    check_tier,
 )
 from slotune.workloads.tokenizer import Tokenizer
 
@@ -41,7 +43,11 @@ STATS_BLOCK_SIZE = 16
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a trace. Times are seconds from the start of the trace."""
+    """One request of a trace. Times are seconds from the start of the trace.
+
+    ``priority`` (lower first, vLLM's convention) orders it under priority scheduling;
+    ``tier`` is its service tier, 0 the highest (pro), 1 and up below it (free).
+    """
 
     request_id: str
     prompt_len: int
@@ -54,10 +60,19 @@ class TraceRequest:
     turn: int = 0
     think_time_s: float = 0.0
     parent_id: str | None = None
+    priority: int = 0
+    tier: int = 0
 
     def __post_init__(self) -> None:
         if not self.request_id:
             raise ValueError("request id must be a non-empty string")
+        if self.priority or self.tier:  # 0 for most requests: skip the checks there
+            if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+                raise ValueError(f"priority must be an integer (got {self.priority!r})")
+            check_priority(self.priority)
+            if isinstance(self.tier, bool) or not isinstance(self.tier, int):
+                raise ValueError(f"tier must be an integer (got {self.tier!r})")
+            check_tier(self.tier)
         if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, int):
             raise ValueError(f"prompt length must be an integer (got {self.prompt_len!r})")
         if isinstance(self.output_len, bool) or not isinstance(self.output_len, int):
@@ -117,6 +132,10 @@ class TraceRequest:
             out["think_time_s"] = round(self.think_time_s, 6)
         if self.parent_id is not None:
             out["parent_id"] = self.parent_id
+        if self.priority:
+            out["priority"] = self.priority
+        if self.tier:
+            out["tier"] = self.tier
         return out
 
 
@@ -401,6 +420,8 @@ def request_from_json(obj: Any, tokenizer: Tokenizer) -> TraceRequest:
         "turn",
         "think_time_s",
         "parent_id",
+        "priority",
+        "tier",
     }
     unknown = sorted(set(obj) - known)
     if unknown:
@@ -456,4 +477,6 @@ def request_from_json(obj: Any, tokenizer: Tokenizer) -> TraceRequest:
         turn=check_int(obj.get("turn", 0), "turn"),
         think_time_s=check_seconds(obj.get("think_time_s", 0.0), "think_time_s"),
         parent_id=None if parent is None else str(parent),
+        priority=check_priority(obj.get("priority", 0)),
+        tier=check_tier(obj.get("tier", 0)),
     )

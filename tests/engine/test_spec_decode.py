@@ -8,6 +8,7 @@ holding one, fails the run. Outputs must equal those of the same workload withou
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -146,7 +147,7 @@ def test_drafting_changes_no_output_and_keeps_invariants(
     """``run`` checks every step's invariants and KV, and every output against the tokens
     the executor samples, with tiny pools too (so drafts meet preemption and swapping)."""
     _, engine = run(w, *cfg, num_speculative_tokens=num_spec)
-    tiny = Workload(w.jobs, w.budget, w.threshold, w.max_num_seqs, 0, w.cpu_blocks)
+    tiny = replace(w, extra_blocks=0)
     run(tiny, *cfg, num_speculative_tokens=num_spec)
     stats = engine.stats()
     assert stats["spec_num_accepted_tokens"] <= stats["spec_num_draft_tokens"]

@@ -32,7 +32,14 @@ from tests.engine.test_properties import (
 )
 
 LARGE_MODEL_LEN = 1024
-LARGE_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, (4, 16, 32)))
+# the configurations the planner plans for (it refuses the others: see the last test below)
+PLANNED_PREEMPTION = [m for m in PREEMPTION if m in (_TESTED_CONFIG["preemption_mode"] or ())]
+PLANNED_CONFIGS = [
+    c
+    for c in ALL_CONFIGS
+    if c[1] in PLANNED_PREEMPTION and c[4] in (_TESTED_CONFIG["scheduling_policy"] or ())
+]
+LARGE_CONFIGS = list(itertools.product(POLICIES, PLANNED_PREEMPTION, CACHING, (4, 16, 32)))
 
 
 @st.composite
@@ -152,7 +159,7 @@ def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN
 
 
 @settings(max_examples=60, deadline=None)
-@given(workloads(), st.sampled_from(ALL_CONFIGS))
+@given(workloads(), st.sampled_from(PLANNED_CONFIGS))
 def test_stretches_equal_single_steps(w: Workload, cfg: tuple) -> None:
     w = replace(w, jobs=[replace(j, abort_at=None) for j in w.jobs])
     single = drive(w, cfg, "single")
@@ -174,6 +181,12 @@ def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
         "a new EngineConfig field: review the stretch planner for it, test it, list it"
     )
     assert untested_config(EngineConfig()) is None
+    assert "scheduling_policy='priority'" in (
+        untested_config(EngineConfig(scheduling_policy="priority")) or ""
+    )
+    assert "preemption_mode='hybrid'" in (
+        untested_config(EngineConfig(preemption_mode="hybrid")) or ""
+    )
     engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
     engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
     engine.step()

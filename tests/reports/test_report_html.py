@@ -202,3 +202,22 @@ def test_e2e_and_itl_targets_get_their_own_slo_lines(tmp_path: Path, tune_dir: P
     (out / "best.json").write_text(json.dumps({**best, "slo": "ttft=300ms,itl=40ms"}))
     html = build_report(out).read_text()
     assert "SLO ITL 40 ms" in html
+
+
+def test_metrics_table_shows_the_preemption_mix_and_each_tier() -> None:
+    from slotune.reports.sections import metrics_table
+
+    summary = {
+        "preemption_mix": {"recomputed_tokens": 1234, "swapped_tokens": 567},
+        "tiers": {
+            "0": {"slo_attainment": 0.99, "ttft_ms": {"p99": 250.0}, "tpot_ms": {"p99": 30.0}},
+            "1": {"slo_attainment": 0.5, "ttft_ms": {"p99": 900.0}, "tpot_ms": {"p99": 30.0}},
+        },
+    }
+    html = metrics_table([("run", summary)], {"ttft": 300.0})
+    assert "tokens recomputed by preemption" in html and "1,234" in html
+    assert "tokens swapped by preemption" in html and "567" in html
+    assert "tier 0: SLO attainment" in html and "tier 1: TTFT p99" in html
+    assert 'class="met">250 ms' in html and 'class="missed">900 ms' in html
+    plain = metrics_table([("run", {})], {"ttft": 300.0})
+    assert "tier 0" not in plain and "by preemption" not in plain

@@ -246,3 +246,20 @@ def test_sglang_refuses_prompt_lookup_speculation() -> None:
     b = best("sglang", prefix_caching="none", num_speculative_tokens=4)
     with pytest.raises(ExportRefused, match=r"not\s+by prompt lookup"):
         export(b)
+
+
+def test_scheduling_policies_export_where_the_target_runs_them() -> None:
+    vllm = export(best("vllm", scheduling_policy="priority"))
+    assert "--scheduling-policy priority" in vllm
+    sglang = export(best("sglang", prefix_caching="none", scheduling_policy="priority"))
+    assert "--enable-priority-scheduling --schedule-low-priority-values-first" in sglang
+    for refused in (
+        {"preemption_mode": "hybrid"},
+        {"top_tier_kv_share": 0.3},
+        {"top_tier_token_share": 0.3},
+        {"decode_budget_ms": 50.0},
+    ):
+        with pytest.raises(ExportRefused, match="does not run"):
+            export(best("vllm", **refused))
+    embedded = export(best("slotune", preemption_mode="hybrid", decode_budget_ms=50.0))
+    assert "--preemption-mode hybrid" in embedded and "--decode-budget-ms 50.0" in embedded

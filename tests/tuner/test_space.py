@@ -271,3 +271,46 @@ def test_a_negative_speculation_count_is_refused() -> None:
 
     with pytest.raises(SearchSpaceError, match="num_speculative_tokens"):
         build_space(max_model_len=2048, overrides={"num_speculative_tokens": [-1, 2]})
+
+
+def test_policy_knobs_are_opt_in() -> None:
+    default = build_space(max_model_len=2048)
+    assert "scheduling_policy" not in default.free_names
+    assert "swap_threshold_tokens" not in default.free_names
+    assert {c.preemption_mode for _, c in sample(default, 60)} == {"recompute", "swap", "hybrid"}
+    space = build_space(
+        max_model_len=2048,
+        overrides={
+            "preemption_mode": ["recompute", "hybrid"],
+            "swap_threshold_tokens": [512, 4096],
+            "scheduling_policy": ["fcfs", "priority"],
+        },
+    )
+    configs = [c for _, c in sample(space, 80)]
+    assert {c.preemption_mode for c in configs} == {"recompute", "hybrid"}
+    assert {c.swap_threshold_tokens for c in configs} == {512, 4096}
+    assert {c.scheduling_policy for c in configs} == {"fcfs", "priority"}
+    for params in space.grid()[:50]:
+        assert space.params_for(space.config_from_params(params)) is not None
+    with pytest.raises(SearchSpaceError, match="swap or hybrid needs swap_space_gb"):
+        build_space(max_model_len=2048, overrides={"preemption_mode": "hybrid", "swap_space_gb": 0})
+    with pytest.raises(SearchSpaceError, match="not one of"):
+        build_space(max_model_len=2048, overrides={"scheduling_policy": "lifo"})
+    tiers = build_space(
+        max_model_len=2048,
+        overrides={"top_tier_kv_share": [0, 0.25], "decode_budget_ms": [0, 50.0]},
+    )
+    configs = [c for _, c in sample(tiers, 60)]
+    assert {c.top_tier_kv_share for c in configs} == {0, 0.25}
+    assert {c.decode_budget_ms for c in configs} == {0, 50.0}
+    with pytest.raises(SearchSpaceError, match="out of range"):
+        build_space(max_model_len=2048, overrides={"top_tier_token_share": [0, 1.0]})
+
+
+def test_a_space_stored_before_the_policy_knobs_keeps_their_defaults() -> None:
+    stored = build_space(max_model_len=2048).to_dict()
+    for name in ("scheduling_policy", "swap_threshold_tokens", "decode_budget_ms"):
+        del stored["params"][name]
+    space = SearchSpace.from_dict(stored)
+    configs = {space.config_from_params(p) for p in space.grid()[:20]}
+    assert {(c.scheduling_policy, c.swap_threshold_tokens) for c in configs} == {("fcfs", 2048)}

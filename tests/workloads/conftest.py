@@ -56,6 +56,9 @@ class FakeEngine:
         prompt_token_ids: list[int],
         params: SamplingParams | None = None,
         arrival_time: float = 0.0,
+        *,
+        priority: int = 0,
+        tier: int = 0,
     ) -> _Req:
         if len(prompt_token_ids) > self.max_len:
             raise ValueError(

@@ -25,6 +25,7 @@ def test_traces_list_shows_every_bundled_trace() -> None:
         "long-context",
         "reasoning",
         "shared-prefix-chat",
+        "agent-tiers",
     }
     for name in names:
         assert name in res.output

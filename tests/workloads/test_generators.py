@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -74,8 +76,17 @@ def test_bundled_traces_load_with_stats(name: str) -> None:
     stats = trace.stats()
     assert trace.name == name and stats["requests"] == len(trace) >= 200
     assert bundled_path(name).stat().st_size < 100_000
-    if name in ("agent", "shared-prefix", "shared-prefix-chat"):
+    if name in ("agent", "shared-prefix", "shared-prefix-chat", "agent-tiers"):
         assert stats["prefix_sharing_ratio"] > 0.5
+    if name == "agent-tiers":  # the agent sessions, each session in one tier
+        agent = load_trace("agent")
+        assert [replace(r, tier=0, priority=0) for r in trace] == list(agent.requests)
+        tier_of: dict[str, set[int]] = {}
+        for r in trace:
+            tier_of.setdefault(r.session_id or "", set()).add(r.tier)
+        tiers = [t for ts in tier_of.values() for t in ts]
+        assert all(len(ts) == 1 for ts in tier_of.values())
+        assert 0.1 < tiers.count(0) / len(tiers) < 0.4 and set(tiers) == {0, 1}
     if name == "reasoning":
         assert stats["prompt_len"]["mean"] < 400 and stats["output_len"]["mean"] > 3000
     if name == "agent":

@@ -12,6 +12,7 @@ are handed back to the scheduler, which lists them in its output for the executo
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +61,21 @@ class ComputedBlocks:
 
 
 class KVCacheManager:
+    """``lower_tier_blocks`` (None: no tiers) caps the distinct GPU blocks that requests of
+    tier 1 and up hold together: an allocation, swap-in or prefix hit that would take
+    them past it fails as if the pool were full. Forks add no distinct block."""
+
     def __init__(
-        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, prefix_caching: str
+        self,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        block_size: int,
+        prefix_caching: str,
+        lower_tier_blocks: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.lower_tier_blocks = lower_tier_blocks
+        self.lower_held: Counter[int] = Counter()  # block id -> lower-tier holders
         self.cache: PrefixCache[Any] | None = make_prefix_cache(prefix_caching, block_size)
         self.pool = BlockPool(num_gpu_blocks, self.cache)
         self.num_cpu_blocks = num_cpu_blocks
@@ -95,6 +107,27 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.pool.num_used_blocks / self.pool.num_blocks
+
+    @property
+    def num_lower_tier_blocks(self) -> int:
+        """The distinct GPU blocks requests of tier 1 and up hold."""
+        return len(self.lower_held)
+
+    def _lower_room(self, request: Request, blocks: int) -> bool:
+        """Whether ``blocks`` more distinct blocks for ``request`` stay within the cap."""
+        cap = self.lower_tier_blocks
+        return cap is None or not request.tier or len(self.lower_held) + blocks <= cap
+
+    def _hold(self, request: Request, blocks: list[KVCacheBlock], sign: int = 1) -> None:
+        """Count ``blocks`` as held (``sign`` 1) or let go (-1) by a lower-tier request."""
+        if self.lower_tier_blocks is None or not request.tier:
+            return
+        held = self.lower_held
+        for b in blocks:
+            bid = b.block_id
+            held[bid] += sign
+            if not held[bid]:
+                del held[bid]
 
     def blocks_needed(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
@@ -162,10 +195,15 @@ class KVCacheManager:
         reusable = [b.ref_cnt for b in hit].count(0)
         if num_new + cow > pool.num_free_blocks - reusable:
             return False
+        if self.lower_tier_blocks is not None and request.tier:
+            adopted = sum(1 for b in hit if b.block_id not in self.lower_held)
+            if not self._lower_room(request, num_new + cow + adopted):
+                return False
         if rb is None:
             pool.touch(hit)
             state = computed.cache_state if computed is not None else self._new_cache_state()
             rb = RequestBlocks(list(hit), state, self.block_size)
+            self._hold(request, hit)
             self.req_blocks[rid] = rb
             self.block_tables[rid] = rb.block_ids
             if computed is not None:
@@ -174,9 +212,11 @@ class KVCacheManager:
         if check_cow:
             self.cow_pending.discard(rid)
             if cow:
-                self._copy_on_write(rb, request.num_computed_tokens // self.block_size)
+                self._copy_on_write(request, rb, request.num_computed_tokens // self.block_size)
         if num_new > 0:
             new = pool.get_new_blocks(num_new)
+            if self.lower_tier_blocks is not None:
+                self._hold(request, new)
             rb.blocks.extend(new)
             rb.block_ids.extend([b.block_id for b in new])
             rb.num_slots = len(rb.blocks) * self.block_size
@@ -188,14 +228,19 @@ class KVCacheManager:
         rb = self.req_blocks[request.request_id]
         keep = max(self.blocks_needed(request.num_computed_tokens), 1)
         if len(rb.blocks) > keep:
-            self.pool.free_blocks(rb.blocks[: keep - 1 : -1])
+            dropped = rb.blocks[: keep - 1 : -1]
+            self._hold(request, dropped, -1)
+            self.pool.free_blocks(dropped)
             del rb.blocks[keep:]
             del rb.block_ids[keep:]
             rb.num_slots = keep * self.block_size
 
     def grow(self, allocations: list[tuple[str, int]]) -> None:
         """New blocks for requests, ``(request id, blocks)`` in order, taken exactly as
-        that many ``allocate_slots`` calls would take them (the caller checked they fit)."""
+        that many ``allocate_slots`` calls would take them (the caller checked they fit).
+        Only the stretch planner calls it, and it plans for no tiers."""
+        if self.lower_tier_blocks is not None:
+            raise RuntimeError("KVCacheManager.grow: not for tiers (the planner refuses them)")
         pool = self.pool
         total = sum([n for _, n in allocations])
         if total <= pool.free_queue.num_free_blocks:
@@ -223,9 +268,11 @@ class KVCacheManager:
         index = num_computed // self.block_size
         return int(index < len(rb.blocks) and rb.blocks[index].ref_cnt > 1)
 
-    def _copy_on_write(self, rb: RequestBlocks, index: int) -> None:
+    def _copy_on_write(self, request: Request, rb: RequestBlocks, index: int) -> None:
         src = rb.blocks[index]
         (dst,) = self.pool.get_new_blocks(1)
+        self._hold(request, [src], -1)
+        self._hold(request, [dst])
         self.pool.free_blocks([src])
         rb.blocks[index] = dst
         rb.block_ids[index] = dst.block_id
@@ -259,6 +306,8 @@ class KVCacheManager:
         if replaced:
             pool = self.pool
             for index, cached in replaced:
+                self._hold(request, [rb.blocks[index]], -1)
+                self._hold(request, [cached])
                 pool.touch([cached])
                 pool.free_blocks([rb.blocks[index]])
                 rb.blocks[index] = cached
@@ -275,6 +324,8 @@ class KVCacheManager:
         rb = self.req_blocks.pop(rid, None)
         if rb is not None:
             del self.block_tables[rid]
+            if self.lower_tier_blocks is not None:
+                self._hold(request, rb.blocks, -1)
             self.pool.free_blocks(rb.blocks[::-1])
         cpu = self.swapped.pop(rid, None)
         if cpu is not None:
@@ -288,6 +339,7 @@ class KVCacheManager:
         self.pool.touch(rb.blocks)
         cache_state = self.cache.copy_state(rb.cache_state) if self.cache is not None else None
         child_rb = RequestBlocks(list(rb.blocks), cache_state, self.block_size)
+        self._hold(child, rb.blocks)
         if parent.num_computed_tokens % self.block_size:
             self.cow_pending.add(parent.request_id)
             self.cow_pending.add(child.request_id)
@@ -307,6 +359,7 @@ class KVCacheManager:
         self.cow_pending.discard(rid)
         del self.req_blocks[rid]
         del self.block_tables[rid]
+        self._hold(request, rb.blocks, -1)
         self.pool.free_blocks(rb.blocks[::-1])
         return copies
 
@@ -315,9 +368,10 @@ class KVCacheManager:
         rid = request.request_id
         cpu = self.swapped[rid]
         total = self.swap_in_blocks(request, num_new_tokens)
-        if total > self.pool.num_free_blocks:
+        if total > self.pool.num_free_blocks or not self._lower_room(request, total):
             return None
         blocks = self.pool.get_new_blocks(total)
+        self._hold(request, blocks)
         del self.swapped[rid]
         self._free_cpu.extend(cpu)
         rb = RequestBlocks(blocks, self._new_cache_state(), self.block_size)
@@ -327,5 +381,8 @@ class KVCacheManager:
             self.uncommitted[rid] = request  # its full blocks can be cached again
         return [(c, b.block_id) for c, b in zip(cpu, blocks, strict=False)]
 
-    def can_ever_fit(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= self.pool.num_blocks
+    def can_ever_fit(self, num_tokens: int, tier: int = 0) -> bool:
+        cap = self.pool.num_blocks
+        if tier and self.lower_tier_blocks is not None:
+            cap = self.lower_tier_blocks
+        return self.blocks_needed(num_tokens) <= cap

@@ -48,6 +48,11 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "num_speculative_tokens": frozenset({0}),  # a stretch plans one token per decode step
     "prompt_lookup_min": None,
     "prompt_lookup_max": None,
+    "scheduling_policy": frozenset({"fcfs"}),
+    "swap_threshold_tokens": None,  # read only under preemption_mode="hybrid", refused above
+    "top_tier_kv_share": frozenset({0.0}),
+    "top_tier_token_share": frozenset({0.0}),
+    "decode_budget_ms": frozenset({0.0}),
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 

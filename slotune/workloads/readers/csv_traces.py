@@ -4,7 +4,8 @@ Azure (``TIMESTAMP`` absolute date-times such as ``2023-11-16 18:15:46.6805900``
 ``ContextTokens``, ``GeneratedTokens``) and BurstGPT (``Timestamp`` in seconds, ``Model``,
 ``Request tokens``, ``Response tokens``, ``Total tokens``, ``Log Type``; failed requests
 are the rows with 0 response tokens, dropped and counted). Prompts get unique tokens of
-the recorded length. Rows must be in time order.
+the recorded length. Rows must be in time order. Either format may add a ``priority``
+and a ``tier`` column (see ``TraceRequest``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from slotune.workloads import limits
-from slotune.workloads.limits import check_int, check_seconds, check_timestamp, parse_number
+from slotune.workloads.limits import (
+    check_int,
+    check_priority,
+    check_seconds,
+    check_tier,
+    check_timestamp,
+    parse_number,
+)
 from slotune.workloads.readers import csv_columns
 from slotune.workloads.readers.errors import (
     DropCounter,
@@ -28,6 +36,8 @@ from slotune.workloads.readers.errors import (
 from slotune.workloads.trace import Trace, TraceRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+OPTIONAL_COLUMNS = ("priority", "tier")  # per request, 0 when absent
+Row = tuple[float, int, int, int, int]  # since the first row, prompt, output, priority, tier
 BURSTGPT_COLUMNS = (
     "Timestamp",
     "Model",
@@ -111,23 +121,24 @@ _EPOCH = datetime(1970, 1, 1)
 def _trace(
     path: Path,
     seed: int,
-    rows: Iterable[tuple[float, int, int]],
+    rows: Iterable[Row],
     prompt_col: str,
     prefix: str,
     failed_reason: str,
 ) -> Trace:
-    """The trace of ``(seconds since the first row, prompt tokens, output tokens)`` rows: a
-    row with no output (a failed request) or no prompt is counted as dropped."""
+    """The trace of ``Row`` rows: a row with no output (a failed request) or no prompt is
+    counted as dropped."""
     dropped = DropCounter()
     requests: list[TraceRequest] = []
-    for since, n_in, n_out in rows:
+    for since, n_in, n_out, priority, tier in rows:
         if n_out == 0:
             dropped.drop(failed_reason)
         elif n_in == 0:
             dropped.drop(f"{prompt_col} = 0")
         else:
             arrival = round(since, 6)
-            requests.append(TraceRequest(f"{prefix}{len(requests)}", n_in, n_out, arrival))
+            rid = f"{prefix}{len(requests)}"
+            requests.append(TraceRequest(rid, n_in, n_out, arrival, priority=priority, tier=tier))
     return Trace(
         name=path.stem, requests=tuple(requests), seed=seed, dropped=dict(dropped), source=str(path)
     )
@@ -144,7 +155,7 @@ def _read(
     prefix: str,
     failed_reason: str,
 ) -> Trace:
-    def rows() -> Iterator[tuple[float, int, int]]:
+    def rows() -> Iterator[Row]:
         first: float | None = None
         last: float | None = None
         for row, values in _rows(path, columns):
@@ -170,17 +181,28 @@ def _read(
                 check_seconds(t - first, f"{time_col} since the first row")
             n_in = _count(path, row, prompt_col, values[prompt_col])
             n_out = _count(path, row, output_col, values[output_col])
-            yield t - first, n_in, n_out
+            with at(path, f"row {row}"):
+                priority = _optional(values, "priority", check_priority)
+                tier = _optional(values, "tier", check_tier)
+            yield t - first, n_in, n_out, priority, tier
 
     return _trace(path, seed, rows(), prompt_col, prefix, failed_reason)
 
 
+def _optional(values: dict[str, str], name: str, check: Callable[[object, str], int]) -> int:
+    text = values.get(name, "")
+    return check(parse_number(text, f"column {name!r}"), f"column {name!r}") if text else 0
+
+
 def _read_azure_fast(path: Path, seed: int) -> Trace | None:
     """The same trace as ``_read`` from checked columns; None if the file is not plain
-    or too big to hold whole."""
+    or too big to hold whole, or has the optional columns, which the row reader reads)."""
     if path.stat().st_size > limits.FAST_CSV_BYTES:
         return None
-    _check_unique(path, read_header(path))  # pandas would rename a second column "X.1"
+    header = read_header(path)
+    _check_unique(path, header)  # pandas would rename a second column "X.1"
+    if any(c in header for c in OPTIONAL_COLUMNS):
+        return None
     frame = csv_columns.read_columns(read_text(path), AZURE_COLUMNS)
     if frame is None:
         return None
@@ -191,7 +213,7 @@ def _read_azure_fast(path: Path, seed: int) -> Trace | None:
         return None
     first = float(seconds[0]) if len(seconds) else 0.0
     columns = zip(seconds.tolist(), n_in.tolist(), n_out.tolist(), strict=True)
-    rows = ((t - first, a, b) for t, a, b in columns)
+    rows = ((t - first, a, b, 0, 0) for t, a, b in columns)
     return _trace(path, seed, rows, "ContextTokens", "az", "GeneratedTokens = 0")
 
 

@@ -239,6 +239,7 @@ def drive_engine(
     disp: Dispatcher[list[int]] = Dispatcher(trace, arrivals, TokenPrompts(trace), seed=seed)
     rec = Recorder(trace, client_latency_s)
     keep_output = disp.has_children
+    classes = [(r.priority, r.tier) for r in trace.requests]
     # a finish may release a turn or a capped flow: a stretch must not run past it
     stop_at_finish = any(keep_output) or arrivals.concurrency is not None
     outputs: dict[int, list[int]] = {}
@@ -280,6 +281,8 @@ def drive_engine(
                         rel.prompt,
                         SamplingParams(max_tokens=rel.max_tokens, ignore_eos=True),
                         arrival_time=rel.arrival_time,
+                        priority=classes[i][0],
+                        tier=classes[i][1],
                     )
                 )
             except ValueError as exc:

@@ -108,6 +108,7 @@ class Recorder:
             "request_id": [r.request_id for r in reqs],
             "session_id": [r.session_id for r in reqs],
             "turn": [r.turn for r in reqs],
+            "tier": [r.tier for r in reqs],
             "arrival_time": self.arrival,
             "first_token_time": [ts[0] if ts else NAN for ts in self.token_times],
             "finish_time": finish,
