@@ -288,6 +288,10 @@ def vllm_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
         "enable_expert_parallel": parallel.enable_expert_parallel,
         "quantization": model.quantization,
         "max_model_len": model.max_model_len,
+        "speculative_method": getattr(config.speculative_config, "method", None),
+        "num_speculative_tokens": getattr(
+            config.speculative_config, "num_speculative_tokens", None
+        ),
     }
 
 
@@ -357,6 +361,8 @@ SGLANG_FIELDS = (
     "quantization",
     "context_length",
     "schedule_policy",
+    "enable_priority_scheduling",
+    "schedule_low_priority_values_first",
     "schedule_conservativeness",
     "cuda_graph_max_bs",
     "attention_backend",

@@ -155,6 +155,13 @@ def vllm_check(config: EngineConfig, words: list[str], resolved: dict[str, Any])
     assert field(resolved, "gpu_memory_utilization") == pytest.approx(config.gpu_memory_utilization)
     blocks = field(resolved, "num_gpu_blocks_override")
     assert blocks == config.num_gpu_blocks
+    assert str(field(resolved, "scheduling_policy")).split(".")[-1].lower() == (
+        config.scheduling_policy
+    )
+    spec = config.num_speculative_tokens
+    assert field(resolved, "num_speculative_tokens") == (spec or None)
+    if spec:
+        assert field(resolved, "speculative_method") in ("ngram", "prompt_lookup")
 
 
 @needs_vllm
@@ -173,6 +180,7 @@ def test_vllm_accepts_every_value_of_the_default_space(checkpoint: Path) -> None
         {"kv_cache_dtype": ["int8", "int4"], "block_size": [16]},
         {"gpu_memory_utilization": 0.8, "num_gpu_blocks": 3000},
         {"long_prefill_token_threshold": {"low": 1024, "high": 2047}},
+        {"scheduling_policy": ["fcfs", "priority"], "num_speculative_tokens": [0, 3]},
     ],
 )
 def test_vllm_accepts_search_overrides(checkpoint: Path, overrides: dict[str, Any]) -> None:
@@ -266,6 +274,10 @@ def sglang_check(config: EngineConfig, words: list[str], resolved: dict[str, Any
     total = field(resolved, "max_total_tokens")
     expected = None if config.num_gpu_blocks is None else config.num_gpu_blocks * config.block_size
     assert total == expected
+    priority = config.scheduling_policy == "priority"
+    assert bool(field(resolved, "enable_priority_scheduling")) is priority
+    if priority:
+        assert field(resolved, "schedule_low_priority_values_first") is True
 
 
 @needs_sglang
@@ -282,6 +294,7 @@ def test_sglang_accepts_every_value_of_the_default_space(checkpoint: Path) -> No
     [
         {"max_num_batched_tokens": {"low": 256, "high": 768}, "policy": "chunked"},
         {"num_gpu_blocks": 3000, "block_size": [16, 64]},
+        {"scheduling_policy": ["fcfs", "priority"]},
     ],
 )
 def test_sglang_accepts_search_overrides(checkpoint: Path, overrides: dict[str, Any]) -> None:
@@ -346,9 +359,11 @@ def test_refused_exports_say_why(target: str, change: dict[str, Any], reason: st
 
 def test_every_target_value_is_covered() -> None:
     """The cases above reach every categorical value each target runs."""
+    opt_in = {"scheduling_policy": ["fcfs", "priority"]}  # the override cases above
     for name in ("vllm==0.34", "sglang"):
         target = get_target(name)
         configs = emitted(space_of(target), target, draws=0)
+        configs += emitted(space_of(target, opt_in), target, draws=0)
         for knob, values in target.knob_values.items():
             seen = {getattr(c, knob) for c in configs}
             gpu_kv = gpu_spec(GPU).kv_cache_dtypes
