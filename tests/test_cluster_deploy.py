@@ -164,3 +164,14 @@ def test_slo_losses_are_counted_per_answering_instance() -> None:
     for key in total:
         assert sum(v[key] for v in by.values()) == total[key]
     assert set(serving_instance(run)) == {1, 2}
+
+
+def test_deploy_simulates_what_the_export_engine_runs(tmp_path) -> None:
+    """SGLang runs no hash prefix cache and pages of 1 by default: the instances are
+    simulated with its defaults, so the exported line is the one searched."""
+    args = ["deploy", "--gpus", "1", "--slo", "ttft=300ms,tpot=50ms", "--rate", "5"]
+    args += ["--num-requests", "30", "--trials", "2", "--single-trials", "0"]
+    result = CliRunner().invoke(app, [*args, "--engine", "sglang", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    launch = (tmp_path / "launch.sh").read_text()
+    assert "sglang.launch_server" in launch and "--page-size 1" in launch

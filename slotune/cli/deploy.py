@@ -72,7 +72,6 @@ def deploy(
     from slotune.cluster.export import ENGINES
     from slotune.cluster.search import MODES, DeploySpace, search
     from slotune.cluster.spec import ROUTERS, get_link
-    from slotune.engine.config import EngineConfig
     from slotune.workloads import parse_slo
     from slotune.workloads.arrivals import ArrivalSpec
 
@@ -84,6 +83,7 @@ def deploy(
         fail(f"--attainment: must be in (0, 1] (got {attainment})")
     if trials < 1 or single_trials < 0:
         fail("--trials must be >= 1 and --single-trials >= 0")
+    loaded = to.load_trace_or_fail(trace, format, num_requests, None, seed, False, "--trace")
     try:
         slo_spec = parse_slo(slo)
         space = DeploySpace(
@@ -91,7 +91,7 @@ def deploy(
             gpu,
             model,
             stack,
-            EngineConfig(),
+            _base_config(engine, gpu, loaded),
             _ints(tp, "--tp"),
             _ints(pp, "--pp"),
             _names(modes, "--modes", MODES),
@@ -100,7 +100,6 @@ def deploy(
         )
     except ValueError as exc:
         fail(str(exc))
-    loaded = to.load_trace_or_fail(trace, format, num_requests, None, seed, False, "--trace")
     with _console.status("Searching deployments...") as status:
 
         def progress(k: int, s: Any) -> None:
@@ -123,8 +122,23 @@ def deploy(
             fail(str(exc))
     _print_study(study, slo_spec, gpus, rate)
     if out is not None:
-        _write(out, study, slo_spec, engine)
+        from slotune.targets import ExportRefused
+
+        try:
+            _write(out, study, slo_spec, engine)
+        except ExportRefused as exc:
+            fail(f"--engine {engine}: {exc}")
         _console.print(f"Wrote {out}/deployment.json, launch.sh, k8s.yaml")
+
+
+def _base_config(engine: str, gpu: str, trace: Any) -> Any:
+    """What every instance runs besides the searched budget and sequences: the export
+    engine's own defaults on the GPU, so the deployment simulated is the one exported."""
+    from slotune.engine.sim.hardware import get_gpu
+    from slotune.targets import get_target
+    from slotune.workloads import default_max_model_len
+
+    return get_target(engine).defaults(get_gpu(gpu), max_model_len=default_max_model_len(trace))
 
 
 def _print_study(study: Any, slo: Any, gpus: int, rate: float) -> None:
