@@ -168,15 +168,10 @@ def _make_instance(j: int, spec: InstanceSpec, timeout_s: float | None, trace: T
         )
         engine = Engine(spec.config, executor)
     else:
-        engine = Engine.simulated(
-            spec.config,
-            gpu=spec.gpu,
-            model=spec.model,
-            tp=spec.tp,
-            stack=spec.stack,
-            quantization=spec.quantization,
-            ep=spec.ep,
-        )
+        from slotune.workloads.backends import SimBackend
+
+        backend = SimBackend(spec.gpu, spec.model, spec.tp, spec.ep, spec.quantization, spec.stack)
+        engine = backend.engine(spec.config)
     n = len(trace)
     stack = cast(SimExecutor, engine.executor).stack
     lat = stack.request_latency_s

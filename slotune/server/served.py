@@ -87,9 +87,10 @@ def simulated_model(
     serving ``stack`` that ``slotune bench`` simulates (its per-request latency delays
     each request before the engine sees it, as the bench runner's client clock does);
     prompts are counted with the model family's tokenizer (``workloads.tokenizer``)."""
+    from slotune.workloads.backends import SimBackend
     from slotune.workloads.tokenizer import family_tokenizer
 
-    engine = Engine.simulated(config, gpu=gpu, model=model, tp=tp, stack=stack)
+    engine = SimBackend(gpu, model, tp, stack=stack).engine(config)
     executor: Any = engine.executor
     prompts = family_tokenizer(model)
     served = ServedModel(

@@ -227,8 +227,9 @@ def verify(
                 summary = evaluator.summarize(result)
                 measured = evaluator.measurement(summary, rate)
                 run_dir = where / f"run-{r}"
-                write_run(run_dir, result, summary, c.config, rate, c.label)
-                _record_settings(run_dir, setup)
+                # what validate/calibrate need to replay an HTTP run, which cannot know them
+                replay = {"model": setup.model, "gpu": setup.gpu, "tp": setup.tp, "backend": "http"}
+                write_run(run_dir, result, {**summary, **replay}, c.config, rate, c.label)
                 v.measured.append(metrics_of(measured))
                 v.runs.append(str(run_dir))
         except Exception as exc:  # a failed candidate is a result; the others go on
@@ -237,15 +238,6 @@ def verify(
         finally:
             server.stop()
     return _outcome(results, primary, out_dir)
-
-
-def _record_settings(run_dir: Path, setup: TuneSetup) -> None:
-    """What ``validate``/``calibrate --from-runs`` need to replay the run: the study's
-    model, GPU and TP (an HTTP run cannot know them)."""
-    path = run_dir / "summary.json"
-    data = json.loads(path.read_text())
-    data.update({"model": setup.model, "gpu": setup.gpu, "tp": setup.tp, "backend": "http"})
-    path.write_text(json.dumps(data, indent=2, default=str))
 
 
 def _outcome(results: list[Verified], primary: str, out_dir: Path) -> VerifyOutcome:
@@ -285,9 +277,9 @@ def _beats(a: Verified, b: Verified, primary: str) -> bool | None:
     return ba[1] < bb[0] if primary == "score" else ba[0] > bb[1]
 
 
-def write_outcome(outcome: VerifyOutcome, best_json: Path) -> None:
+def write_outcome(outcome: VerifyOutcome, best_json: Path) -> dict[str, Any]:
     """``verify.json`` beside the runs, and the outcome in ``best.json`` (``verify``; the
-    recommendation becomes the measured winner)."""
+    recommendation becomes the measured winner); returns the new ``best.json``."""
     data = outcome.to_dict()
     write_json(outcome.out_dir / "verify.json", data)
     best = json.loads(best_json.read_text())
@@ -309,6 +301,7 @@ def write_outcome(outcome: VerifyOutcome, best_json: Path) -> None:
         ]
     }
     write_json(best_json, best)
+    return best
 
 
 def calibrate(

@@ -17,7 +17,6 @@ be created, joined or finished raises ``StudyError``; Ctrl-C raises ``TuneInterr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from enum import Enum
@@ -308,9 +307,9 @@ class _Run:
             raise StudyError(str(e)) from None
         finally:
             self.emit(StageDone(Stage.FINISH))
-        verified, stack = self._verify(study, setup, baseline, outputs)
-        if verified is not None:
-            outputs = replace(outputs, best=json.loads(outputs.best_json.read_text()))
+        verified, stack, best = self._verify(study, setup, baseline, outputs)
+        if best is not None:
+            outputs = replace(outputs, best=best)
         storage = self.place.storage
         database = Path(storage.split("///", 1)[1]) if storage.startswith("sqlite:///") else None
         built = _build_report(report, self.place.out_dir) if report else "report not asked for"
@@ -338,11 +337,12 @@ class _Run:
 
     def _verify(
         self, study: Any, setup: TuneSetup, baseline: dict[str, Any], outputs: Any
-    ) -> tuple[Any, Path | None]:
-        """``--verify``: measure the top configurations on the server, re-rank, calibrate."""
+    ) -> tuple[Any, Path | None, dict[str, Any] | None]:
+        """``--verify``: measure the top configurations on the server, re-rank, calibrate;
+        the outcome, the fitted stack and the new ``best.json``."""
         o = self.options
         if o.verify is None:
-            return None, None
+            return None, None, None
         from slotune.tuner import verify as v
 
         options = v.VerifyOptions(
@@ -359,13 +359,13 @@ class _Run:
                 rate=outputs.best["load"]["rate"],
                 out_dir=out_dir,
             )
-            v.write_outcome(outcome, outputs.best_json)
+            best = v.write_outcome(outcome, outputs.best_json)
             stack = None
             if setup.backend == "sim":  # a stack prices simulated runs only
                 stack = v.calibrate(outcome, setup, stack_path=out_dir / "stack.json")
         finally:
             self.emit(StageDone(Stage.VERIFY))
-        return outcome, stack
+        return outcome, stack, best
 
 
 def _best_trial(trial: Any) -> BestTrial | None:
