@@ -184,3 +184,22 @@ def test_bench_target_simulates_the_target_stack() -> None:
     assert by_target["stack"] == "eager"
     assert by_target == _summary(["--stack", "eager"])
     assert by_target["e2el_ms"] != _summary([])["e2el_ms"]
+
+
+def test_every_tune_parameter_lands_in_its_option_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slotune.api
+    from slotune.cli.tune import tune
+    from slotune.tuner.workflow import StudyError, TuneOptions
+
+    seen = []
+
+    def capture(options: Any, **kwargs: Any) -> Any:
+        seen.append(options)
+        raise StudyError("captured")
+
+    monkeypatch.setattr(slotune.api, "tune", capture)
+    args, expected = _distinct_args(tune)
+    res = runner.invoke(app, ["tune", *args])
+    assert "captured" in res.output, res.output
+    assert set(expected) == set(_names(TuneOptions))
+    assert seen[0] == TuneOptions(**expected)
