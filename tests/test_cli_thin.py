@@ -203,3 +203,25 @@ def test_every_tune_parameter_lands_in_its_option_field(monkeypatch: pytest.Monk
     assert "captured" in res.output, res.output
     assert set(expected) == set(_names(TuneOptions))
     assert seen[0] == TuneOptions(**expected)
+
+
+def test_the_python_api_gives_the_cli_summary(tmp_path: Path) -> None:
+    """The CLI adds nothing to a bench but printing: the API's summary and folder are its."""
+    from slotune.api import bench as api_bench
+    from slotune.workloads.bench import BenchRequest, LoadOptions, TraceOptions
+
+    args = ["--trace", "agent", "--slo", "ttft=300ms", "--max-num-seqs", "8"]
+    cli = _summary([*args, "--out", str(tmp_path / "cli")])
+    request = BenchRequest(
+        trace=TraceOptions(name="agent", num_requests=20),
+        load=LoadOptions(rate=20),
+        slo="ttft=300ms",
+        knobs=EngineKnobs(max_num_seqs=8),
+        out=tmp_path / "api",
+    )
+    outcome = api_bench(request)
+    outcome.summary.pop("date")
+    assert json.loads(json.dumps(outcome.summary, default=str)) == cli
+    assert outcome.report == tmp_path / "api" / "report.html" and outcome.report.is_file()
+    on_disk = json.loads((tmp_path / "api" / "summary.json").read_text())
+    assert on_disk["e2el_ms"] == cli["e2el_ms"]
