@@ -1,7 +1,9 @@
-"""``slotune.tune``: the tune workflow with its HTML report.
+"""``slotune.tune`` and ``slotune.bench``: the tune workflow and a bench run, each with its
+HTML report.
 
-The reports sit above the tuner (they read its studies), so the workflow takes the report
-builder from its caller; this is where the two meet for the Python API and the CLI.
+The reports sit above the tuner and the workloads (they read their results), so the
+workflow and the bench take the report builder from their caller; this is where they meet
+for the Python API and the CLI.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slotune.tuner.workflow import TuneEvent, TuneOptions, TuneResult
+    from slotune.workloads.bench import BenchOutcome, BenchRequest, BenchView
 
 
 def tune(
@@ -29,3 +32,12 @@ def tune(
     return workflow.tune(
         options, on_event=on_event, report=build_report if report else None, **option_fields
     )
+
+
+def bench(request: BenchRequest, view: BenchView | None = None) -> BenchOutcome:
+    """Run one benchmark (see ``slotune.workloads.bench.run_bench``); with ``request.out``,
+    write its ``report.html`` beside the run."""
+    from slotune.reports import build_bench_report
+    from slotune.workloads.bench import run_bench
+
+    return run_bench(request, view, report=build_bench_report)

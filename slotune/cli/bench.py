@@ -4,8 +4,8 @@ engine or an OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
 import json
-import re
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +16,7 @@ from rich.table import Table
 from slotune.cli import engine_options as eo
 from slotune.cli import trace_options as to
 from slotune.cli.app import app
-from slotune.cli.common import fail, opt, writable_folder
+from slotune.cli.common import fail, opt
 
 
 @app.command()
@@ -117,202 +117,115 @@ def bench(
     as_json: Annotated[bool, opt("--json", "Print the summary as JSON.")] = False,
 ) -> None:
     """Run one benchmark and print its latency, throughput and SLO summary."""
-    from slotune.workloads import parse_slo, summarize
-    from slotune.workloads.backends import make_backend
-    from slotune.workloads.runner.timeouts import check_timeout
+    from slotune.api import bench as run_bench
+    from slotune.engine.knobs import EngineKnobs
+    from slotune.workloads.bench import BenchError, BenchRequest, LoadOptions, TraceOptions
 
-    if backend == "http" and not url:
-        fail("--backend http needs --url (e.g. http://localhost:8000)")
-    try:
-        where = make_backend(
-            backend,
-            gpu=gpu,
-            model=model,
-            tp=tp,
-            ep=ep,
-            quantization=quantization,
-            stack=stack,
-            url=url,
-            endpoint=endpoint,
+    request = BenchRequest(
+        backend=backend,
+        gpu=gpu,
+        model=model,
+        tp=tp,
+        ep=ep,
+        quantization=quantization,
+        stack=stack,
+        target=target_name,
+        url=url,
+        endpoint=endpoint,
+        trace=TraceOptions(
+            name=trace,
+            format=format,
+            num_requests=num_requests,
+            multi_turn=multi_turn,
             tokenizer=tokenizer,
-        )
-    except ValueError as exc:
-        fail(f"--{exc}")
-    if out is not None:
-        writable_folder(out, "--out")
-    console = Console(stderr=as_json)
-    try:
-        stack = eo.resolve_stack(stack, target_name)
-    except ValueError as exc:
-        fail(f"--target: {exc}")
-    try:
-        slo_obj = parse_slo(slo) if slo else None
-    except ValueError as exc:
-        fail(f"--slo: {exc}")
-    try:
-        check_timeout(timeout)
-    except ValueError as exc:
-        fail(f"--{exc}")
-    arrivals = _arrivals(
-        rate, burstiness, concurrency, timestamps, time_scale, constant, stages, duration
-    )
-    if arrivals.stages and num_requests is not None:
-        fail("--num-requests: the load stages (--stages or --duration) set the number of requests")
-    tr = to.load_trace_or_fail(
-        trace, format, num_requests, tokenizer, seed, multi_turn, where="--trace", model=model
-    )
-    if arrivals.num_sessions is not None:
-        if arrivals.num_sessions > len(tr):
-            console.print(
-                f"trace {tr.name}: repeated to the {arrivals.num_sessions} sessions the "
-                "stages send",
-                highlight=False,
-            )
-        tr = tr.repeat_to(arrivals.num_sessions)
-    if timestamps and not tr.has_timestamps:
-        fail(f"--timestamps: trace {tr.name} has no timestamps; use --rate or --concurrency")
-    overrides = eo.flag_overrides(locals())
-    engine_config = None if backend == "http" else _engine_config(config, overrides, tr)
-    stats = tr.stats()
-    if stats.get("tokenizer"):
-        console.print(f"tokenizer: {stats['tokenizer']}", highlight=False)
-    if tr.dropped:
-        console.print(
-            f"trace {tr.name}: dropped {tr.num_dropped} rows ({tr.dropped})", highlight=False
-        )
-    load = arrivals.describe(tr.requests_per_session)
-    console.print(
-        f"bench: {len(tr)} requests of {tr.name}, {load}, {where.describe()}", highlight=False
-    )
-    result = _run(where, engine_config, tr, arrivals, seed=seed, timeout_s=timeout, console=console)
-    try:
-        summary = summarize(
-            result, slo_obj, warmup_s=warmup, cooldown_s=cooldown, stages=arrivals.stages
-        )
-    except ValueError as exc:
-        fail(f"--warmup/--cooldown: {exc}")
-    summary.update(
-        {
-            "config": None if engine_config is None else engine_config.to_dict(),
-            "backend": backend,
-            "gpu": gpu if backend == "sim" else None,
-            "stack": result.engine_stats.get("stack"),
-            "model": model,
-            "tp": tp,
-            "quantization": quantization,
-            "ep": ep,
-            "url": url,
-            "trace": {"name": tr.name, "stats": stats},
-            "arrivals": load,
-            "timeout_s": timeout,
-            "seed": seed,
-            "slotune_version": _version(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "engine_stats": result.engine_stats,
-        }
-    )
-    if out is not None:
-        _write(out, result, summary, console)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2, default=str))
-    else:
-        _print_summary(Console(), summary)
-
-
-def _arrivals(
-    rate: float | None,
-    burstiness: float,
-    concurrency: int | None,
-    timestamps: bool,
-    time_scale: float,
-    constant: bool,
-    stages: str | None,
-    duration: float | None,
-) -> Any:
-    from slotune.workloads import ArrivalSpec, Stage, parse_stages
-
-    try:
-        if stages is not None and (rate is not None or duration is not None):
-            raise ValueError("--stages: give stages or --rate (with --duration), not both")
-        if duration is not None and rate is None:
-            raise ValueError("--duration: needs --rate (or use --stages RATE:SECONDS,...)")
-        staged = parse_stages(stages) if stages else ()
-        if duration is not None and rate is not None:
-            staged, rate = (Stage(rate, duration),), None
-        return ArrivalSpec(
+        ),
+        load=LoadOptions(
             rate=rate,
             burstiness=burstiness,
+            constant=constant,
             concurrency=concurrency,
             timestamps=timestamps,
             time_scale=time_scale,
-            constant=constant,
-            stages=staged,
-        )
-    except ValueError as exc:  # ArrivalSpec names its fields: give the flags instead
-        fail(re.sub(r"^ArrivalSpec\.(\w+)", lambda m: "--" + m[1].replace("_", "-"), str(exc)))
-
-
-def _engine_config(config: str | None, overrides: dict[str, Any], trace: Any) -> Any:
-    from slotune.workloads import default_max_model_len
-
+            stages=stages,
+            duration=duration,
+            warmup=warmup,
+            cooldown=cooldown,
+        ),
+        slo=slo,
+        timeout=timeout,
+        knobs=EngineKnobs(
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            preemption_mode=preemption_mode,
+            prefix_caching=prefix_caching,
+            policy=policy,
+            num_gpu_blocks=num_gpu_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            swap_space_gb=swap_space_gb,
+            kv_cache_dtype=kv_cache_dtype,
+            num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max,
+            scheduling_policy=scheduling_policy,
+            swap_threshold_tokens=swap_threshold_tokens,
+            top_tier_kv_share=top_tier_kv_share,
+            top_tier_token_share=top_tier_token_share,
+            decode_budget_ms=decode_budget_ms,
+        ),
+        config=config,
+        seed=seed,
+        out=out,
+    )
+    console = Console(stderr=as_json)
     try:
-        return eo.build_engine_config(config, overrides, lambda: default_max_model_len(trace))
-    except ValueError as exc:
+        outcome = run_bench(request, _View(console))
+    except BenchError as exc:
         fail(str(exc))
-
-
-def _run(
-    backend: Any,
-    engine_config: Any,
-    trace: Any,
-    arrivals: Any,
-    *,
-    seed: int,
-    timeout_s: float | None,
-    console: Console,
-) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from slotune.workloads.backends import run
-
-    columns = (TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("run", total=len(trace))
-
-        def on_progress(done: int, total: int) -> None:
-            progress.update(task, completed=done)
-
-        try:
-            return run(
-                backend,
-                trace,
-                arrivals,
-                engine_config,
-                seed=seed,
-                timeout_s=timeout_s,
-                progress=on_progress,
+    if outcome.out is not None:
+        console.print(f"wrote {out}/summary.json, requests.csv, steps.csv", highlight=False)
+        if outcome.report is not None:
+            console.print(f"report: {outcome.report}", highlight=False)
+        else:
+            console.print(
+                f"[yellow]report not written:[/yellow] {outcome.report_error}", highlight=False
             )
-        except (ValueError, FileNotFoundError) as exc:
-            fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(outcome.summary, indent=2, default=str))
+    else:
+        _print_summary(Console(), outcome.summary)
 
 
-def _write(out: Path, result: Any, summary: dict[str, Any], console: Console) -> None:
-    result.save(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    console.print(f"wrote {out}/summary.json, requests.csv, steps.csv", highlight=False)
-    try:
-        from slotune.reports import build_bench_report
+class _View:
+    """Notes on the console, and a progress bar while the requests run."""
 
-        path = build_bench_report(out)
-        console.print(f"report: {path}", highlight=False)
-    except Exception as exc:  # the run's data is written; a report failure must not hide it
-        console.print(f"[yellow]report not written:[/yellow] {exc}", highlight=False)
+    def __init__(self, console: Console) -> None:
+        self.console = console
 
+    def note(self, text: str) -> None:
+        self.console.print(text, highlight=False)
 
-def _version() -> str:
-    from slotune._version import __version__
+    @contextmanager
+    def running(self, total: int) -> Iterator[Callable[[int, int], None]]:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
-    return __version__
+        columns = (
+            TextColumn("[bold]requests"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=self.console, transient=True) as progress:
+            task = progress.add_task("run", total=total)
+            yield lambda done, total: progress.update(task, completed=done)
 
 
 def _ms(v: float | None) -> str:

@@ -201,13 +201,13 @@ def _probe(
     from contextlib import nullcontext
 
     from slotune.calibration.probe import Deployment, probe
-    from slotune.cli.engine_options import build_engine_config
+    from slotune.engine.knobs import EngineKnobs, engine_config
     from slotune.workloads.server_process import ServerProcess, ServerStartError, free_port
 
     if not gpu or not sim_model:
         fail("--server needs --gpu and --sim-model: the simulator replays the probe on them")
     try:
-        engine_config = build_engine_config(config, {}, lambda: 8192)
+        probe_config = engine_config(config, EngineKnobs(), lambda: 8192)
     except ValueError as e:
         fail(f"--config: {e}")
     runs_dir = out.parent / f"{out.stem}-probe"
@@ -224,7 +224,7 @@ def _probe(
         with process if process is not None else nullcontext():
             return probe(
                 url,
-                Deployment(gpu, sim_model, tp, engine_config),
+                Deployment(gpu, sim_model, tp, probe_config),
                 runs_dir,
                 log=lambda msg: console.print(f"[dim]{msg}[/]"),
             )

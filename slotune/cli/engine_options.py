@@ -1,12 +1,13 @@
-"""The engine flags that several commands share (``bench``, ``serve``), and the one place
-that turns them, with an optional ``--config`` JSON, into an ``EngineConfig``."""
+"""The engine flags that several commands share (``bench``, ``serve``).
+
+Each knob flag is the typer parameter of the ``slotune.engine.knobs.EngineKnobs`` field of
+the same name; a command builds ``EngineKnobs(name=name, ...)`` from them explicitly.
+Adding a knob: the field there, its flag here, and the parameter and keyword in each
+command (``tests/test_cli_thin.py`` fails on any piece missing)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from slotune.cli.common import opt
 
@@ -79,63 +80,6 @@ ConfigJson = Annotated[
 ]
 
 
-ENGINE_FLAGS = (
-    "max_num_batched_tokens",
-    "long_prefill_token_threshold",
-    "block_size",
-    "max_num_seqs",
-    "max_model_len",
-    "preemption_mode",
-    "prefix_caching",
-    "policy",
-    "num_gpu_blocks",
-    "gpu_memory_utilization",
-    "swap_space_gb",
-    "kv_cache_dtype",
-    "num_speculative_tokens",
-    "prompt_lookup_min",
-    "prompt_lookup_max",
-    "scheduling_policy",
-    "swap_threshold_tokens",
-    "top_tier_kv_share",
-    "top_tier_token_share",
-    "decode_budget_ms",
-)
-
-
-def flag_overrides(values: dict[str, Any]) -> dict[str, Any]:
-    """The engine flags among a command's parameters (pass its ``locals()``)."""
-    return {name: values[name] for name in ENGINE_FLAGS}
-
-
-def build_engine_config(
-    config: str | None, overrides: dict[str, Any], default_max_model_len: Callable[[], int]
-) -> Any:
-    """``EngineConfig`` from ``--config`` (a file or inline JSON; best.json and summary.json
-    work), then the flags that were given; ``max_model_len`` from the default when neither
-    sets it. Raises ``ValueError`` with a message for the user."""
-    from slotune.engine.config import EngineConfig
-
-    data: Any = {}
-    if config:
-        try:
-            text = config if config.lstrip().startswith("{") else Path(config).read_text()
-            data = json.loads(text)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"--config: cannot read {config}: {exc}") from None
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):
-            data = data["config"]  # best.json or summary.json
-        if not isinstance(data, dict):
-            raise ValueError("--config: expected a JSON object of EngineConfig fields")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    if "max_model_len" not in data:
-        data["max_model_len"] = default_max_model_len()
-    try:
-        return EngineConfig.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"engine config: {exc}") from None
-
-
 TargetName = Annotated[
     str | None,
     opt(
@@ -151,12 +95,3 @@ Stack = Annotated[
         "Serving stack the simulator models: a name or JSON (default: --target's, else vllm-v1).",
     ),
 ]
-
-
-def resolve_stack(stack: str | None, target: str | None) -> str | None:
-    """``--stack`` when given, else ``--target``'s stack profile, else None (the default)."""
-    if stack is not None or target is None:
-        return stack
-    from slotune.targets import get_target
-
-    return get_target(target).stack

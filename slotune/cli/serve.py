@@ -10,8 +10,6 @@ from slotune.cli import engine_options as eo
 from slotune.cli.app import app
 from slotune.cli.common import fail, opt
 
-DEFAULT_MAX_MODEL_LEN = 8192
-
 
 @app.command()
 def serve(
@@ -56,7 +54,7 @@ def serve(
     max_num_seqs: eo.MaxNumSeqs = None,
     max_model_len: Annotated[
         int | None,
-        opt("--max-model-len", f"Default: the model's context, at most {DEFAULT_MAX_MODEL_LEN}."),
+        opt("--max-model-len", "Default: the model's context, at most 8192."),
     ] = None,
     preemption_mode: eo.PreemptionMode = None,
     prefix_caching: eo.PrefixCaching = None,
@@ -82,75 +80,56 @@ def serve(
     simulated step times, /metrics histograms hold simulated times, `seed` changes nothing
     and `stop_token_ids` are never sampled unless they cover every simulated token.
     """
-    if (model is None) == (gpu is None):
-        fail("give either --model PATH (a real checkpoint) or --gpu G [--sim-model M]")
-    if max_queue is not None and max_queue < 0:
-        fail(f"--max-queue must be >= 0 (got {max_queue})")
-    if not drain_timeout >= 0:
-        fail(f"--drain-timeout must be >= 0 seconds (got {drain_timeout})")
-    try:
-        stack = eo.resolve_stack(stack, target_name)
-    except ValueError as exc:
-        fail(f"--target: {exc}")
-    overrides = eo.flag_overrides(locals())
-    try:
-        engine_config = eo.build_engine_config(
-            config, overrides, lambda: _model_max_len(model, sim_model)
-        )
-    except ValueError as exc:
-        fail(str(exc))
-    from slotune.server import local_model, simulated_model
-    from slotune.server import serve as run_server
+    from slotune.engine.knobs import EngineKnobs
+    from slotune.server.launch import ServeError, ServeRequest, Serving, launch
 
-    try:
-        if model is not None:
-            engine, served = local_model(
-                engine_config, model, served_model_name=served_model_name, device=device
-            )
-            what = f"{model} on {device}"
-        else:
-            engine, served = simulated_model(
-                engine_config,
-                gpu=gpu or "",
-                model=sim_model,
-                tp=tp,
-                served_model_name=served_model_name,
-                stack=stack,
-            )
-            what = f"simulated {sim_model} on {gpu}" + (f" x{tp}" if tp > 1 else "")
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    console = Console()
-    console.print(
-        f"serving [bold]{served.name}[/bold] ({what}) at http://{host}:{port}/v1  "
-        f"max_model_len={engine_config.max_model_len}, "
-        f"{engine.capacity.num_gpu_blocks} KV blocks of {engine_config.block_size}",
-        highlight=False,
+    request = ServeRequest(
+        model=model,
+        gpu=gpu,
+        sim_model=sim_model,
+        tp=tp,
+        stack=stack,
+        target=target_name,
+        device=device,
+        host=host,
+        port=port,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_queue=max_queue,
+        drain_timeout=drain_timeout,
+        knobs=EngineKnobs(
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            preemption_mode=preemption_mode,
+            prefix_caching=prefix_caching,
+            policy=policy,
+            num_gpu_blocks=num_gpu_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            swap_space_gb=swap_space_gb,
+            kv_cache_dtype=kv_cache_dtype,
+            num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max,
+            scheduling_policy=scheduling_policy,
+            swap_threshold_tokens=swap_threshold_tokens,
+            top_tier_kv_share=top_tier_kv_share,
+            top_tier_token_share=top_tier_token_share,
+            decode_budget_ms=decode_budget_ms,
+        ),
+        config=config,
     )
-    try:
-        run_server(
-            engine,
-            served,
-            host=host,
-            port=port,
-            api_key=api_key,
-            max_queue=max_queue,
-            drain_timeout_s=drain_timeout,
+
+    def ready(s: Serving) -> None:
+        Console().print(
+            f"serving [bold]{s.name}[/bold] ({s.what}) at {s.url}  "
+            f"max_model_len={s.max_model_len}, {s.num_gpu_blocks} KV blocks of {s.block_size}",
+            highlight=False,
         )
-    except OSError as exc:
-        fail(f"--host/--port: cannot listen on {host}:{port}: {exc}")
 
-
-def _model_max_len(model: str | None, sim_model: str) -> int:
-    if model is not None:
-        from slotune.server.served import checkpoint_max_len
-
-        length = checkpoint_max_len(model)
-    else:
-        from slotune.engine.sim.models import get_model
-
-        try:
-            length = get_model(sim_model).max_position_embeddings
-        except ValueError:
-            length = None
-    return min(length or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    try:
+        launch(request, on_ready=ready)
+    except ServeError as exc:
+        fail(str(exc))

@@ -2,7 +2,13 @@
 
 from slotune.targets.base import ExportRefused, Target, WeightServing
 from slotune.targets.flags import FLAGS, Launch, launch_words
-from slotune.targets.registry import DEFAULT_TARGET, TARGETS, get_target, target_names
+from slotune.targets.registry import (
+    DEFAULT_TARGET,
+    TARGETS,
+    get_target,
+    resolve_stack,
+    target_names,
+)
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -14,5 +20,6 @@ __all__ = [
     "WeightServing",
     "get_target",
     "launch_words",
+    "resolve_stack",
     "target_names",
 ]

@@ -38,3 +38,11 @@ def get_target(name: str | None = None) -> Target:
 
 def target_names() -> list[str]:
     return ["vllm", "vllm==0.34", "vllm==0.15", "sglang", "slotune"]
+
+
+def resolve_stack(stack: str | None, target: str | None) -> str | None:
+    """The serving stack to simulate: ``stack`` when given, else ``target``'s stack
+    profile, else None (the simulator's default)."""
+    if stack is not None or target is None:
+        return stack
+    return get_target(target).stack
