@@ -175,7 +175,7 @@ def analyse(run: RunData, settings: dict[str, Any]) -> RunHardware:
         capacity,
         prefix_cache_hit_rate(run),
         bool(steps["decode_context"].notna().any()),
-        ceilings=f"the {cm.profile.gpu.description} datasheet",
+        ceilings=f"from the datasheet of the {cm.profile.gpu.description}",
     )
 
 
@@ -420,8 +420,8 @@ def roofline_sentence(hws: list[RunHardware]) -> str:
             text += f", the longest of them {1e3 * longest:.0f} ms (a stall for every decode)"
         parts.append(text)
     tail = (
-        " — below the ridge a step waits on HBM (weights and KV reads), above it on the "
-        "tensor cores; more tokens per step raise the intensity."
+        " — below the ridge a step waits on memory (weights and KV reads), above it on "
+        "compute (a GPU's tensor cores); more tokens per step raise the intensity."
     )
     return "; ".join(parts) + tail
 
@@ -542,7 +542,7 @@ def hardware_html(runs: list[RunData], settings: dict[str, Any]) -> str:
             parts.append(
                 note(
                     f"{h.label}: measured on slotune's engine; its steps are read against "
-                    f"{h.ceilings}. Each op's seconds are its roofline floor at those "
+                    f"the ceilings {h.ceilings}. Each op's seconds are its roofline floor at those "
                     "ceilings; the rest of the measured step time is under "
                     f"{MEASURED_HOST!r}."
                 )

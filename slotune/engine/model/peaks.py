@@ -23,8 +23,8 @@ _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
 def device_ceilings(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """``hbm_bytes_per_s``, ``flops_per_s`` and ``source`` (where they come from, said as the
-    report says it) for a model in ``dtype`` on ``device``."""
+    """``hbm_bytes_per_s``, ``flops_per_s`` and ``source`` (where they come from, as the
+    report completes "the ceilings ...") for a model in ``dtype`` on ``device``."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         gpu = gpu_for_device(name)
@@ -32,14 +32,14 @@ def device_ceilings(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
             return {
                 "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
                 "flops_per_s": gpu.flops_per_s,
-                "source": f"datasheet of the {gpu.description} ({gpu.source})",
+                "source": f"from the datasheet of the {gpu.description} ({gpu.source})",
             }
         where = f"this GPU ({name})"
     else:
         threads = torch.get_num_threads()
         where = f"this CPU ({threads} thread{'s' if threads != 1 else ''})"
     return measured_ceilings(str(device), dtype, torch.get_num_threads()) | {
-        "source": f"measured on {where}: tensor copy and {_dtype_name(dtype)} matmul"
+        "source": f"measured on {where} by a tensor copy and a {_dtype_name(dtype)} matmul"
     }
 
 
