@@ -92,7 +92,8 @@ def explain(
         typer.echo(json.dumps(data, indent=2))
         return
     a, b = hws
-    table = Table(title=f"{best.get('model')} on {best.get('gpu')}: seconds per op over each run")
+    where = best.get("gpu") or "the engine's device"
+    table = Table(title=f"{best.get('model')} on {where}: seconds per op over each run")
     table.add_column("op")
     for h in hws:
         table.add_column(h.label, justify="right")
@@ -108,8 +109,13 @@ def explain(
     table.add_row("bound op", a.bound_op, b.bound_op, "")
     for name, f in (("MBU", "mbu"), ("MFU", "mfu")):
         table.add_row(
-            f"{name} (datasheet / fitted)",
-            *(f"{getattr(h, f)():.0%} / {getattr(h, f)(True):.0%}" for h in hws),
+            f"{name} ({a.peak_name} / fitted)" if a.fitted else f"{name} ({a.peak_name})",
+            *(
+                f"{getattr(h, f)():.0%} / {getattr(h, f)(True):.0%}"
+                if h.fitted
+                else f"{getattr(h, f)():.0%}"
+                for h in hws
+            ),
             f"{getattr(a, f)() - getattr(b, f)():+.1%}",
         )
     console = Console()
