@@ -53,7 +53,13 @@ def explain(
     MFU and bound op, recommended against the vLLM defaults (runs nothing)."""
     from slotune.reports.best import section
     from slotune.reports.build import RECOMMENDED, baseline_label
-    from slotune.reports.hardware import OP_LABELS, analyse, kv_sentence, utilization_sentence
+    from slotune.reports.hardware import (
+        OP_LABELS,
+        analyse,
+        kv_sentence,
+        op_label,
+        utilization_sentence,
+    )
     from slotune.reports.runs import load_run, read_json
 
     path = best_json / "best.json" if best_json.is_dir() else best_json
@@ -98,15 +104,15 @@ def explain(
     for h in hws:
         table.add_column(h.label, justify="right")
     table.add_column("change", justify="right")
-    for op, label in OP_LABELS.items():
+    for op in OP_LABELS:
         change = a.ops[op] - b.ops[op]
         table.add_row(
-            label,
+            op_label(a, op),
             f"{a.ops[op]:.2f} ({a.share(op):.0%})",
             f"{b.ops[op]:.2f} ({b.share(op):.0%})",
             f"{change:+.2f}",
         )
-    table.add_row("bound op", a.bound_op, b.bound_op, "")
+    table.add_row("bound op", op_label(a, a.bound_op), op_label(b, b.bound_op), "")
     for name, f in (("MBU", "mbu"), ("MFU", "mfu")):
         table.add_row(
             f"{name} ({a.peak_name} / fitted)" if a.fitted else f"{name} ({a.peak_name})",

@@ -432,7 +432,7 @@ def utilization_sentence(hws: list[RunHardware]) -> str:
         + (f" (of the fitted ceiling {_pct(h.mbu(True))})" if h.fitted else "")
         + f", MFU {_pct(h.mfu())}"
         + (f" against the ceilings {h.ceilings}" if h.measured else "")
-        + f", its time mostly in {_op_label(h, h.bound_op)} ({_pct(h.share(h.bound_op))})"
+        + f", its time mostly in {op_label(h, h.bound_op)} ({_pct(h.share(h.bound_op))})"
         for h in hws
     ]
     text = "; ".join(parts) + "."
@@ -485,7 +485,7 @@ def cache_sentence(hws: list[RunHardware]) -> str:
     )
 
 
-def _op_label(h: RunHardware, op: str) -> str:
+def op_label(h: RunHardware, op: str) -> str:
     return MEASURED_HOST if h.measured and op == "host" else OP_LABELS[op]
 
 
@@ -503,7 +503,7 @@ def ops_table(hws: list[RunHardware]) -> str:
         if measured and op == "host":
             label = MEASURED_HOST
         rows.append([label, *(f"{h.ops[op]:.2f} ({_pct(h.share(op))})" for h in hws)])
-    rows.append(["bound op", *(_op_label(h, h.bound_op) for h in hws)])
+    rows.append(["bound op", *(op_label(h, h.bound_op) for h in hws)])
     for name, use in (("MBU", RunHardware.mbu), ("MFU", RunHardware.mfu)):
         rows.append(
             [
