@@ -35,10 +35,17 @@ def engine_run(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     trace = Trace(name="one", requests=(request,))
     result = run_engine(engine, trace)
     out = tmp_path_factory.mktemp("engine_run")
+    _, summary = _stored(engine, result, out)
+    return {"engine": engine, "result": result, "summary": summary, "dir": out}
+
+
+def _stored(engine: Engine, result: Any, out: Path) -> tuple[Any, dict[str, Any]]:
+    """``result`` written to ``out`` as ``bench --out`` writes it, read back, and its
+    summary."""
     result.save(out)
     summary = summarize(result) | {"backend": "engine", "config": engine.config.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary))
-    return {"engine": engine, "result": result, "summary": summary, "dir": out}
+    return load_run(out, "run"), summary
 
 
 def _by_hand(executor: Any, m: int, context: int) -> tuple[int, int]:
@@ -149,3 +156,32 @@ def test_a_known_gpu_is_read_against_its_datasheet(monkeypatch: pytest.MonkeyPat
     assert (got["hbm_bytes_per_s"], got["flops_per_s"]) == (3350e9, 989.4e12)
     assert got["source"].startswith("from the datasheet of the NVIDIA H100 SXM5 80GB")
     assert measured_ceilings.cache_info() == hits
+
+
+def test_a_moe_decode_runs_the_flops_of_its_routed_experts(
+    mixtral_dir: Path, tmp_path: Path
+) -> None:
+    """Mixtral (4 experts, top-2): a one-token decode runs every dense linear layer, the
+    router and two experts of each layer, counted from the loaded tensors."""
+    engine = Engine.local(
+        EngineConfig(max_num_batched_tokens=64, max_model_len=256),
+        model=str(mixtral_dir),
+        device="cpu",
+    )
+    request = TraceRequest(request_id="a", prompt_len=PROMPT, output_len=2)
+    result = run_engine(engine, Trace(name="one", requests=(request,)))
+    hw = analyse(*_stored(engine, result, tmp_path))
+    executor = engine.executor
+    c = executor.model_config
+    linear = sum(
+        mod.weight.numel() for mod in executor.model.modules() if isinstance(mod, torch.nn.Linear)
+    )
+    moe_layers = [layer.mlp for layer in executor.model.layers]
+    top_k = moe_layers[0].top_k
+    experts = sum(
+        top_k * (moe.experts_gate_up[0].numel() + moe.experts_down[0].numel()) for moe in moe_layers
+    )
+    context = int(result.steps["decode_context_sum"][1])
+    attention = 4 * c.num_attention_heads * c.head_dim * c.num_hidden_layers * context
+    assert (top_k, context) == (2, PROMPT + 1)
+    assert hw.steps["flops"][1] == pytest.approx(2 * (linear + experts) + attention, rel=1e-12)
