@@ -389,6 +389,11 @@ def kv_memory_figure(hws: list[RunHardware]) -> go.Figure | None:
 # -- sentences ----------------------------------------------------------------------------
 
 
+def _num(x: float) -> str:
+    """Whole from 10 up, two significant digits below (a CPU's ridge is about 1 FLOP/B)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def _size(gib: float) -> str:
     return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
 
@@ -411,8 +416,8 @@ def roofline_sentence(hws: list[RunHardware]) -> str:
         ai = _median(h, "intensity")
         ai_mixed = _median(h, "intensity", mixed)
         text = (
-            f"{h.label}: median step at {ai:.0f} FLOP/B ({ai / h.ridge:.2f} of the "
-            f"{h.ridge:.0f} FLOP/B ridge)"
+            f"{h.label}: median step at {_num(ai)} FLOP/B ({ai / h.ridge:.2f} of the "
+            f"{_num(h.ridge)} FLOP/B ridge)"
         )
         if share > 0:
             text += f", steps with prefill ({_pct(share)} of steps) at {ai_mixed / h.ridge:.2f}"
