@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 import platform
-import time
-from collections.abc import Callable
 
 import torch
 
+from slotune.engine.model.peaks import copy_bandwidth, matmul_flops
 from slotune.engine.sim.hardware import GpuSpec
 
 GIB = 1 << 30
@@ -21,8 +19,8 @@ def machine_spec(device: torch.device, name: str | None = None) -> GpuSpec:
     The cost model counts 2-byte elements; on a float32 CPU model the fitted
     efficiencies absorb the difference, so they read as fractions of these peaks.
     """
-    bandwidth = _copy_bandwidth(device)
-    flops = _matmul_flops(device)
+    bandwidth = copy_bandwidth(device)
+    flops = matmul_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         memory_gib = props.total_memory / GIB
@@ -42,35 +40,3 @@ def machine_spec(device: torch.device, name: str | None = None) -> GpuSpec:
         interconnect="none",
         source=f"measured by slotune calibrate on {platform.node() or 'this machine'}",
     )
-
-
-def _best_time(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
-    fn()
-    best = math.inf
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _copy_bandwidth(device: torch.device) -> float:
-    n = (1 << 28 if device.type == "cuda" else 1 << 25) // 4
-    src = torch.ones(n, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.nbytes / _best_time(lambda: dst.copy_(src), device)
-
-
-def _matmul_flops(device: torch.device) -> float:
-    n = 4096 if device.type == "cuda" else 1024
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / _best_time(lambda: torch.mm(a, b), device)

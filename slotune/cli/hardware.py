@@ -53,7 +53,13 @@ def explain(
     MFU and bound op, recommended against the vLLM defaults (runs nothing)."""
     from slotune.reports.best import section
     from slotune.reports.build import RECOMMENDED, baseline_label
-    from slotune.reports.hardware import OP_LABELS, analyse, kv_sentence, utilization_sentence
+    from slotune.reports.hardware import (
+        OP_LABELS,
+        analyse,
+        kv_sentence,
+        op_label,
+        utilization_sentence,
+    )
     from slotune.reports.runs import load_run, read_json
 
     path = best_json / "best.json" if best_json.is_dir() else best_json
@@ -92,24 +98,30 @@ def explain(
         typer.echo(json.dumps(data, indent=2))
         return
     a, b = hws
-    table = Table(title=f"{best.get('model')} on {best.get('gpu')}: seconds per op over each run")
+    where = best.get("gpu") or "the engine's device"
+    table = Table(title=f"{best.get('model')} on {where}: seconds per op over each run")
     table.add_column("op")
     for h in hws:
         table.add_column(h.label, justify="right")
     table.add_column("change", justify="right")
-    for op, label in OP_LABELS.items():
+    for op in OP_LABELS:
         change = a.ops[op] - b.ops[op]
         table.add_row(
-            label,
+            op_label(a, op),
             f"{a.ops[op]:.2f} ({a.share(op):.0%})",
             f"{b.ops[op]:.2f} ({b.share(op):.0%})",
             f"{change:+.2f}",
         )
-    table.add_row("bound op", a.bound_op, b.bound_op, "")
+    table.add_row("bound op", op_label(a, a.bound_op), op_label(b, b.bound_op), "")
     for name, f in (("MBU", "mbu"), ("MFU", "mfu")):
         table.add_row(
-            f"{name} (datasheet / fitted)",
-            *(f"{getattr(h, f)():.0%} / {getattr(h, f)(True):.0%}" for h in hws),
+            f"{name} ({a.peak_name} / fitted)" if a.fitted else f"{name} ({a.peak_name})",
+            *(
+                f"{getattr(h, f)():.0%} / {getattr(h, f)(True):.0%}"
+                if h.fitted
+                else f"{getattr(h, f)():.0%}"
+                for h in hws
+            ),
             f"{getattr(a, f)() - getattr(b, f)():+.1%}",
         )
     console = Console()

@@ -2,10 +2,14 @@
 
 Each stored run of a simulated GPU is read with the cost model of the run's GPU, model and
 configuration (``engine.sim.roofline``): per step its FLOPs and HBM bytes at the step's
-recorded duration, and over the run the seconds each op took. A run measured elsewhere
-(slotune's engine on this machine, an HTTP endpoint) or of an unknown GPU gets a sentence
-saying why it is not read. Each chart comes with one sentence saying what changed between
-the runs and why; a chart whose quantity is zero in every run is that sentence alone.
+recorded duration, and over the run the seconds each op took. A run of slotune's real
+engine is read with the same per-op formulas applied to its checkpoint's ``config.json``
+and the dtype it ran in, at each step's measured time, against the ceilings the run
+recorded (``summary["hardware"]``: the GPU's datasheet, or measured on the CPU); its op
+seconds are each op's roofline floor, the rest of the measured time under ``host``. An
+HTTP endpoint's runs, or a simulated run of an unknown GPU, get a sentence saying why they
+are not read. Each chart comes with one sentence saying what changed between the runs and
+why; a chart whose quantity is zero in every run is that sentence alone.
 """
 
 from __future__ import annotations
@@ -33,44 +37,57 @@ OP_LABELS = {
     "allreduce": "all-reduce / all-to-all",
     "host": "host (not hidden)",
 }
+MEASURED_HOST = "host and kernels past the floors"
+"""A measured run's ``host``: its step time past every op's roofline floor."""
 
 
 @dataclass(frozen=True)
 class RunHardware:
-    """One run read against its GPU. ``steps`` holds the run's ``time``, ``kv_usage`` and
-    ``preempted`` and ``roofline.RUN_COLUMNS``; ``ops`` the seconds each op took over the
-    run; the ceilings are (HBM bytes/s, FLOP/s), datasheet and fitted."""
+    """One run read against its device. ``steps`` holds the run's ``time``, ``kv_usage``
+    and ``preempted`` and ``roofline.RUN_COLUMNS``; ``ops`` the seconds each op took over
+    the run (for a real engine: its roofline floor, the rest under ``host``); the ceilings
+    are (HBM bytes/s, FLOP/s): ``peak`` as ``ceilings`` says (a datasheet, or measured),
+    ``fitted`` the GPU profile's (simulated runs only)."""
 
     label: str
     steps: pd.DataFrame
     ops: dict[str, float]
-    datasheet: tuple[float, float]
-    fitted: tuple[float, float]
+    peak: tuple[float, float]
+    fitted: tuple[float, float] | None
     kv_capacity_gib: float | None
     prefix_hit_rate: float | None
     has_context: bool
+    ceilings: str = "datasheet"
+    measured: bool = False
 
     @property
     def seconds(self) -> float:
         return float(self.steps["step_time"].sum())
 
     def mbu(self, fitted: bool = False) -> float:
-        bw = (self.fitted if fitted else self.datasheet)[0]
+        """Over the run: its bytes over its time against ``peak`` (``fitted``: against the
+        fitted ceiling, which a real engine's run does not have: then ``peak``)."""
+        bw = (self.fitted if fitted and self.fitted else self.peak)[0]
         s = self.seconds
         return float(self.steps["hbm_bytes"].sum()) / s / bw if s > 0 else 0.0
 
     def mfu(self, fitted: bool = False) -> float:
-        peak = (self.fitted if fitted else self.datasheet)[1]
+        peak = (self.fitted if fitted and self.fitted else self.peak)[1]
         s = self.seconds
         return float(self.steps["flops"].sum()) / s / peak if s > 0 else 0.0
 
     @property
     def ridge(self) -> float:
-        return self.datasheet[1] / self.datasheet[0]
+        return self.peak[1] / self.peak[0]
 
     @property
     def bound_op(self) -> str:
         return max(self.ops, key=lambda k: self.ops[k])
+
+    @property
+    def peak_name(self) -> str:
+        """``measured`` or ``datasheet``: what ``peak`` is."""
+        return "measured" if self.ceilings.startswith("measured") else "datasheet"
 
     def share(self, op: str) -> float:
         total = sum(self.ops.values())
@@ -129,22 +146,16 @@ def _sim_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyse(run: RunData, settings: dict[str, Any]) -> RunHardware:
-    """``run`` read against its GPU (``ValueError`` when it cannot be)."""
+    """``run`` read against its GPU, or the device a real engine ran on (``ValueError``
+    when it cannot be)."""
+    if settings.get("backend") == "engine":
+        return _analyse_engine(run)
     from slotune.engine.sim.capacity import determine_capacity
     from slotune.engine.sim.roofline import ceilings, run_op_seconds, steps_roofline
 
     cm, engine = cost_model(settings, run.config)
-    steps = run.steps.dropna(subset=["step_time", "scheduled"])
-    if steps.empty:
-        raise ValueError(f"{run.label}: no steps were stored")
+    steps = _stored_steps(run)
     sim = _sim_steps(steps)
-    frame = pd.concat(
-        [
-            steps[["time", "step_time", "kv_usage", "preempted"]].reset_index(drop=True),
-            steps_roofline(cm, sim).reset_index(drop=True),
-        ],
-        axis=1,
-    )
     datasheet, fitted = ceilings(cm)
     capacity: float | None
     try:
@@ -157,13 +168,70 @@ def analyse(run: RunData, settings: dict[str, Any]) -> RunHardware:
         capacity = None
     return RunHardware(
         run.label,
-        frame,
+        _frame(steps, steps_roofline(cm.shard, datasheet, sim)),
         run_op_seconds(cm, sim),
         (datasheet.hbm_bytes_per_s, datasheet.flops_per_s),
         (fitted.hbm_bytes_per_s, fitted.flops_per_s),
         capacity,
         prefix_cache_hit_rate(run),
         bool(steps["decode_context"].notna().any()),
+        ceilings=f"from the datasheet of the {cm.profile.gpu.description}",
+    )
+
+
+def _analyse_engine(run: RunData) -> RunHardware:
+    """A run of slotune's real engine, read with its checkpoint's shapes in the dtype it
+    ran in against the ceilings it recorded."""
+    from dataclasses import replace
+
+    from slotune.engine.config import EngineConfig
+    from slotune.engine.sim.cost_model import Shard
+    from slotune.engine.sim.models import model_from_hf_dict
+    from slotune.engine.sim.roofline import Ceilings, run_floor_seconds, steps_roofline
+
+    hw = run.summary.get("hardware")
+    if not isinstance(hw, dict) or "ceilings" not in hw or "model_config" not in hw:
+        raise ValueError(
+            "the run recorded no device ceilings or model shapes (a slotune before the "
+            "real engine's hardware view): run it again to read it"
+        )
+    engine = EngineConfig.from_dict(run.config) if run.config else EngineConfig()
+    model = model_from_hf_dict(hw["model_config"], "checkpoint", "the run's config.json")
+    model = replace(model, dtype_bytes=int(hw["dtype_bytes"]))
+    shard = Shard.of(model, block_size=engine.block_size, kv_cache_dtype=engine.kv_cache_dtype)
+    c = hw["ceilings"]
+    peak = Ceilings(float(c["hbm_bytes_per_s"]), float(c["flops_per_s"]))
+    steps = _stored_steps(run)
+    sim = _sim_steps(steps)
+    capacity = float(hw.get("kv_capacity_bytes") or 0) / _GIB
+    return RunHardware(
+        run.label,
+        _frame(steps, steps_roofline(shard, peak, sim)),
+        run_floor_seconds(shard, peak, sim),
+        (peak.hbm_bytes_per_s, peak.flops_per_s),
+        None,
+        capacity or None,
+        prefix_cache_hit_rate(run),
+        bool(steps["decode_context"].notna().any()),
+        ceilings=str(c.get("source") or "recorded with the run"),
+        measured=True,
+    )
+
+
+def _stored_steps(run: RunData) -> pd.DataFrame:
+    steps = run.steps.dropna(subset=["step_time", "scheduled"])
+    if steps.empty:
+        raise ValueError(f"{run.label}: no steps were stored")
+    return steps
+
+
+def _frame(steps: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat(
+        [
+            steps[["time", "step_time", "kv_usage", "preempted"]].reset_index(drop=True),
+            roofline.reset_index(drop=True),
+        ],
+        axis=1,
     )
 
 
@@ -178,7 +246,9 @@ def _sample(frame: pd.DataFrame, n: int) -> pd.DataFrame:
 
 def roofline_figure(hws: list[RunHardware]) -> go.Figure | None:
     """Each run's steps: arithmetic intensity against achieved FLOP/s (log-log), colored
-    by the prefill share of the step's tokens, under the datasheet and fitted roofs."""
+    by the prefill share of the step's tokens, under the peak roof (datasheet or measured)
+    and, for a simulated run, the fitted one. FLOP/s in tera, or giga where every peak is
+    under a TFLOP/s (a CPU)."""
     points = [h.steps[(h.steps["flops"] > 0) & (h.steps["achieved_flops"] > 0)] for h in hws]
     if all(p.empty for p in points):
         return None
@@ -192,18 +262,19 @@ def roofline_figure(hws: list[RunHardware]) -> go.Figure | None:
     lo = min(float(p["intensity"].min()) for p in points if not p.empty)
     hi = max(float(p["intensity"].max()) for p in points if not p.empty)
     xs = np.geomspace(max(lo / 2, 1e-2), max(hi * 2, hws[0].ridge * 4), 60)
+    unit, scale = ("TFLOP/s", 1e12) if max(h.peak[1] for h in hws) >= 1e12 else ("GFLOP/s", 1e9)
     for j, (h, p) in enumerate(zip(hws, points, strict=True)):
-        for (bw, peak), name, dash in (
-            (h.datasheet, "datasheet", "solid"),
-            (h.fitted, "fitted", "dash"),
-        ):
+        roofs = [(h.peak, h.peak_name, "solid")]
+        if h.fitted is not None:
+            roofs.append((h.fitted, "fitted", "dash"))
+        for (bw, peak), name, dash in roofs:
             fig.add_trace(
                 go.Scatter(
                     x=xs,
-                    y=np.minimum(peak, bw * xs) / 1e12,
+                    y=np.minimum(peak, bw * xs) / scale,
                     mode="lines",
                     name=f"{name} roof",
-                    line={"color": BUDGET if name == "datasheet" else SLO_LINE, "dash": dash},
+                    line={"color": BUDGET if name != "fitted" else SLO_LINE, "dash": dash},
                     legendgroup=name,
                     showlegend=j == 0,
                     hoverinfo="skip",
@@ -215,7 +286,7 @@ def roofline_figure(hws: list[RunHardware]) -> go.Figure | None:
         fig.add_trace(
             go.Scatter(
                 x=shown["intensity"],
-                y=shown["achieved_flops"] / 1e12,
+                y=shown["achieved_flops"] / scale,
                 mode="markers",
                 name="steps",
                 marker={
@@ -228,7 +299,7 @@ def roofline_figure(hws: list[RunHardware]) -> go.Figure | None:
                     "colorbar": {"title": {"text": "prefill share"}, "tickformat": ".0%"},
                 },
                 showlegend=j == 0,
-                hovertemplate="%{x:.1f} FLOP/B, %{y:.1f} TFLOP/s<extra></extra>",
+                hovertemplate=f"%{{x:.1f}} FLOP/B, %{{y:.3g}} {unit}<extra></extra>",
             ),
             row=1,
             col=j + 1,
@@ -237,12 +308,12 @@ def roofline_figure(hws: list[RunHardware]) -> go.Figure | None:
             type="log", title_text="arithmetic intensity (FLOP/byte)", row=1, col=j + 1
         )
     fig.update_yaxes(type="log")
-    fig.update_yaxes(title_text="achieved TFLOP/s", row=1, col=1)
+    fig.update_yaxes(title_text=f"achieved {unit}", row=1, col=1)
     return finish(fig, "Roofline of every step", height=420)
 
 
 def utilization_figure(hws: list[RunHardware]) -> go.Figure | None:
-    """MBU and MFU (datasheet) over time, binned means, one color per run."""
+    """MBU and MFU (against each run's peak) over time, binned means, one color per run."""
     if all(h.steps["mbu"].max() <= 0 and h.steps["mfu"].max() <= 0 for h in hws):
         return None
     fig = go.Figure()
@@ -261,7 +332,8 @@ def utilization_figure(hws: list[RunHardware]) -> go.Figure | None:
                 )
             )
     fig.update_xaxes(title_text="time (s)")
-    fig.update_yaxes(title_text="share of the datasheet peak", tickformat=".0%", rangemode="tozero")
+    names = " or ".join(sorted({h.peak_name for h in hws}))
+    fig.update_yaxes(title_text=f"share of the {names} peak", tickformat=".0%", rangemode="tozero")
     return finish(fig, "Bandwidth (MBU) and compute (MFU) use over time")
 
 
@@ -317,6 +389,15 @@ def kv_memory_figure(hws: list[RunHardware]) -> go.Figure | None:
 # -- sentences ----------------------------------------------------------------------------
 
 
+def _num(x: float) -> str:
+    """Whole from 10 up, two significant digits below (a CPU's ridge is about 1 FLOP/B)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _size(gib: float) -> str:
+    return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.01 else f"{100 * x:.1f}%"
 
@@ -335,8 +416,8 @@ def roofline_sentence(hws: list[RunHardware]) -> str:
         ai = _median(h, "intensity")
         ai_mixed = _median(h, "intensity", mixed)
         text = (
-            f"{h.label}: median step at {ai:.0f} FLOP/B ({ai / h.ridge:.2f} of the "
-            f"{h.ridge:.0f} FLOP/B ridge)"
+            f"{h.label}: median step at {_num(ai)} FLOP/B ({ai / h.ridge:.2f} of the "
+            f"{_num(h.ridge)} FLOP/B ridge)"
         )
         if share > 0:
             text += f", steps with prefill ({_pct(share)} of steps) at {ai_mixed / h.ridge:.2f}"
@@ -344,17 +425,19 @@ def roofline_sentence(hws: list[RunHardware]) -> str:
             text += f", the longest of them {1e3 * longest:.0f} ms (a stall for every decode)"
         parts.append(text)
     tail = (
-        " — below the ridge a step waits on HBM (weights and KV reads), above it on the "
-        "tensor cores; more tokens per step raise the intensity."
+        " — below the ridge a step waits on memory (weights and KV reads), above it on "
+        "compute (a GPU's tensor cores); more tokens per step raise the intensity."
     )
     return "; ".join(parts) + tail
 
 
 def utilization_sentence(hws: list[RunHardware]) -> str:
     parts = [
-        f"{h.label}: MBU {_pct(h.mbu())} (of the fitted ceiling {_pct(h.mbu(True))}), "
-        f"MFU {_pct(h.mfu())}, its time mostly in {OP_LABELS[h.bound_op]} "
-        f"({_pct(h.share(h.bound_op))})"
+        f"{h.label}: MBU {_pct(h.mbu())}"
+        + (f" (of the fitted ceiling {_pct(h.mbu(True))})" if h.fitted else "")
+        + f", MFU {_pct(h.mfu())}"
+        + (f" against the ceilings {h.ceilings}" if h.measured else "")
+        + f", its time mostly in {op_label(h, h.bound_op)} ({_pct(h.share(h.bound_op))})"
         for h in hws
     ]
     text = "; ".join(parts) + "."
@@ -378,7 +461,7 @@ def kv_sentence(hws: list[RunHardware]) -> str:
     for h in hws:
         peak = float(h.steps["kv_usage"].max())
         what = (
-            f"peaks at {peak * h.kv_capacity_gib:.1f} of {h.kv_capacity_gib:.1f} GiB"
+            f"peaks at {_size(peak * h.kv_capacity_gib)} of {_size(h.kv_capacity_gib)}"
             if h.kv_capacity_gib
             else f"peaks at {_pct(peak)} of its capacity"
         )
@@ -407,19 +490,35 @@ def cache_sentence(hws: list[RunHardware]) -> str:
     )
 
 
+def op_label(h: RunHardware, op: str) -> str:
+    return MEASURED_HOST if h.measured and op == "host" else OP_LABELS[op]
+
+
+def _ceiling_names(hws: list[RunHardware]) -> list[str]:
+    names = sorted({h.peak_name for h in hws})
+    return [*names, "fitted"] if any(h.fitted for h in hws) else names
+
+
 def ops_table(hws: list[RunHardware]) -> str:
     """Seconds per op over each run, with its share, and the headline ratios."""
     headers = ["op", *(f"{h.label}: s (share)" for h in hws)]
     rows: list[list[str]] = []
+    measured = any(h.measured for h in hws)
     for op, label in OP_LABELS.items():
+        if measured and op == "host":
+            label = MEASURED_HOST
         rows.append([label, *(f"{h.ops[op]:.2f} ({_pct(h.share(op))})" for h in hws)])
-    rows.append(["bound op", *(OP_LABELS[h.bound_op] for h in hws)])
-    rows.append(
-        ["MBU (datasheet / fitted)", *(f"{_pct(h.mbu())} / {_pct(h.mbu(True))}" for h in hws)]
-    )
-    rows.append(
-        ["MFU (datasheet / fitted)", *(f"{_pct(h.mfu())} / {_pct(h.mfu(True))}" for h in hws)]
-    )
+    rows.append(["bound op", *(op_label(h, h.bound_op) for h in hws)])
+    for name, use in (("MBU", RunHardware.mbu), ("MFU", RunHardware.mfu)):
+        rows.append(
+            [
+                f"{name} ({' / '.join(_ceiling_names(hws))})",
+                *(
+                    f"{_pct(use(h))} / {_pct(use(h, True))}" if h.fitted else _pct(use(h))
+                    for h in hws
+                ),
+            ]
+        )
     rows.append(
         [
             "prefix-cache hit rate",
@@ -443,6 +542,16 @@ def hardware_html(runs: list[RunData], settings: dict[str, Any]) -> str:
     if not hws:
         return note("Not read against the GPU: " + "; ".join(problems))
     parts = [ops_table(hws)]
+    for h in hws:
+        if h.measured:
+            parts.append(
+                note(
+                    f"{h.label}: measured on slotune's engine; its steps are read against "
+                    f"the ceilings {h.ceilings}. Each op's seconds are its roofline floor at those "
+                    "ceilings; the rest of the measured step time is under "
+                    f"{MEASURED_HOST!r}."
+                )
+            )
     if problems:
         parts.append(note("Not read: " + "; ".join(problems)))
     if not all(h.has_context for h in hws):

@@ -202,6 +202,8 @@ def _summary(
             "recomputed_tokens": int(stats["num_recomputed_tokens"]),
             "swapped_tokens": int(stats.get("num_swapped_tokens", 0)),
         }
+    if "hardware" in stats:  # what a real engine's steps are read against (reports)
+        summary["hardware"] = stats["hardware"]
     if slo is not None:
         good = meets_slo(m, slo)
         summary["slo"] = str(slo)

@@ -55,7 +55,7 @@ async def _open(page: Page, path: Path, shot: Path) -> dict[str, Any]:
     return json.loads(await page.evaluate(INSPECT))
 
 
-async def _session(tune: Path, bench: Path, shots: Path) -> dict[str, Any]:
+async def _session(tune: Path, bench: Path, engine: Path, shots: Path) -> dict[str, Any]:
     assert CHROMIUM is not None
     async with open_page(CHROMIUM, shots / "profile") as page:
         tune_info = await _open(page, tune, shots / "tune_report.png")
@@ -72,9 +72,14 @@ async def _session(tune: Path, bench: Path, shots: Path) -> dict[str, Any]:
         page.log.requested_urls.clear()
         bench_info = await _open(page, bench, shots / "bench_report.png")
         bench_log = (list(page.log.errors), list(page.log.requested_urls))
+        page.log.errors.clear()
+        page.log.requested_urls.clear()
+        engine_info = await _open(page, engine, shots / "engine_report.png")
+        engine_log = (list(page.log.errors), list(page.log.requested_urls))
     tune_info["errors"], tune_info["urls"] = tune_log
     bench_info["errors"], bench_info["urls"] = bench_log
-    return {"tune": tune_info, "bench": bench_info, "shots": shots}
+    engine_info["errors"], engine_info["urls"] = engine_log
+    return {"tune": tune_info, "bench": bench_info, "engine": engine_info, "shots": shots}
 
 
 def _simulated_without_kv(bench_dir: Path) -> None:
@@ -88,6 +93,23 @@ def _simulated_without_kv(bench_dir: Path) -> None:
     steps.to_csv(bench_dir / "steps.csv", index=False)
 
 
+def _real_engine_bench(out: Path) -> Path:
+    """A bench report of slotune's engine running the tiny checkpoint on this CPU."""
+    from typer.testing import CliRunner
+
+    from slotune.cli.app import app
+    from slotune.engine.model.init_model import init_model
+
+    model = init_model(out / "tiny", "tiny", seed=0)
+    trace = out / "short.jsonl"
+    lines = [{"id": f"r{i}", "prompt_len": 30 + 10 * i, "output_len": 8} for i in range(4)]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["bench", "--backend", "engine", "--model", str(model), "--trace", str(trace)]
+    res = CliRunner().invoke(app, [*args, "--rate", "50", "--out", str(out / "engine")])
+    assert res.exit_code == 0, res.output
+    return out / "engine" / "report.html"
+
+
 @pytest.fixture(scope="module")
 def browser(
     tune_report: Path, tune_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -97,10 +119,11 @@ def browser(
     shutil.copytree(tune_dir / "runs" / "best", bench_dir)
     _simulated_without_kv(bench_dir)
     bench = build_bench_report(bench_dir)
-    return asyncio.run(_session(tune_report, bench, shots))
+    engine = _real_engine_bench(shots)
+    return asyncio.run(_session(tune_report, bench, engine, shots))
 
 
-@pytest.mark.parametrize("report", ["tune", "bench"])
+@pytest.mark.parametrize("report", ["tune", "bench", "engine"])
 def test_every_chart_rendered(browser: dict[str, Any], report: str) -> None:
     info = browser[report]
     where = f"(screenshot: {browser['shots'] / f'{report}_report.png'})"
@@ -121,7 +144,15 @@ def test_hardware_charts_render_and_a_zero_quantity_is_a_sentence(
     assert bench["empty"] == ["kv_memory"], f"screenshot: {browser['shots']}"
 
 
-@pytest.mark.parametrize("report", ["tune", "bench"])
+def test_a_real_engine_run_draws_its_hardware_charts(browser: dict[str, Any]) -> None:
+    """slotune's engine on this CPU: read against the ceilings measured here, every chart."""
+    info = browser["engine"]
+    drawn = {k for k, roots in info["figures"] if roots}
+    assert {"roofline", "utilization", "kv_memory"} <= drawn, f"screenshot: {browser['shots']}"
+    assert info["empty"] == []
+
+
+@pytest.mark.parametrize("report", ["tune", "bench", "engine"])
 def test_console_has_no_errors_and_nothing_is_fetched(browser: dict[str, Any], report: str) -> None:
     info = browser[report]
     assert info["errors"] == [], f"{info['errors']} (screenshots in {browser['shots']})"

@@ -83,9 +83,13 @@ def test_runs_without_context_columns_say_so(
     assert "lacks the per-step context columns" in html
 
 
-def test_runs_not_simulated_are_not_read(tune_dir: Path, best: dict[str, Any]) -> None:
-    html = hardware_html(_runs(tune_dir, best), {**best, "backend": "engine"})
+def test_runs_that_cannot_be_read_say_why(tune_dir: Path, best: dict[str, Any]) -> None:
+    html = hardware_html(_runs(tune_dir, best), {**best, "backend": "http", "url": "http://x"})
     assert "Not read against the GPU" in html and "data-figure" not in html
+    assert "measured on http://x" in html
+    # a real engine's run without the ceilings and shapes it records (an older slotune)
+    html = hardware_html(_runs(tune_dir, best), {**best, "backend": "engine"})
+    assert "recorded no device ceilings" in html and "data-figure" not in html
 
 
 def _run(*args: str) -> tuple[int, str]:

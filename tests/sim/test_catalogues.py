@@ -157,3 +157,32 @@ def test_qwen3_config_is_read_with_its_own_head_dim(tmp_path) -> None:
     path.write_text(json.dumps(cfg | {"model_type": "gemma3", "architectures": ["X"]}))
     with pytest.raises(ValueError, match="model_type 'gemma3' is not supported"):
         get_model(str(path))
+
+
+@pytest.mark.parametrize(
+    ("device_name", "gpu"),
+    [
+        # as torch.cuda.get_device_name reports the cards (nvidia-smi's names)
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", None),  # 94 GB, 3.9 TB/s: not the catalogue's H100
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA A100-SXM4-80GB", "a100-80g"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40g"),
+        ("NVIDIA A100 80GB PCIe", None),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA B200", "b200"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("NVIDIA GeForce RTX 3090", None),
+        ("Tesla T4", None),
+    ],
+)
+def test_a_cuda_device_name_finds_its_datasheet_or_none(device_name: str, gpu: str | None) -> None:
+    from slotune.engine.sim.hardware import gpu_for_device
+
+    found = gpu_for_device(device_name)
+    assert (found.name if found else None) == gpu

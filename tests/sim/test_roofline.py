@@ -141,9 +141,9 @@ def test_bound_ops_follow_the_roofline() -> None:
 def test_step_work_takes_arrays_like_numbers() -> None:
     cm = _cm("mixtral-8x7b", tp=4, ep=2)
     args = [np.array([1.0, 300.0]), np.array([1.0, 2.0]), np.array([10.0, 0.0])]
-    arrays = step_work(cm, *args, np.array([0.0, 300 * 150.0]), np.array([0.0, 300.0]))
+    arrays = step_work(cm.shard, *args, np.array([0.0, 300 * 150.0]), np.array([0.0, 300.0]))
     for i in range(2):
-        one = step_work(cm, *(float(a[i]) for a in args), [0.0, 300 * 150.0][i], [0, 300][i])
+        one = step_work(cm.shard, *(float(a[i]) for a in args), [0.0, 300 * 150.0][i], [0, 300][i])
         for op, cost in one.items():
             assert arrays[op].flops[i] == pytest.approx(cost.flops, rel=1e-12)
             assert arrays[op].hbm_bytes[i] == pytest.approx(cost.hbm_bytes, rel=1e-12)
@@ -164,7 +164,7 @@ def test_steps_frame_reading_matches_the_single_step_one() -> None:
             "prefill_context_sum": [0, 1536],
         }
     )
-    out = steps_roofline(cm, frame)
+    out = steps_roofline(cm.shard, decode.datasheet, frame)
     for i, r in enumerate((decode, prefill)):
         assert out["flops"][i] == pytest.approx(r.flops, rel=1e-12)
         assert out["hbm_bytes"][i] == pytest.approx(r.hbm_bytes, rel=1e-12)

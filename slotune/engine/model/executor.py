@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,6 +24,7 @@ from slotune.engine.model.attention import (
 from slotune.engine.model.kv_cache import KVCache, allocate_kv_cache, cache_tensors
 from slotune.engine.model.llama import ForwardBatch
 from slotune.engine.model.loader import load_model
+from slotune.engine.model.peaks import device_ceilings
 from slotune.engine.model.sampler import Sampler, SampleRow
 from slotune.engine.scheduler_output import SchedulerOutput
 from slotune.engine.sim.batch import batch_totals, prefill_context_sum
@@ -68,6 +71,7 @@ class TorchExecutor:
                 f"TorchExecutor: attention {attention!r} is unknown; choose one of {BACKEND_NAMES}"
             )
         loaded = load_model(model_path, device=device, dtype=dtype)
+        self.model_path = loaded.path
         self.model = loaded.model
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -78,6 +82,7 @@ class TorchExecutor:
         self.attention_name = attention
         self.backend: AttentionBackend | None = None
         self.block_size = 0
+        self.kv_capacity_bytes = 0
         self.sampler = Sampler()
         self.timer = timer
         self._kv: tuple[KVCache, KVCache] | None = None
@@ -127,6 +132,9 @@ class TorchExecutor:
     def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
         c = self.model_config
         self.block_size = config.block_size
+        self.kv_capacity_bytes = capacity.num_gpu_blocks * self.block_bytes(
+            config.block_size, config.kv_cache_dtype
+        )
         shape = (c.num_hidden_layers, 0, config.block_size, c.num_key_value_heads, c.head_dim)
         gpu_shape = (*shape[:1], capacity.num_gpu_blocks, *shape[2:])
         cpu_shape = (*shape[:1], capacity.num_cpu_blocks, *shape[2:])
@@ -149,6 +157,20 @@ class TorchExecutor:
             kv_dtype,
             self.backend.name,
         )
+
+    def hardware(self) -> dict[str, Any]:
+        """What reads this engine's steps against its device (``sim.roofline``): the
+        checkpoint's ``config.json``, the dtype it ran in, the device, its KV capacity and
+        the ceilings (``peaks.device_ceilings``: the datasheet's, or measured here once per
+        process). Call it outside a timed run: measuring takes a second."""
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype_bytes": self.dtype.itemsize,
+            "kv_capacity_bytes": self.kv_capacity_bytes,
+            "ceilings": device_ceilings(self.device, self.dtype),
+            "model_config": json.loads((self.model_path / "config.json").read_text()),
+        }
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         if self._kv is None or self.backend is None:

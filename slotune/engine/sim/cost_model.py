@@ -116,12 +116,17 @@ def decode_attention_seconds(
 
 
 def kv_bytes_per_token_layer(
-    kv_cache_dtype: str, block_size: int, kv_heads: int, head_dim: int
+    kv_cache_dtype: str,
+    block_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int = DTYPE_BYTES,
 ) -> tuple[float, float]:
     """(stored, read) KV bytes per token in one layer of one GPU: the stored bytes (codes
-    and scales, ``kv_dtype.kv_block_bytes``) over the block, and what attention pays to
-    read them (plus ``KV_DEQUANT_BYTES`` per value for a quantized cache)."""
-    block = kv_block_bytes(kv_cache_dtype, block_size, kv_heads, head_dim, DTYPE_BYTES)
+    and scales, ``kv_dtype.kv_block_bytes``; ``auto`` in the model's ``dtype_bytes``) over
+    the block, and what attention pays to read them (plus ``KV_DEQUANT_BYTES`` per value
+    for a quantized cache)."""
+    block = kv_block_bytes(kv_cache_dtype, block_size, kv_heads, head_dim, dtype_bytes)
     stored = block // block_size if block % block_size == 0 else block / block_size
     if kv_cache_dtype == "auto":
         return stored, stored
@@ -140,6 +145,69 @@ def allreduce_seconds(
     latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
     per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
     return 2 * (tp - 1) * latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one of ``tp`` GPUs holds of ``model`` (``ep`` of them expert-parallel): the
+    widths its GEMMs and attention run at and the KV bytes per token and layer it stores
+    and reads in ``kv_cache_dtype``. Everything ``CostModel`` and the roofline count
+    comes from these, so a model run outside the simulator (the real engine's checkpoint)
+    is counted by the same rules."""
+
+    model: ModelSpec
+    tp: int
+    ep: int
+    block_size: int
+    kv_cache_dtype: str
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    qkv_out: int
+    attn_dim: int
+    ffn: int
+    vocab: int
+    kv_stored_per_token_layer: float
+    kv_read_per_token_layer: float
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelSpec,
+        tp: int = 1,
+        ep: int = 1,
+        block_size: int = 16,
+        kv_cache_dtype: str = "auto",
+    ) -> Shard:
+        model.check_tp(tp)
+        model.check_ep(tp, ep)
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        qkv_out, attn_dim = model.attention_widths(tp)
+        stored, read = kv_bytes_per_token_layer(
+            kv_cache_dtype, block_size, *model.kv_cache_shape(tp), model.dtype_bytes
+        )
+        return cls(
+            model,
+            tp,
+            ep,
+            block_size,
+            kv_cache_dtype,
+            hidden=model.hidden_size,
+            q_heads=model.num_heads // tp,
+            kv_heads=model.kv_heads_per_gpu(tp),
+            qkv_out=qkv_out,
+            attn_dim=attn_dim,
+            ffn=model.intermediate_size // tp,
+            vocab=-(-model.vocab_size // tp),
+            kv_stored_per_token_layer=stored,
+            kv_read_per_token_layer=read,
+        )
+
+    @property
+    def block_bytes(self) -> float:
+        """One block's stored KV bytes, all layers."""
+        return self.block_size * self.kv_stored_per_token_layer * self.model.num_layers
 
 
 @dataclass(frozen=True)
@@ -224,10 +292,7 @@ class CostModel:
         kv_cache_dtype: str = "auto",
         moe_imbalance: float = DEFAULT_IMBALANCE,
     ) -> None:
-        model.check_tp(tp)
-        model.check_ep(tp, ep)
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.shard = shard = Shard.of(model, tp, ep, block_size, kv_cache_dtype)
         self.stack = stack = stack or StackProfile()
         run = _as_run_by(profile, stack)
         self.profile, self.model, self.tp, self.block_size = profile, model, tp, block_size
@@ -235,16 +300,12 @@ class CostModel:
         gpu = run.gpu
         self.bw, self.peak = gpu.hbm_bytes_per_s, gpu.flops_per_s
         m = model
-        self.hidden = m.hidden_size
-        self.q_heads = m.num_heads // tp
-        self.kv_heads = m.kv_heads_per_gpu(tp)
-        self.qkv_out, self.attn_dim = m.attention_widths(tp)
-        self.ffn = m.intermediate_size // tp
-        self.vocab = -(-m.vocab_size // tp)
+        self.hidden, self.q_heads, self.kv_heads = shard.hidden, shard.q_heads, shard.kv_heads
+        self.qkv_out, self.attn_dim = shard.qkv_out, shard.attn_dim
+        self.ffn, self.vocab = shard.ffn, shard.vocab
         self.kv_cache_dtype = kv_cache_dtype
-        stored, read = kv_bytes_per_token_layer(kv_cache_dtype, block_size, *m.kv_cache_shape(tp))
-        self.kv_bytes_per_token_layer = read
-        self.block_bytes = block_size * stored * m.num_layers
+        self.kv_bytes_per_token_layer = shard.kv_read_per_token_layer
+        self.block_bytes = shard.block_bytes
         self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
         layers = m.num_layers
         att = run.attention

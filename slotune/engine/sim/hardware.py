@@ -8,6 +8,7 @@ host link (PCIe); ``interconnect_gbps`` is the GPU-to-GPU figure as the vendor q
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 _GIB = 1 << 30
@@ -209,3 +210,34 @@ def get_gpu(name: str) -> GpuSpec:
             f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)} "
             "(or give the path of a GPU profile JSON)"
         ) from None
+
+
+_DEVICE_NAMES = (
+    # (pattern of a torch.cuda.get_device_name, catalogue GPU); the first match wins. Cards
+    # whose figures the catalogue does not hold (H100/H200 NVL, A100 PCIe) match none.
+    (r"\bh100\b.*\b(nvl)\b", None),
+    (r"\bh100\b.*\bpcie\b", "h100-pcie"),
+    (r"\bh100\b", "h100"),
+    (r"\bh200\b.*\bnvl\b", None),
+    (r"\bh200\b", "h200"),
+    (r"\ba100\b.*\bpcie\b", None),
+    (r"\ba100\b.*\b80\s*gb\b", "a100-80g"),
+    (r"\ba100\b.*\b40\s*gb\b", "a100-40g"),
+    (r"\bl40s\b", "l40s"),
+    (r"\ba10g\b", "a10g"),
+    (r"\bl4\b", "l4"),
+    (r"\bb200\b", "b200"),
+    (r"\bmi300x\b", "mi300x"),
+    (r"\brtx\s*4090\b", "rtx4090"),
+)
+
+
+def gpu_for_device(device_name: str) -> GpuSpec | None:
+    """The catalogue GPU that a CUDA device name (``torch.cuda.get_device_name``, such as
+    ``NVIDIA H100 80GB HBM3`` or ``NVIDIA A100-SXM4-40GB``) is, or None when the catalogue
+    has no datasheet of that card."""
+    name = re.sub(r"[-_]", " ", device_name.lower())
+    for pattern, gpu in _DEVICE_NAMES:
+        if re.search(pattern, name):
+            return GPUS[gpu] if gpu else None
+    return None

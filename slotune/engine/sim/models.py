@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from slotune.engine.hf_config import MLAConfig, ModelConfig
 from slotune.engine.sim.hardware import UnknownNameError
@@ -464,13 +465,18 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a model config.json ({e})") from None
-    config = ModelConfig.from_hf_dict(data, where=str(path))
-    weights = weight_format_name(config.quantization_scheme, f"{path}: quantization_config")
+    return model_from_hf_dict(data, str(path.parent.name or path.stem), str(path))
+
+
+def model_from_hf_dict(data: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:
+    """The model a Hugging Face ``config.json``'s contents describe, named ``name``."""
+    config = ModelConfig.from_hf_dict(data, where=where)
+    weights = weight_format_name(config.quantization_scheme, f"{where}: quantization_config")
     # A checkpoint that leaves attention in 16 bits quantizes the MoE layers' experts.
     experts_only = config.quantization_skips_attention and config.moe is not None
     mla = config.mla
     return ModelSpec(
-        name=str(path.parent.name or path.stem),
+        name=name,
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,

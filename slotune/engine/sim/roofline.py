@@ -29,9 +29,11 @@ from typing import Any
 from slotune.engine.sim.cost_model import (
     DTYPE_BYTES,
     CostModel,
+    Shard,
     attention_flops_per_pair,
     elementwise_bytes,
 )
+from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.moe import (
     act_bytes,
     alltoall_bytes,
@@ -138,55 +140,63 @@ def prefill_pairs(chunks: Sequence[tuple[int, int]]) -> float:
 
 
 def step_work(
-    cm: CostModel,
+    shard: Shard,
     num_tokens: Any,
     num_samples: Any,
     decode_context: Any,
     prefill_pairs: Any,
     prefill_context: Any,
 ) -> dict[str, OpCost]:
-    """FLOPs and bytes per op of one step on one GPU (numbers or numpy arrays alike;
-    ``seconds`` left 0): ``num_tokens`` scheduled, ``num_samples`` reaching the LM head,
-    decodes reading ``decode_context`` KV tokens, prefill chunks of ``prefill_pairs``
-    query-key pairs attending to ``prefill_context`` KV tokens."""
-    m, model, h, layers = num_tokens, cm.model, cm.hidden, cm.model.num_layers
+    """FLOPs and bytes per op of one step on one GPU's ``shard`` (numbers or numpy arrays
+    alike; ``seconds`` left 0): ``num_tokens`` scheduled, ``num_samples`` reaching the LM
+    head, decodes reading ``decode_context`` KV tokens, prefill chunks of ``prefill_pairs``
+    query-key pairs attending to ``prefill_context`` KV tokens.
+
+    The cost model's formulas count 16-bit weights and activations (``DTYPE_BYTES``); a
+    model in another dtype (``ModelSpec.dtype_bytes``: the real engine's float32 on a CPU)
+    moves ``dtype_bytes / DTYPE_BYTES`` times their bytes, which is exact for its 16-bit
+    formats (a quantized one must be 16-bit otherwise). Router scores stay fp32 and the KV
+    cache is the shard's own (``kv_cache_dtype``, in the model's dtype for ``auto``)."""
+    m, model, h, layers = num_tokens, shard.model, shard.hidden, shard.model.num_layers
+    scale = _dtype_scale(model)
     bpw = model.weight_format.bytes_per_weight
     dense_layers, moe_layers = model.num_dense_layers, layers - model.num_dense_layers
-    attn = ((h, cm.qkv_out), (cm.attn_dim, h))
-    mlp = ((h, 2 * cm.ffn), (cm.ffn, h))
+    attn = ((h, shard.qkv_out), (shard.attn_dim, h))
+    mlp = ((h, 2 * shard.ffn), (shard.ffn, h))
     w_bytes = layers * sum(gemm_bytes(m, k, n, bpw) for k, n in attn)
     w_bytes += dense_layers * sum(gemm_bytes(m, k, n, bpw) for k, n in mlp)
-    w_bytes += gemm_bytes(num_samples, h, cm.vocab, DTYPE_BYTES)
+    w_bytes += gemm_bytes(num_samples, h, shard.vocab, DTYPE_BYTES)
     w_flops = layers * sum(gemm_flops(m, k, n) for k, n in attn)
     w_flops += dense_layers * sum(gemm_flops(m, k, n) for k, n in mlp)
-    w_flops += gemm_flops(num_samples, h, cm.vocab)
-    qk_dim = (cm.q_heads + cm.kv_heads) * model.head_dim
-    ew = 2 * elementwise_bytes("norm", m, h, qk_dim, cm.ffn) + 2 * elementwise_bytes(
-        "add", m, h, qk_dim, cm.ffn
+    w_flops += gemm_flops(num_samples, h, shard.vocab)
+    qk_dim = (shard.q_heads + shard.kv_heads) * model.head_dim
+    ffn = shard.ffn
+    ew = 2 * elementwise_bytes("norm", m, h, qk_dim, ffn) + 2 * elementwise_bytes(
+        "add", m, h, qk_dim, ffn
     )
-    ew_bytes: Any = layers * (ew + elementwise_bytes("rope", m, h, qk_dim, cm.ffn))
-    ew_bytes += dense_layers * elementwise_bytes("act", m, h, qk_dim, cm.ffn)
-    ew_bytes += elementwise_bytes("embed", m, h, qk_dim, cm.ffn) + elementwise_bytes(
-        "norm", m, h, qk_dim, cm.ffn
+    ew_bytes: Any = layers * (ew + elementwise_bytes("rope", m, h, qk_dim, ffn))
+    ew_bytes += dense_layers * elementwise_bytes("act", m, h, qk_dim, ffn)
+    ew_bytes += elementwise_bytes("embed", m, h, qk_dim, ffn) + elementwise_bytes(
+        "norm", m, h, qk_dim, ffn
     )
-    link = layers * 2 * m * h * DTYPE_BYTES if cm.tp > 1 else 0.0 * m
+    link = layers * 2 * m * h * DTYPE_BYTES if shard.tp > 1 else 0.0 * m
+    router_bytes = 0.0 * m
     moe = model.moe
     if moe is not None:
-        ep = cm.ep
+        ep = shard.ep
         e_bpw = model.expert_weight_format.bytes_per_weight
         rows = m * moe.top_k / ep
         groups = _experts_touched(moe.num_experts, moe.top_k, m) / ep
-        ffn = moe.expert_ffn * ep // cm.tp
-        shared = moe.shared_ffn // cm.tp
-        experts = ((h, 2 * ffn), (ffn, h))
+        e_ffn = moe.expert_ffn * ep // shard.tp
+        shared = moe.shared_ffn // shard.tp
+        experts = ((h, 2 * e_ffn), (e_ffn, h))
         per_layer_bytes = gemm_bytes(m, h, moe.num_experts, DTYPE_BYTES) + sum(
             gemm_bytes(rows, k, n, e_bpw, groups) for k, n in experts
         )
         per_layer_flops = gemm_flops(m, h, moe.num_experts) + sum(
             gemm_flops(rows, k, n) for k, n in experts
         )
-        ew_moe = router_scores_bytes(m, moe.num_experts) + gather_bytes(m, rows, h)
-        ew_moe += act_bytes(rows, ffn)
+        ew_moe = gather_bytes(m, rows, h) + act_bytes(rows, e_ffn)
         if shared:
             shared_gemms = ((h, 2 * shared), (shared, h))
             per_layer_bytes += sum(gemm_bytes(m, k, n, e_bpw) for k, n in shared_gemms)
@@ -195,19 +205,32 @@ def step_work(
         w_bytes += moe_layers * per_layer_bytes
         w_flops += moe_layers * per_layer_flops
         ew_bytes += moe_layers * ew_moe
+        router_bytes = moe_layers * router_scores_bytes(m, moe.num_experts)
         if ep > 1:
             link += moe_layers * 2 * alltoall_bytes(m, moe.top_k, h, ep)
-    kv_stored = cm.block_bytes / cm.block_size  # all layers, per token
-    pair_flops = attention_flops_per_pair(cm.q_heads, model.head_dim) * layers
+    kv_stored = shard.block_bytes / shard.block_size  # all layers, per token
+    pair_flops = attention_flops_per_pair(shard.q_heads, model.head_dim) * layers
     zero = 0.0 * m  # a number or an array of zeros, like the inputs
     return {
-        "weights": OpCost(zero, w_flops, w_bytes, zero),
+        "weights": OpCost(zero, w_flops, scale * w_bytes, zero),
         "kv_read": OpCost(zero, pair_flops * decode_context, kv_stored * decode_context, zero),
         "attention": OpCost(zero, pair_flops * prefill_pairs, kv_stored * prefill_context, zero),
-        "elementwise": OpCost(zero, zero, ew_bytes, zero),
-        "allreduce": OpCost(zero, zero, zero, link),
+        "elementwise": OpCost(zero, zero, scale * ew_bytes + router_bytes, zero),
+        "allreduce": OpCost(zero, zero, zero, scale * link),
         "host": OpCost(zero, zero, zero, zero),
     }
+
+
+def _dtype_scale(model: ModelSpec) -> float:
+    """How many times the 16-bit formulas' bytes a model in ``model.dtype_bytes`` moves."""
+    if model.dtype_bytes == DTYPE_BYTES:
+        return 1.0
+    if model.weight_format.bits_per_weight < 16 or model.expert_weight_format.bits_per_weight < 16:
+        raise ValueError(
+            f"{model.name}: quantized weights ({model.weight_dtype}) are counted in a 16-bit "
+            f"model only, not in one of {model.dtype_bytes}-byte values"
+        )
+    return model.dtype_bytes / DTYPE_BYTES
 
 
 def _experts_touched(num_experts: int, top_k: int, num_tokens: Any) -> Any:
@@ -284,7 +307,7 @@ def step_roofline(
         num_tokens, num_samples, num_requests, num_decodes, context_sum, chunks
     )
     work = step_work(
-        cm,
+        cm.shard,
         num_tokens,
         num_samples,
         context_sum,
@@ -329,14 +352,12 @@ def estimate_roofline(
 RUN_COLUMNS = ("flops", "hbm_bytes", "intensity", "achieved_flops", "mbu", "mfu", "prefill_share")
 
 
-def steps_roofline(cm: CostModel, steps: Any) -> Any:
-    """Per step of a run's steps frame (``StepStats`` columns): FLOPs, HBM bytes,
-    arithmetic intensity, achieved FLOP/s, MBU and MFU (datasheet) and the prefill share
-    of the step's tokens, at the step's recorded duration. Prefill chunks are taken as one
-    chunk per step (their query-key pairs are exact for one chunk, an upper bound for
-    more); a step samples its decodes plus one row for its prefill."""
+def steps_work(shard: Shard, steps: Any) -> dict[str, OpCost]:
+    """``step_work`` of every step of a run's steps frame (``StepStats`` columns), arrays
+    of one value per step. Prefill chunks are taken as one chunk per step (their query-key
+    pairs are exact for one chunk, an upper bound for more); a step samples its decodes
+    plus one row for its prefill."""
     import numpy as np
-    import pandas as pd
 
     tokens = steps["num_scheduled_tokens"].to_numpy(float)
     prefill = steps["num_prefill_tokens"].to_numpy(float)
@@ -344,11 +365,23 @@ def steps_roofline(cm: CostModel, steps: Any) -> Any:
     dec_ctx = _column(steps, "decode_context_sum")
     pre_ctx = np.maximum(_column(steps, "prefill_context_sum"), prefill)
     samples = decodes + (prefill > 0)
-    work = step_work(cm, tokens, samples, dec_ctx, prefill * (pre_ctx - 0.5 * prefill), pre_ctx)
+    return step_work(shard, tokens, samples, dec_ctx, prefill * (pre_ctx - 0.5 * prefill), pre_ctx)
+
+
+def steps_roofline(shard: Shard, peak: Ceilings, steps: Any) -> Any:
+    """Per step of a run's steps frame (``steps_work``): FLOPs, HBM bytes, arithmetic
+    intensity, achieved FLOP/s, MBU and MFU against ``peak`` (the datasheet's, or the
+    ceilings measured where a real engine ran) and the prefill share of the step's tokens,
+    at the step's recorded duration."""
+    import numpy as np
+    import pandas as pd
+
+    work = steps_work(shard, steps)
+    tokens = steps["num_scheduled_tokens"].to_numpy(float)
+    prefill = steps["num_prefill_tokens"].to_numpy(float)
     flops = sum(w.flops for w in work.values())
     nbytes = sum(w.hbm_bytes for w in work.values())
     seconds = steps["duration_s"].to_numpy(float)
-    datasheet, _ = ceilings(cm)
     with np.errstate(divide="ignore", invalid="ignore"):
         achieved = np.where(seconds > 0, flops / seconds, 0.0)
         out = pd.DataFrame(
@@ -357,13 +390,32 @@ def steps_roofline(cm: CostModel, steps: Any) -> Any:
                 "hbm_bytes": nbytes,
                 "intensity": np.where(nbytes > 0, flops / nbytes, 0.0),
                 "achieved_flops": achieved,
-                "mbu": np.where(seconds > 0, nbytes / seconds, 0.0) / datasheet.hbm_bytes_per_s,
-                "mfu": achieved / datasheet.flops_per_s,
+                "mbu": np.where(seconds > 0, nbytes / seconds, 0.0) / peak.hbm_bytes_per_s,
+                "mfu": achieved / peak.flops_per_s,
                 "prefill_share": np.where(tokens > 0, prefill / tokens, 0.0),
             },
             index=steps.index,
         )
     return out
+
+
+def run_floor_seconds(shard: Shard, peak: Ceilings, steps: Any) -> dict[str, float]:
+    """Seconds per op (``OPS``) over a measured run's steps at their roofline floors (an
+    op's bytes over the bandwidth or its FLOPs over the peak, whichever is longer); under
+    ``host`` the rest of the measured time (Python, dispatch, kernels short of the
+    ceilings), so the ops sum to the run's step time as ``run_op_seconds``'s do."""
+    import numpy as np
+
+    work = steps_work(shard, steps)
+    totals = {
+        op: float(
+            np.sum(np.maximum(w.hbm_bytes / peak.hbm_bytes_per_s, w.flops / peak.flops_per_s))
+        )
+        for op, w in work.items()
+    }
+    measured = float(steps["duration_s"].to_numpy(float).sum())
+    totals["host"] = max(0.0, measured - sum(totals.values()))
+    return totals
 
 
 def run_op_seconds(cm: CostModel, steps: Any, max_steps: int = 20000) -> dict[str, float]:

@@ -204,10 +204,16 @@ def run_engine(
     progress: Progress | None = None,
     timeout_s: float | None = None,
 ) -> RunResult:
-    """Replay ``trace`` through an in-process engine with a real executor, in wall time."""
-    return drive_engine(
+    """Replay ``trace`` through an in-process engine with a real executor, in wall time.
+    An executor that can say what its steps ran on (``TorchExecutor.hardware``) records it
+    under ``engine_stats["hardware"]``, after the run."""
+    result = drive_engine(
         engine, trace, arrivals, WallClock(), seed=seed, progress=progress, timeout_s=timeout_s
     )
+    hardware = getattr(getattr(engine, "executor", None), "hardware", None)
+    if callable(hardware):
+        result.engine_stats["hardware"] = hardware()
+    return result
 
 
 def drive_engine(
