@@ -4,9 +4,10 @@ against simulated.
 A tuner ranks configurations by their differences, so the simulator must move the right
 way when one knob moves. ``MEASURED_PAIRS`` are changes measured on real vLLM 0.15.1 on
 H100 in the BLIS sim-to-real study's held-out runs, as quoted in slotune issue 25: they are
-for checking only (no fit here ever sees them). ``simulate_pair`` replays one study-like
-workload (``study_workload``: inference-perf's shared-prefix load with its prompt pool)
-under both settings of a pair and returns the simulated change.
+for checking only (no fit here ever sees them). ``simulate_pair`` replays the study's
+"general" load (``study_workload``: inference-perf's shared-prefix prompts with its prompt
+pool, 8 then 20 req/s, as the pairs' runs) under both settings of a pair and returns the
+simulated change and each side's step composition.
 """
 
 from __future__ import annotations
