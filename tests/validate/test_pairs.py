@@ -65,3 +65,13 @@ def test_shipped_stack_moves_the_way_vllm_did(name: str) -> None:
     if not pair.tie and pair.e2e is not None:
         # the size: within a factor 1.3 (the issue's target is 1.1; see BENCHMARKS)
         assert 1 / 1.3 <= r["e2e_sim"] / pair.e2e <= 1.3, r
+
+
+@pytest.mark.slow
+def test_budget_1024_binds_only_before_the_prompt_pool_is_cached() -> None:
+    """The premise of the budget pair's finding (BENCHMARKS): on the study's load a 1024
+    budget caps the largest step and leaves the share of mixed steps as it was."""
+    r = simulate_pair(BY_NAME["Llama-3.1-8B budget 2048 -> 1024"], TRACE)
+    assert r["largest_step_after"] <= 1024 < r["largest_step_before"], r
+    assert abs(r["mixed_after"] - r["mixed_before"]) < 0.005, r
+    assert abs(r["steps_after"] / r["steps_before"] - 1) < 0.005, r
