@@ -103,6 +103,7 @@ class StepRecorder:
         self.executor, self.cost_model = executor, cost_model
         self.measured: list[float] = []
         self.predicted: list[float] = []
+        self.mixed: list[bool] = []  # the step carries prefill tokens
         self._execute = executor.execute
         executor.execute = self.execute
 
@@ -115,6 +116,7 @@ class StepRecorder:
             if n > 1
         ]
         self.measured.append(out.duration_s)
+        self.mixed.append(bool(chunks))
         self.predicted.append(
             self.cost_model.step_seconds(
                 so.total_num_scheduled_tokens,
@@ -131,11 +133,18 @@ class StepRecorder:
         errors = sorted(
             abs(p / m - 1) * 100 for p, m in zip(self.predicted, self.measured, strict=True)
         )
-        return {
+        out = {
             "steps": len(errors),
             "total_error_pct": 100 * (sum(self.predicted) / sum(self.measured) - 1),
             "median_abs_error_pct": errors[len(errors) // 2],
         }
+        for kind, want in (("prefill", True), ("decode", False)):  # steps with / without
+            steps = zip(self.predicted, self.measured, self.mixed, strict=True)
+            rows = [(p, m) for p, m, x in steps if x == want]
+            if rows:
+                total = sum(p for p, _ in rows) / sum(m for _, m in rows) - 1
+                out[f"{kind}_steps"], out[f"{kind}_error_pct"] = len(rows), 100 * total
+        return out
 
 
 def main() -> None:
@@ -267,6 +276,11 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
             print(
                 f"\nreal run {i + 1}: cost model on its {st['steps']} steps: total "
                 f"{st['total_error_pct']:+.1f}%, median |error| {st['median_abs_error_pct']:.1f}%"
+                + "".join(
+                    f"; {st[f'{k}_steps']} {k} steps {st[f'{k}_error_pct']:+.1f}%"
+                    for k in ("prefill", "decode")
+                    if f"{k}_steps" in st
+                )
             )
 
 

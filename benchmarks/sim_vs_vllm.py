@@ -229,10 +229,13 @@ def sensitivity(folders: list[Path], args: argparse.Namespace) -> int:
         print(f"| {label} | {knob} | {cells} | {'right' if ok else 'WRONG'} |")
     print(
         "\n### Held-out single-knob changes (measured: BLIS study as quoted in issue 25; "
-        "simulated on a study-like workload)\n"
+        "simulated on the study's general load, validate.pairs.study_workload)\n"
     )
-    print("| pair | E2E meas / sim | TTFT meas / sim | ITL sim | direction | size ratio |")
-    print("|---|---:|---:|---:|---|---:|")
+    print(
+        "| pair | E2E meas / sim | TTFT meas / sim | ITL sim | direction | size ratio "
+        "| mixed steps before / after | largest step before / after |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
     for pair in MEASURED_PAIRS:
         r = simulate_pair(pair, stack=args.stack)
         ok = direction_ok(pair.e2e or 0.0, r["e2e_sim"])
@@ -244,7 +247,9 @@ def sensitivity(folders: list[Path], args: argparse.Namespace) -> int:
         print(
             f"| {pair.name} | {tie} / {r['e2e_sim'] * 100:+.1f} % | "
             f"{meas_t} / {r['ttft_sim'] * 100:+.1f} % | {r['itl_sim'] * 100:+.1f} % | "
-            f"{'right' if ok else 'WRONG'} | {'' if pair.tie else f'{ratio:.2f}'} |"
+            f"{'right' if ok else 'WRONG'} | {'' if pair.tie else f'{ratio:.2f}'} | "
+            f"{r['mixed_before'] * 100:.1f} / {r['mixed_after'] * 100:.1f} % | "
+            f"{r['largest_step_before']:.0f} / {r['largest_step_after']:.0f} |"
         )
     return 0
 

@@ -4,13 +4,15 @@ against simulated.
 A tuner ranks configurations by their differences, so the simulator must move the right
 way when one knob moves. ``MEASURED_PAIRS`` are changes measured on real vLLM 0.15.1 on
 H100 in the BLIS sim-to-real study's held-out runs, as quoted in slotune issue 25: they are
-for checking only (no fit here ever sees them). ``simulate_pair`` replays one study-like
-workload (``study_workload``: inference-perf's shared-prefix load with its prompt pool)
-under both settings of a pair and returns the simulated change.
+for checking only (no fit here ever sees them). ``simulate_pair`` replays the study's
+"general" load (``study_workload``: inference-perf's shared-prefix prompts with its prompt
+pool, 8 then 20 req/s, as the pairs' runs) under both settings of a pair and returns the
+simulated change and each side's step composition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,27 +99,40 @@ MEASURED_PAIRS = (
 )
 
 
+GENERAL_STAGES: tuple[tuple[float, float], ...] = ((8.0, 90.0), (20.0, 90.0))
+"""The study's "general" load as ``(rate req/s, seconds)`` stages: 8 then 20 req/s (600 s
+each in the study, whose pair figures are whole-run means; shortened here)."""
+
+
 def study_workload(
-    rate: float = 8.0, duration_s: float = 90.0, seed: int = 0, output_len: int = 248
+    stages: Sequence[tuple[float, float]] = GENERAL_STAGES, seed: int = 0, output_len: int = 248
 ) -> Trace:
-    """The study's "general" load: Poisson arrivals at ``rate``; 9 system prompts of 100
-    tokens shared round robin, a 447-token question; inference-perf's pool of 100 prompts
-    sent in turn (prompt ``k mod 100`` as request ``k``), ``output_len`` tokens decoded."""
+    """The study's "general" load: Poisson arrivals at each stage's rate for its seconds, one
+    stage after the other; 9 system prompts of 100 tokens shared round robin, a 447-token
+    question; inference-perf's pool of 100 prompts sent in turn (prompt ``k mod 100`` as
+    request ``k``), ``output_len`` tokens decoded."""
+    if not stages or any(not (rate > 0 and seconds > 0) for rate, seconds in stages):
+        raise ValueError(f"study_workload: stages must be (rate > 0, seconds > 0) pairs: {stages}")
     rng = np.random.default_rng(seed)
-    n = max(1, int(rate * duration_s))
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    arrivals: list[float] = []
+    start = 0.0
+    for rate, seconds in stages:
+        gaps = rng.exponential(1.0 / rate, max(1, int(rate * seconds)))
+        arrivals += [start + t for t in np.cumsum(gaps) if t < seconds]
+        start += seconds
     groups, pool, system, question = 9, 100, 100, 447
     reqs = tuple(
         TraceRequest(
             request_id=f"r{k}",
             prompt_len=system + question,
             output_len=output_len,
-            arrival_time=float(arrivals[k]),
+            arrival_time=float(t),
             prompt_segments=((k % pool % groups, system), (groups + k % pool, question)),
         )
-        for k in range(n)
+        for k, t in enumerate(arrivals)
     )
-    return Trace(name=f"study-general-{rate:g}rps", requests=reqs, seed=seed)
+    load = "+".join(f"{rate:g}rps" for rate, _ in stages)
+    return Trace(name=f"study-general-{load}", requests=reqs, seed=seed)
 
 
 def simulate(
@@ -126,7 +141,9 @@ def simulate(
     stack: StackProfile | str | None = None,
     gpu: str | GpuProfile = "h100",
 ) -> dict[str, float]:
-    """Mean TTFT, ITL and E2E (seconds) of ``trace`` under ``setting``."""
+    """Mean TTFT, ITL and E2E (seconds) of ``trace`` under ``setting``, and the steps'
+    composition: how many (``steps``), the share that carry prefill tokens (``mixed``: the
+    steps vLLM runs as piecewise graphs with eager attention) and the largest in tokens."""
     from slotune.engine.config import EngineConfig
     from slotune.workloads.arrivals import ArrivalSpec
     from slotune.workloads.metrics import request_metrics
@@ -152,10 +169,14 @@ def simulate(
     outs = np.array([r.output_len for r in trace.requests], dtype=float)
     ok = np.isfinite(m["e2e"])
     itl = (m["e2e"][ok] - m["ttft"][ok]) / np.maximum(outs[ok] - 1, 1)
+    steps = result.steps
     return {
         "ttft": float(np.mean(m["ttft"][ok])),
         "itl": float(np.mean(itl)),
         "e2e": float(np.mean(m["e2e"][ok])),
+        "steps": float(len(steps)),
+        "mixed": float((steps["num_prefill_tokens"] > 0).mean()) if len(steps) else 0.0,
+        "largest_step": float(steps["num_scheduled_tokens"].max()) if len(steps) else 0.0,
     }
 
 
@@ -163,13 +184,17 @@ def simulate_pair(
     pair: MeasuredPair, trace: Trace | None = None, stack: StackProfile | str | None = None
 ) -> dict[str, Any]:
     """The simulated relative change of mean TTFT, ITL and E2E from ``pair.before`` to
-    ``pair.after`` on ``trace`` (default ``study_workload()``), beside the measured one."""
+    ``pair.after`` on ``trace`` (default ``study_workload()``), beside the measured one,
+    and each side's step composition (``steps``, ``mixed``, ``largest_step`` as ``simulate``
+    gives them, suffixed ``_before`` and ``_after``)."""
     trace = trace or study_workload()
     a, b = simulate(pair.before, trace, stack), simulate(pair.after, trace, stack)
     out: dict[str, Any] = {"pair": pair.name, "tie": pair.tie}
     for m in ("ttft", "itl", "e2e"):
         out[f"{m}_sim"] = b[m] / a[m] - 1
     out["e2e_meas"], out["ttft_meas"] = pair.e2e, pair.ttft
+    for key in ("steps", "mixed", "largest_step"):
+        out[f"{key}_before"], out[f"{key}_after"] = a[key], b[key]
     return out
 
 
