@@ -240,7 +240,17 @@ def tune(
 
 
 # tune's options the deployment search takes (as deploy's), and those it does not
-_DEPLOY_TAKES = ("slo", "gpu", "model", "tp", "ep", "trace", "format", "num_requests", "rate")
+_DEPLOY_TAKES: tuple[str, ...] = (
+    "slo",
+    "gpu",
+    "model",
+    "tp",
+    "ep",
+    "trace",
+    "format",
+    "num_requests",
+    "rate",
+)
 _DEPLOY_TAKES += ("attainment", "trials", "request_timeout", "seed", "stack", "target", "out")
 
 

@@ -118,7 +118,9 @@ def _ep_sizes(model: str, target: str | None, tp: int) -> tuple[int, ...]:
     return tuple(out) or (1,)
 
 
-def _suggest_ep(trial: optuna.Trial, space: DeploySpace, tp: int, pp: int, name: str) -> int:
+def _suggest_ep(
+    trial: optuna.trial.BaseTrial, space: DeploySpace, tp: int, pp: int, name: str
+) -> int:
     """The trial's EP size for an instance kind on ``tp`` GPUs (one parameter per TP size:
     Optuna keeps a categorical's choices fixed)."""
     eps = space.eps(tp) if pp == 1 else (1,)  # the pipeline executor prices no EP
@@ -129,7 +131,7 @@ class Unfit(Exception):
     """A deployment that cannot be run (the reason is the message)."""
 
 
-def suggest(trial: optuna.Trial, space: DeploySpace, single: bool = False) -> ClusterSpec:
+def suggest(trial: optuna.trial.BaseTrial, space: DeploySpace, single: bool = False) -> ClusterSpec:
     """The deployment of ``trial``; ``Unfit`` when the choices do not fit the budget."""
     tps = [t for t in space.tps if t <= space.gpus]
     mode = "co-located" if single else trial.suggest_categorical("mode", list(space.modes))

@@ -58,7 +58,7 @@ def comparison_html(data: dict[str, Any]) -> str:
     body = [[Cell(label), *(Cell(get(r), css="wrap") for _, r in cols)] for label, get in rows]
     kinds = [
         [
-            i["kind"],
+            i.get("kind") or f"{i['role']} TP{i['tp']}",  # deployment.json before EP
             fmt.num(i["count"]),
             fmt.num(i["max_num_batched_tokens"]),
             fmt.num(i["max_num_seqs"]),
@@ -159,7 +159,7 @@ def utilization_chart(best: dict[str, Any]) -> Chart:
         if rows:
             fig.add_trace(
                 go.Bar(
-                    x=[f"#{u['instance']} {u['kind']}" for u in rows],
+                    x=[f"#{u['instance']} {u.get('kind', u['role'])}" for u in rows],
                     y=[u["busy_share"] for u in rows],
                     name=role,
                     marker_color=ROLE_COLORS[role],
@@ -195,7 +195,7 @@ def routing_chart(best: dict[str, Any]) -> Chart:
         )
     fig = go.Figure(
         go.Bar(
-            x=[f"#{u['instance']} {u['kind']}" for u in util],
+            x=[f"#{u['instance']} {u.get('kind', u['role'])}" for u in util],
             y=[u["requests"] for u in util],
             marker_color=[ROLE_COLORS[u["role"]] for u in util],
             hovertemplate="%{x}: %{y} requests<extra></extra>",
@@ -348,6 +348,8 @@ def build_deploy_report(out_dir: Path | str, output: Path | str | None = None) -
             f"{out_dir}: no {DEPLOYMENT_JSON}; expected the --out folder of `slotune deploy`"
         )
     data = read_json(out_dir / DEPLOYMENT_JSON)
+    if not isinstance(data.get("best"), dict):
+        raise ValueError(f"{out_dir / DEPLOYMENT_JSON}: unreadable, or without a 'best' deployment")
     study = data.get("study") or {}
     subtitle = (
         f"{fmt.text(study.get('model'))} on up to {fmt.text(study.get('gpus'))} × "

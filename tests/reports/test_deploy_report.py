@@ -176,3 +176,14 @@ def test_every_deploy_chart_renders_in_chromium(
         assert info["errors"] == []
         assert all(u.startswith("file:") for u in info["urls"]), info["urls"]
     assert pd["verdict"].startswith("Chosen: 2 × prefill TP1 + 1 × decode TP1")
+
+
+def test_slotune_report_rebuilds_a_deploy_folder(pd_report: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from slotune.cli.app import app
+
+    output = tmp_path / "again.html"
+    result = CliRunner().invoke(app, ["report", str(pd_report.parent), "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    assert _figures(output.read_text()) == _figures(pd_report.read_text())
