@@ -240,6 +240,8 @@ def study_report(study: DeployStudy, slo: SLO, about: dict[str, Any]) -> dict[st
                 "goodput_per_gpu": s.per_gpu,
                 "slo_attainment": s.attainment,
                 "feasible": s.feasible,
+                "chosen": s.spec == study.best.spec,
+                "single": study.single is not None and s.spec == study.single.spec,
             }
             for s in study.trials
         ],

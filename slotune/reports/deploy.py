@@ -109,9 +109,9 @@ def goodput_chart(data: dict[str, Any]) -> Chart:
     names = [f"#{k + 1} {t['deployment']}" for k, t in enumerate(trials)]
     colors = []
     for t in trials:
-        if t["deployment"] == best["deployment"]:
+        if t.get("chosen"):
             colors.append(RECOMMENDED)
-        elif single is not None and t["deployment"] == single["deployment"]:
+        elif t.get("single"):
             colors.append(BEST_LINE)
         else:
             colors.append(FEASIBLE if t.get("feasible") else INFEASIBLE)
@@ -138,7 +138,7 @@ def goodput_chart(data: dict[str, Any]) -> Chart:
     feasible = sum(bool(t.get("feasible")) for t in trials)
     sentence = (
         f"{feasible} of {len(trials)} deployments tried reach the attainment target (blue; "
-        f"grey ones miss it); the chosen one (yellow) serves "
+        f"grey ones miss it); the chosen one (yellow; red: the best single instance) serves "
         f"{fmt.sig(best['goodput_per_gpu'])} req/s per GPU"
         + (
             f", the best single instance {fmt.sig(single['goodput_per_gpu'])} (dotted line)."
@@ -276,8 +276,8 @@ def phases_chart(best: dict[str, Any]) -> Chart:
     ph = best.get("ttft_phases")
     if ph is None:
         return None, (
-            "Co-located: a request's TTFT is spent on the one replica that answered it "
-            "(queue and prefill), counted above."
+            "Co-located: no handoff between instances; a request's TTFT is its queue and "
+            "prefill on the replica that answered it."
         )
     groups = ph["groups"]
     if not groups:

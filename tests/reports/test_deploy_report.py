@@ -88,6 +88,8 @@ def test_the_report_holds_the_study_numbers(pd_study: DeployStudy, pd_report: Pa
     kv_ms = figs["kv"]["data"][0]["x"]
     assert sorted(kv_ms) == pytest.approx(sorted((t.end - t.start) * 1e3 for t in run.transfers))
     goodputs = figs["goodput"]["data"][0]["y"]
+    colors = dict(zip(goodputs, figs["goodput"]["data"][0]["marker"]["color"], strict=True))
+    assert colors[pd_study.best.per_gpu] == "#facc15"  # the chosen one, marked
     assert pd_study.single is not None
     expected = sorted([pd_study.best.per_gpu, pd_study.single.per_gpu])
     assert sorted(goodputs) == pytest.approx(expected)
