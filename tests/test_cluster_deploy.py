@@ -249,6 +249,7 @@ def test_tune_gpus_is_the_deploy_search(tmp_path) -> None:
         ([], "--rate"),
         (["--rate", "5", "--verify", "vllm serve M {flags}"], "--verify"),
         (["--rate", "5", "--target", "slotune"], "--target"),
+        (["--rate", "5", "--ep", "2"], "--ep"),
     ],
 )
 def test_tune_gpus_refuses_what_a_deployment_search_does_not_take(extra, named) -> None:

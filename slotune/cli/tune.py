@@ -239,7 +239,7 @@ def tune(
     _print_result(result)
 
 
-# tune's options the deployment search takes (as deploy's), and those it does not
+# tune's options the deployment search takes (as deploy's); the rest are refused
 _DEPLOY_TAKES: tuple[str, ...] = (
     "slo",
     "gpu",
@@ -264,6 +264,11 @@ def _deploy(gpus: int, given: dict[str, Any]) -> None:
 
     defaults = {k: p.default for k, p in inspect.signature(tune).parameters.items()}
     extra = [flag(k) for k, v in given.items() if k not in _DEPLOY_TAKES and v != defaults[k]]
+    if given["ep"] != 1:
+        fail(
+            "--ep with --gpus: the deployment search chooses each instance kind's EP for a "
+            "MoE model (`slotune deploy --no-ep` keeps it at 1)"
+        )
     if extra:
         fail(f"--gpus searches deployments (`slotune deploy`), which takes no {', '.join(extra)}")
     if given["rate"] is None:
