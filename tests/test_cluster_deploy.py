@@ -175,3 +175,89 @@ def test_deploy_simulates_what_the_export_engine_runs(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     launch = (tmp_path / "launch.sh").read_text()
     assert "sglang.launch_server" in launch and "--page-size 1" in launch
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b", "llama-3-8b"])
+def test_expert_parallel_sizes_are_what_the_target_says_and_the_experts_divide(model) -> None:
+    """vLLM's EP spans the TP group (--enable-expert-parallel: EP = TP), SGLang's
+    --ep-size any divisor of TP; a dense model has none; --no-ep turns it off."""
+    from slotune.engine.sim.models import get_model
+
+    moe = get_model(model).moe
+    for tp in (1, 2, 4, 8):
+        fits = [k for k in _divisors(tp) if moe is not None and moe.num_experts % k == 0]
+        fits = [1] + [k for k in fits if k > 1]
+        vllm = DeploySpace(8, model=model, target="vllm").eps(tp)
+        sglang = DeploySpace(8, model=model, target="sglang").eps(tp)
+        assert list(vllm) == [k for k in fits if k in (1, tp)]
+        assert list(sglang) == fits
+        assert DeploySpace(8, model=model, target="sglang", expert_parallel=False).eps(tp) == (1,)
+    if moe is None:
+        assert DeploySpace(8, model=model, target="sglang").eps(8) == (1,)
+
+
+def test_a_trial_sets_each_kinds_ep_and_the_export_says_it() -> None:
+    import optuna
+
+    from slotune.cluster.search import suggest
+
+    base = EngineConfig(prefix_caching="none")  # both engines run it
+    space = DeploySpace(8, model="mixtral-8x7b", base=base, target="vllm", tps=(2, 4))
+    colocated = {"mode": "co-located", "tp": 4, "replicas": 2, "ep_tp4": 4, "router": "least-kv"}
+    colocated |= {"max_num_batched_tokens": 8192, "max_num_seqs": 128}
+    spec = suggest(optuna.trial.FixedTrial(colocated), space)
+    assert {i.ep for i in spec.instances} == {4}
+    line = launch_lines(spec, "vllm")["mixed-tp4"]
+    assert "--enable-expert-parallel" in shlex.split(line)
+    pd = {"mode": "disaggregated", "prefill_tp": 2, "decode_tp": 4, "prefill_instances": 2}
+    pd |= {"decode_instances": 1, "prefill_ep_tp2": 1, "decode_ep_tp4": 4}
+    pd |= {"prefill_max_num_batched_tokens": 4096, "decode_max_num_seqs": 256}
+    pd["router"] = "round-robin"
+    spec = suggest(optuna.trial.FixedTrial(pd), space)
+    assert [i.ep for i in spec.instances] == [1, 1, 4]
+    words = shlex.split(launch_lines(spec, "sglang")["decode-tp4"].splitlines()[-1])
+    assert words[words.index("--ep-size") + 1] == "4"
+    # a dense model asks for no EP (a FixedTrial refuses a parameter it was not given)
+    dense = suggest(optuna.trial.FixedTrial(colocated), DeploySpace(8, tps=(2, 4)))
+    assert {i.ep for i in dense.instances} == {1}
+
+
+def test_tune_gpus_is_the_deploy_search(tmp_path) -> None:
+    """``tune --gpus N`` runs deploy's search (one implementation): the same options give
+    the same deployment.json, and its report."""
+    common = ["--slo", "ttft=300ms,tpot=30ms", "--rate", "20", "--gpus", "2", "--tp", "1"]
+    common += ["--num-requests", "30", "--trials", "3", "--seed", "1"]
+    runner = CliRunner()
+    tuned = runner.invoke(app, ["tune", *common, "--out", str(tmp_path / "t")])
+    assert tuned.exit_code == 0, tuned.output
+    deployed = runner.invoke(app, ["deploy", *common, "--out", str(tmp_path / "d")])
+    assert deployed.exit_code == 0, deployed.output
+    t, d = (json.loads((tmp_path / k / "deployment.json").read_text()) for k in "td")
+    for data in (t, d):
+        data.pop("search_seconds")
+    assert t["best"] == d["best"] and t["trials"] == d["trials"]
+    assert (tmp_path / "t" / "report.html").is_file()
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ([], "--rate"),
+        (["--rate", "5", "--verify", "vllm serve M {flags}"], "--verify"),
+        (["--rate", "5", "--target", "slotune"], "--target"),
+        (["--rate", "5", "--ep", "2"], "--ep"),
+    ],
+)
+def test_tune_gpus_refuses_what_a_deployment_search_does_not_take(extra, named) -> None:
+    result = CliRunner().invoke(app, ["tune", "--slo", "ttft=300ms", "--gpus", "4", *extra])
+    assert result.exit_code == 2
+    assert "error" in result.output and named in result.output
+
+
+def test_tune_help_names_gpus() -> None:
+    result = CliRunner().invoke(app, ["tune", "--help"], env={"COLUMNS": "200"})
+    assert "--gpus" in result.output

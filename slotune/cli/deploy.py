@@ -58,17 +58,28 @@ def deploy(
         str, opt("--routers", "Routers tried.")
     ] = "round-robin,least-outstanding,least-kv,prefix-aware",
     link: Annotated[str, opt("--link", "KV link of disaggregation: nvlink | rdma | tcp.")] = "rdma",
+    expert_parallel: Annotated[
+        bool,
+        opt(
+            "--ep/--no-ep",
+            "Search expert parallelism per instance kind (MoE models; the sizes --engine runs).",
+        ),
+    ] = True,
     engine: Annotated[str, opt("--engine", "Export for: vllm | sglang.")] = "vllm",
     timeout: Annotated[float | None, opt("--timeout", "Client timeout per request (s).")] = None,
     seed: Annotated[int, opt("--seed", "Seed of the arrivals and the sampler.")] = 0,
     out: Annotated[
         Path | None,
-        opt("--out", "Write deployment.json, launch.sh and k8s.yaml (Kubernetes) here."),
+        opt(
+            "--out",
+            "Write deployment.json, launch.sh, k8s.yaml (Kubernetes) and report.html here.",
+        ),
     ] = None,
 ) -> None:
-    """Search deployments of N GPUs (replicas × TP × co-located or P/D × P:D ratio ×
-    router, with each instance kind's flags) for goodput per GPU under the SLO, and
-    compare the best with the best single instance."""
+    """Search deployments of N GPUs (replicas × TP (× EP for MoE) × co-located or P/D ×
+    P:D ratio × router, with each instance kind's flags) for goodput per GPU under the
+    SLO, and compare the best with the best single instance (`slotune tune --gpus N`
+    runs this search too)."""
     from slotune.cluster.export import ENGINES
     from slotune.cluster.search import MODES, DeploySpace, search
     from slotune.cluster.spec import ROUTERS, get_link
@@ -97,6 +108,8 @@ def deploy(
             _names(modes, "--modes", MODES),
             _names(routers, "--routers", ROUTERS),
             get_link(link),
+            engine,
+            expert_parallel,
         )
     except ValueError as exc:
         fail(str(exc))
@@ -122,13 +135,17 @@ def deploy(
             fail(str(exc))
     _print_study(study, slo_spec, gpus, rate)
     if out is not None:
+        from slotune.reports.deploy import build_deploy_report
         from slotune.targets import ExportRefused
 
+        about = {"gpus": gpus, "gpu": gpu, "model": model, "trace": trace, "rate": rate}
+        about |= {"slo": slo, "attainment": attainment, "engine": engine, "seed": seed}
         try:
-            _write(out, study, slo_spec, engine)
+            _write(out, study, slo_spec, engine, about)
         except ExportRefused as exc:
             fail(f"--engine {engine}: {exc}")
-        _console.print(f"Wrote {out}/deployment.json, launch.sh, k8s.yaml")
+        report = build_deploy_report(out)
+        _console.print(f"Wrote {out}/deployment.json, launch.sh, k8s.yaml, {report.name}")
 
 
 def _base_config(engine: str, gpu: str, trace: Any) -> Any:
@@ -171,7 +188,7 @@ def _print_study(study: Any, slo: Any, gpus: int, rate: float) -> None:
         table.add_row(label, *cells)
     _console.print(table)
     inst = Table(title="Instances of the best deployment")
-    for col in ("kind", "count", "TP", "PP", "max_num_batched_tokens", "max_num_seqs"):
+    for col in ("kind", "count", "TP", "PP", "EP", "max_num_batched_tokens", "max_num_seqs"):
         inst.add_column(col)
     for i in best["instances"]:
         inst.add_row(
@@ -179,6 +196,7 @@ def _print_study(study: Any, slo: Any, gpus: int, rate: float) -> None:
             str(i["count"]),
             str(i["tp"]),
             str(i["pp"]),
+            str(i["ep"]),
             str(i["max_num_batched_tokens"]),
             str(i["max_num_seqs"]),
         )
@@ -207,25 +225,13 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def _write(out: Path, study: Any, slo: Any, engine: str) -> None:
+def _write(out: Path, study: Any, slo: Any, engine: str, about: dict[str, Any]) -> None:
     from slotune.cluster.export import launch_lines, manifests_yaml, router_command
-    from slotune.cluster.report import run_report
+    from slotune.cluster.report import study_report
 
     out.mkdir(parents=True, exist_ok=True)
     spec = study.best.spec
-    data = {
-        "best": run_report(study.best, slo),
-        "single_instance": run_report(study.single, slo) if study.single else None,
-        "trials": [
-            {
-                "deployment": run_report(s, slo)["deployment"],
-                "goodput_per_gpu": s.per_gpu,
-                "slo_attainment": s.attainment,
-            }
-            for s in study.trials
-        ],
-        "search_seconds": study.seconds,
-    }
+    data = study_report(study, slo, about)
     (out / "deployment.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     lines = ["#!/bin/sh", f"# slotune deploy: {data['best']['deployment']}"]
     for name, line in launch_lines(spec, engine).items():

@@ -13,6 +13,8 @@ from slotune.cli.common import fail, writable_file, writable_folder
 
 
 def _kind(folder: Path) -> str | None:
+    if (folder / "deployment.json").is_file():
+        return "deploy"
     if (folder / "best.json").is_file() or (folder / "study.db").is_file():
         return "tune"
     if (folder / "summary.json").is_file() or (folder / "requests.csv").is_file():
@@ -23,7 +25,8 @@ def _kind(folder: Path) -> str | None:
 @app.command()
 def report(
     folder: Annotated[
-        Path, typer.Argument(help="The --out folder of `slotune tune` or `slotune bench`.")
+        Path,
+        typer.Argument(help="The --out folder of `slotune tune`, `slotune bench` or `deploy`."),
     ],
     output: Annotated[
         Path | None,
@@ -41,7 +44,7 @@ def report(
         str | None, typer.Option("--study-name", help="The study to read from --storage.")
     ] = None,
 ) -> None:
-    """Rebuild report.html from a tune or bench folder's stored study and runs."""
+    """Rebuild report.html from a tune, bench or deploy folder's stored results."""
     if (storage is None) != (study_name is None):
         fail("--storage and --study-name go together (the study to write FOLDER from)")
     if storage is not None and study_name is not None:
@@ -52,13 +55,14 @@ def report(
     kind = _kind(folder)
     if kind is None:
         fail(
-            f"{folder}: found neither best.json/study.db (a tune folder) nor "
-            "summary.json/requests.csv (a bench folder)"
+            f"{folder}: found neither best.json/study.db (a tune folder), "
+            "summary.json/requests.csv (a bench folder) nor deployment.json (a deploy folder)"
         )
     writable_file(output or folder / "report.html", "--output" if output else "FOLDER")
     from slotune.reports import build_bench_report, build_report
+    from slotune.reports.deploy import build_deploy_report
 
-    build = build_report if kind == "tune" else build_bench_report
+    build = {"tune": build_report, "bench": build_bench_report, "deploy": build_deploy_report}[kind]
     try:
         path = build(folder, output)
     except (OSError, ValueError, KeyError) as exc:

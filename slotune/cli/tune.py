@@ -28,7 +28,9 @@ def tune(
             "or a checkpoint folder with --backend engine.",
         ),
     ] = "llama-3-8b",
-    tp: Annotated[int, opt("--tp", "Tensor-parallel GPUs.")] = 1,
+    tp: Annotated[
+        int | None, opt("--tp", "Tensor-parallel GPUs (default 1; with --gpus the one TP tried).")
+    ] = None,
     quantization: eo.Quantization = None,
     ep: eo.ExpertParallel = 1,
     trace: to.TraceName = "sharegpt-like",
@@ -150,9 +152,22 @@ def tune(
     verify_timeout: Annotated[
         float, opt("--verify-timeout", "Seconds a verified server may take to start.")
     ] = 600.0,
+    gpus: Annotated[
+        int | None,
+        opt(
+            "--gpus",
+            "Spend N GPUs: search deployments (replicas, TP, co-located or prefill/decode "
+            "apart, router, each kind's flags) at --rate, as `slotune deploy` does (its "
+            "options: `slotune deploy --help`).",
+        ),
+    ] = None,
 ) -> None:
     """Find the configuration of the target engine that best meets the SLO; compare it with
-    that engine's defaults."""
+    that engine's defaults. With --gpus N, find the deployment of N GPUs instead."""
+    if gpus is not None:
+        given = {k: v for k, v in locals().items() if k != "gpus"}
+        _deploy(gpus, given)
+        return
     from slotune.api import tune
     from slotune.tuner.workflow import (
         StudyError,
@@ -164,7 +179,7 @@ def tune(
     options = TuneOptions(
         gpu=gpu,
         model=model,
-        tp=tp,
+        tp=1 if tp is None else tp,
         stack=stack,
         trace=trace,
         format=format,
@@ -222,6 +237,67 @@ def tune(
     finally:
         display.close()
     _print_result(result)
+
+
+# tune's options the deployment search takes (as deploy's); the rest are refused
+_DEPLOY_TAKES: tuple[str, ...] = (
+    "slo",
+    "gpu",
+    "model",
+    "tp",
+    "ep",
+    "trace",
+    "format",
+    "num_requests",
+    "rate",
+)
+_DEPLOY_TAKES += ("attainment", "trials", "request_timeout", "seed", "stack", "target", "out")
+
+
+def _deploy(gpus: int, given: dict[str, Any]) -> None:
+    """``tune --gpus N``: ``slotune deploy``'s search, with tune's options mapped onto
+    deploy's; an option of tune that a deployment search does not take is refused."""
+    import inspect
+
+    from slotune.cli.deploy import deploy
+    from slotune.cluster.export import ENGINES
+
+    defaults = {k: p.default for k, p in inspect.signature(tune).parameters.items()}
+    extra = [flag(k) for k, v in given.items() if k not in _DEPLOY_TAKES and v != defaults[k]]
+    if given["ep"] != 1:
+        fail(
+            "--ep with --gpus: the deployment search chooses each instance kind's EP for a "
+            "MoE model (`slotune deploy --no-ep` keeps it at 1)"
+        )
+    if extra:
+        fail(f"--gpus searches deployments (`slotune deploy`), which takes no {', '.join(extra)}")
+    if given["rate"] is None:
+        fail("--gpus: needs --rate, the request rate the deployment must serve")
+    engine = given["target"] or "vllm"
+    if engine not in ENGINES:
+        fail(f"--target with --gpus: {engine!r} — a deployment exports to {', '.join(ENGINES)}")
+    trace = given["trace"]
+    out = given["out"] or (
+        f"slotune-out/deploy-{gpus}x{given['gpu'] or 'h100'}-{given['model']}-{Path(trace).stem}"
+    )
+    deploy(
+        slo=given["slo"],
+        rate=given["rate"],
+        gpus=gpus,
+        gpu=given["gpu"] or "h100",
+        model=given["model"],
+        stack=given["stack"],
+        trace=trace,
+        format=given["format"],
+        num_requests=given["num_requests"],
+        attainment=given["attainment"],
+        trials=given["trials"] or 30,
+        tp="1,2,4,8" if given["tp"] is None else str(given["tp"]),
+        engine=engine,
+        timeout=given["request_timeout"],
+        seed=given["seed"],
+        out=Path(out),
+    )
 
 
 def flag(field: str) -> str:

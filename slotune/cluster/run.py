@@ -64,6 +64,7 @@ class Transfer:
     num_bytes: float
     start: float
     end: float
+    handed: float  # when the router heard the prefill finish (the link may be busy then)
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ class _ClusterRun:
         start = max(t, d.link_free)
         ready = start + self.spec.link.seconds(size, min(p.spec.tp, d.spec.tp))
         d.link_free = ready
-        self.transfers.append(Transfer(item.index, p.index, d.index, size, start, ready))
+        self.transfers.append(Transfer(item.index, p.index, d.index, size, start, ready, t))
         item.ready = ready
         item.external = len(item.prompt) - 1
         self._push(ready, self._LAND, (d, item))

@@ -2,7 +2,8 @@
 
 A trial is a deployment: co-located replicas (count, TP, PP, router) or prefill/decode
 disaggregation (prefill and decode counts — the P:D ratio — each side's TP, the router
-in front of the prefill instances), with each instance kind's engine flags
+in front of the prefill instances), each kind's expert-parallel size for a MoE model
+where the export target runs EP, with each instance kind's engine flags
 (``max_num_batched_tokens``, ``max_num_seqs``). Its score is the goodput per GPU at the
 study's load (requests per second that meet every SLO, over the GPUs the deployment
 uses, so that 4 GPUs that meet the SLO beat 8 that meet it no better) where the share of
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from slotune.cluster.run import ClusterResult, run_cluster
@@ -39,7 +41,10 @@ MODES = ("co-located", "disaggregated")
 @dataclass(frozen=True)
 class DeploySpace:
     """What the search may choose. ``tps``: the tensor-parallel sizes tried (each kept
-    only where the model fits); ``modes``, ``routers``: the choices of each."""
+    only where the model fits); ``modes``, ``routers``: the choices of each. With
+    ``expert_parallel`` and a MoE model, each instance kind also chooses its expert-parallel
+    size among those its ``target`` (the export engine: ``targets.expert_parallel_sizes``;
+    None: any) says on its TP and the model's experts divide (``ModelSpec.check_ep``)."""
 
     gpus: int
     gpu: str = "h100"
@@ -51,6 +56,8 @@ class DeploySpace:
     modes: tuple[str, ...] = MODES
     routers: tuple[str, ...] = ROUTERS
     link: Link | None = None
+    target: str | None = None
+    expert_parallel: bool = True
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -62,6 +69,12 @@ class DeploySpace:
             RouterSpec(r)  # validates
         if not [t for t in self.tps if t <= self.gpus]:
             raise ValueError(f"no tensor-parallel size in {self.tps} fits {self.gpus} GPUs")
+        if self.expert_parallel:
+            self.eps(1)  # an unknown model or target is refused here, with its name
+
+    def eps(self, tp: int) -> tuple[int, ...]:
+        """The expert-parallel sizes an instance on ``tp`` GPUs may use (``(1,)``: none)."""
+        return _ep_sizes(self.model, self.target, tp) if self.expert_parallel else (1,)
 
     def instance(
         self,
@@ -70,6 +83,7 @@ class DeploySpace:
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
         pp: int = 1,
+        ep: int = 1,
     ) -> InstanceSpec:
         """An instance on ``tp`` GPUs with the base config and the flags given."""
         changes: dict[str, Any] = {}
@@ -78,14 +92,46 @@ class DeploySpace:
         if max_num_seqs is not None:
             changes["max_num_seqs"] = max_num_seqs
         config = replace(self.base, **changes)
-        return InstanceSpec(config, self.gpu, self.model, tp, self.stack, role=role, pp=pp)
+        return InstanceSpec(config, self.gpu, self.model, tp, self.stack, ep=ep, role=role, pp=pp)
+
+
+@lru_cache(maxsize=64)
+def _ep_sizes(model: str, target: str | None, tp: int) -> tuple[int, ...]:
+    from slotune.engine.sim.models import get_model
+    from slotune.targets import expert_parallel_sizes, get_target
+
+    spec = get_model(model)
+    if spec.moe is None:
+        return (1,)
+    said = (
+        expert_parallel_sizes(get_target(target), tp)
+        if target is not None
+        else tuple(k for k in range(1, tp + 1) if tp % k == 0)
+    )
+    out = []
+    for ep in said:
+        try:
+            spec.check_ep(tp, ep)
+        except ValueError:
+            continue
+        out.append(ep)
+    return tuple(out) or (1,)
+
+
+def _suggest_ep(
+    trial: optuna.trial.BaseTrial, space: DeploySpace, tp: int, pp: int, name: str
+) -> int:
+    """The trial's EP size for an instance kind on ``tp`` GPUs (one parameter per TP size:
+    Optuna keeps a categorical's choices fixed)."""
+    eps = space.eps(tp) if pp == 1 else (1,)  # the pipeline executor prices no EP
+    return trial.suggest_categorical(f"{name}_tp{tp}", list(eps)) if len(eps) > 1 else 1
 
 
 class Unfit(Exception):
     """A deployment that cannot be run (the reason is the message)."""
 
 
-def suggest(trial: optuna.Trial, space: DeploySpace, single: bool = False) -> ClusterSpec:
+def suggest(trial: optuna.trial.BaseTrial, space: DeploySpace, single: bool = False) -> ClusterSpec:
     """The deployment of ``trial``; ``Unfit`` when the choices do not fit the budget."""
     tps = [t for t in space.tps if t <= space.gpus]
     mode = "co-located" if single else trial.suggest_categorical("mode", list(space.modes))
@@ -99,6 +145,7 @@ def suggest(trial: optuna.Trial, space: DeploySpace, single: bool = False) -> Cl
         inst = space.instance(
             tp,
             pp=pp,
+            ep=_suggest_ep(trial, space, tp, pp, "ep"),
             max_num_batched_tokens=trial.suggest_categorical(
                 "max_num_batched_tokens", list(BATCHED_TOKENS)
             ),
@@ -114,12 +161,15 @@ def suggest(trial: optuna.Trial, space: DeploySpace, single: bool = False) -> Cl
         raise Unfit(f"{n_p}×TP{tp_p} prefill + {n_d}×TP{tp_d} decode > {space.gpus} GPUs")
     prefill = space.instance(
         tp_p,
+        ep=_suggest_ep(trial, space, tp_p, 1, "prefill_ep"),
         max_num_batched_tokens=trial.suggest_categorical(
             "prefill_max_num_batched_tokens", list(BATCHED_TOKENS)
         ),
     )
     decode = space.instance(
-        tp_d, max_num_seqs=trial.suggest_categorical("decode_max_num_seqs", list(MAX_SEQS))
+        tp_d,
+        ep=_suggest_ep(trial, space, tp_d, 1, "decode_ep"),
+        max_num_seqs=trial.suggest_categorical("decode_max_num_seqs", list(MAX_SEQS)),
     )
     router = trial.suggest_categorical("router", routers) if n_p > 1 else "round-robin"
     return ClusterSpec.disaggregate(

@@ -1,7 +1,7 @@
 """Targets: the engine releases slotune recommends for (see ``registry``)."""
 
 from slotune.targets.base import ExportRefused, Target, WeightServing
-from slotune.targets.flags import FLAGS, Launch, launch_words
+from slotune.targets.flags import FLAGS, Launch, expert_parallel_sizes, launch_words
 from slotune.targets.registry import (
     DEFAULT_TARGET,
     TARGETS,
@@ -18,6 +18,7 @@ __all__ = [
     "Launch",
     "Target",
     "WeightServing",
+    "expert_parallel_sizes",
     "get_target",
     "launch_words",
     "resolve_stack",

@@ -277,13 +277,24 @@ FLAGS: dict[str, dict[str, Rule]] = {
 """EngineConfig field -> target name -> rule."""
 
 
+def expert_parallel_sizes(target: Target, tp: int) -> tuple[int, ...]:
+    """The expert-parallel sizes the target's launch line can say on ``tp`` GPUs: vLLM's
+    EP spans the whole TP group (``--enable-expert-parallel``), SGLang's ``--ep-size``
+    any divisor of the TP size, slotune's engine none (1: experts split as TP)."""
+    if target.family == "vllm":
+        return (1, tp) if tp > 1 else (1,)
+    if target.family == "sglang":
+        return tuple(k for k in range(1, tp + 1) if tp % k == 0)
+    return (1,)
+
+
 def launch_head(target: Target, launch: Launch) -> list[str]:
     tp = launch.tp
     if target.family == "vllm":
         words = ["vllm", "serve", launch.served]
         words += ["--tensor-parallel-size", str(tp)] if tp > 1 else []
         if launch.ep > 1:
-            if launch.ep != tp:
+            if launch.ep not in expert_parallel_sizes(target, tp):
                 raise ExportRefused(
                     f"vLLM's expert parallelism spans the whole tensor-parallel group "
                     f"(EP = TP = {tp}); slotune measured EP {launch.ep}: tune with --ep {tp} "
