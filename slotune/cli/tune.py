@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -164,10 +165,6 @@ def tune(
 ) -> None:
     """Find the configuration of the target engine that best meets the SLO; compare it with
     that engine's defaults. With --gpus N, find the deployment of N GPUs instead."""
-    if gpus is not None:
-        given = {k: v for k, v in locals().items() if k != "gpus"}
-        _deploy(gpus, given)
-        return
     from slotune.api import tune
     from slotune.tuner.workflow import (
         StudyError,
@@ -217,6 +214,9 @@ def tune(
         verify_timeout=verify_timeout,
         target=target,
     )
+    if gpus is not None:
+        _deploy(gpus, {**dataclasses.asdict(options), "tp": tp})
+        return
     display = _Display(options)
     try:
         result = tune(options, on_event=display.on_event)
@@ -263,7 +263,8 @@ def _deploy(gpus: int, given: dict[str, Any]) -> None:
     from slotune.cluster.export import ENGINES
 
     defaults = {k: p.default for k, p in inspect.signature(tune).parameters.items()}
-    extra = [flag(k) for k, v in given.items() if k not in _DEPLOY_TAKES and v != defaults[k]]
+    changed = [k for k, v in given.items() if k in defaults and v != defaults[k]]
+    extra = [flag(k) for k in changed if k not in _DEPLOY_TAKES]
     if given["ep"] != 1:
         fail(
             "--ep with --gpus: the deployment search chooses each instance kind's EP for a "
