@@ -179,3 +179,34 @@ def test_the_report_shows_predicted_against_measured() -> None:
     assert html is not None
     assert "0.10 / 0.13 [0.12–0.14]" in html and "recommended" in html
     assert "measured order trial-1, defaults" in html
+
+
+@pytest.mark.slow
+def test_a_wrong_stack_is_overturned_by_the_server_and_calibrated_back(tmp_path: Path) -> None:
+    """The study simulates ``host_exposed_us`` ten times too small; the server runs the true
+    stack (see ``wrong_stack``): the 32-token budget the wrong stack recommends measures
+    worst, and the stack fitted to the measured runs ranks as the server measured."""
+    from slotune.engine.sim.stack import load_stack
+
+    from tests.tuner import wrong_stack
+
+    experiment = wrong_stack.prepare(tmp_path)
+    result = experiment.tune(experiment.wrong_stack, tmp_path / "round1")
+    outcome = result.verified
+    assert [c.error for c in outcome.candidates] == [None] * 3
+    small = wrong_stack.label_of(result, 32)
+    assert outcome.simulated_order[0] == small  # cheap steps: its small TPOT wins
+    assert outcome.measured_order[-1] == small  # dear steps: its queue loses
+    assert outcome.winner != small and result.config.max_num_batched_tokens != 32
+    rho1 = outcome.rank_correlation
+    assert rho1 is not None and rho1 < 0
+    # the fit pulls the constant from a tenth of the truth to within a quarter of it
+    fitted = getattr(load_stack(str(result.verified_stack)), wrong_stack.FIELD)
+    true = experiment.true_value
+    assert abs(fitted - true) < 0.25 * true, (fitted, true)
+    # a study started from the fitted stack ranks the candidates as the server did
+    scores = wrong_stack.predicted_scores(result, result.verified_stack)
+    calibrated = sorted(scores, key=scores.__getitem__)
+    assert calibrated[-1] == small
+    rho2 = spearman(calibrated, outcome.measured_order)
+    assert rho2 is not None and rho2 > rho1 and rho2 >= 0.5
