@@ -98,32 +98,51 @@ def test_bad_verify_options_name_the_option() -> None:
     assert VerifyOptions("slotune serve --gpu h100 {flags} --port {port}").engine() == "slotune"
 
 
+# Known systematic effects, one-sided: a measured request also pays the HTTP client and
+# server on this shared machine, which the simulation does not see (a few ms of TTFT, a
+# few tenths of a ms of TPOT measured here). Nothing makes the server faster than the
+# simulation: the prompts are text, so both count the same tokens.
+OVERHEAD_MS = {"ttft_p50_ms": 5.0, "tpot_p50_ms": 0.5}
+
+
 @pytest.mark.slow
 def test_tune_verify_measures_on_the_server_and_fits_a_stack(tmp_path: Path) -> None:
+    from tests.tuner.wrong_stack import write_trace
+
+    trace = write_trace(tmp_path / "chat.jsonl", requests=16, words=100, output_tokens=32)
     result = tune(
         gpu="h100",
         slo="ttft=300ms,tpot=50ms",
         objective="weighted",
-        trials=3,
-        num_requests=24,
+        trials=2,
+        trace=str(trace),
+        num_requests=16,
         rate=8,
         out=str(tmp_path / "out"),
         verify=SERVER,
-        verify_top=2,
+        verify_top=1,
+        verify_repeats=3,
         report=False,
     )
     outcome = result.verified
     assert outcome is not None
-    labels = [c.label for c in outcome.candidates]
-    assert labels[-1] == DEFAULTS and 2 <= len(labels) <= 3
+    assert [c.label for c in outcome.candidates][-1] == DEFAULTS
     for c in outcome.candidates:
         assert c.error is None, c.error
-        # measured through HTTP on a server paced by the same cost model: close to the
-        # prediction, not equal (wall-clock pacing, HTTP and this machine's load)
-        ttft_sim, ttft_real = c.predicted["ttft_p50_ms"], c.mean("ttft_p50_ms")
-        assert ttft_sim is not None and ttft_real is not None
-        assert ttft_real == pytest.approx(ttft_sim, rel=0.5, abs=20.0)
-        assert Path(c.log or "").is_file()
+        assert len(c.measured) == 3 and Path(c.log or "").is_file()
+        # the server runs the study's stack: the prediction lies in the repeats' noise
+        # band (widened by its own spread), or below it by at most the HTTP overhead
+        for key, overhead in OVERHEAD_MS.items():
+            band = c.band(key)
+            predicted = c.predicted[key]
+            assert band is not None and predicted is not None
+            spread = band[1] - band[0]
+            assert band[0] - spread - overhead <= predicted <= band[1] + spread, (
+                c.label,
+                key,
+                predicted,
+                c.values(key),
+            )
     best = json.loads(result.best_json.read_text())
     assert best["recommended_by"] == "measured"
     assert best["config"] == outcome.winner_config
@@ -132,7 +151,7 @@ def test_tune_verify_measures_on_the_server_and_fits_a_stack(tmp_path: Path) -> 
     from slotune.validate.runs import load_run
 
     run = load_run(outcome.candidates[0].runs[0])
-    assert run.settings.model == "llama-3-8b" and len(run.trace) == 24
+    assert run.settings.model == "llama-3-8b" and len(run.trace) == 16
     assert result.verified_stack is not None
     assert "fit" in json.loads(result.verified_stack.read_text())
 
@@ -179,3 +198,34 @@ def test_the_report_shows_predicted_against_measured() -> None:
     assert html is not None
     assert "0.10 / 0.13 [0.12–0.14]" in html and "recommended" in html
     assert "measured order trial-1, defaults" in html
+
+
+@pytest.mark.slow
+def test_a_wrong_stack_is_overturned_by_the_server_and_calibrated_back(tmp_path: Path) -> None:
+    """The study simulates ``host_exposed_us`` ten times too small; the server runs the true
+    stack (see ``wrong_stack``): the 32-token budget the wrong stack recommends measures
+    worst, and the stack fitted to the measured runs ranks as the server measured."""
+    from slotune.engine.sim.stack import load_stack
+    from tests.tuner import wrong_stack
+
+    experiment = wrong_stack.prepare(tmp_path)
+    result = experiment.tune(experiment.wrong_stack, tmp_path / "round1")
+    outcome = result.verified
+    assert [c.error for c in outcome.candidates] == [None] * 3
+    small = wrong_stack.label_of(result, 32)
+    assert outcome.simulated_order[0] == small  # cheap steps: its small TPOT wins
+    assert outcome.measured_order[-1] == small  # dear steps: its queue loses
+    assert outcome.winner != small and result.config.max_num_batched_tokens != 32
+    rho1 = outcome.rank_correlation
+    assert rho1 is not None and rho1 < 0
+    # the fit pulls the constant from a tenth of the truth to within x1.5 of it (what is
+    # left: the server's own overhead on this machine, which the fit takes for host time)
+    fitted = getattr(load_stack(str(result.verified_stack)), wrong_stack.FIELD)
+    true = experiment.true_value
+    assert true / 1.5 < fitted < true * 1.5, (fitted, true)
+    # a study started from the fitted stack ranks the candidates as the server did
+    scores = wrong_stack.predicted_scores(result, result.verified_stack)
+    calibrated = sorted(scores, key=scores.__getitem__)
+    assert calibrated[-1] == small
+    rho2 = spearman(calibrated, outcome.measured_order)
+    assert rho2 is not None and rho2 > rho1 and rho2 >= 0.5
