@@ -109,6 +109,7 @@ def bench(
     top_tier_kv_share: eo.TopTierKVShare = None,
     top_tier_token_share: eo.TopTierTokenShare = None,
     decode_budget_ms: eo.DecodeBudget = None,
+    adaptive_chunk_ms: eo.AdaptiveChunk = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[
@@ -174,6 +175,7 @@ def bench(
             top_tier_kv_share=top_tier_kv_share,
             top_tier_token_share=top_tier_token_share,
             decode_budget_ms=decode_budget_ms,
+            adaptive_chunk_ms=adaptive_chunk_ms,
         ),
         config=config,
         seed=seed,
