@@ -59,6 +59,13 @@ def tune(
     weights: Annotated[str | None, opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
     percentile: Annotated[float, opt("--percentile", "Percentile of the weighted score.")] = 99.0,
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
+    tier_objective: Annotated[
+        str | None,
+        opt(
+            "--tier-objective",
+            "Per tier: floors as constraints, weights maximized (pro>=0.99,free=1).",
+        ),
+    ] = None,
     trials: Annotated[
         int | None,
         opt(
@@ -188,6 +195,7 @@ def tune(
         weights=weights,
         percentile=percentile,
         attainment=attainment,
+        tier_objective=tier_objective,
         trials=trials,
         timeout=timeout,
         request_timeout=request_timeout,
