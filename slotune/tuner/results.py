@@ -226,6 +226,10 @@ def write_outputs(
         summary = evaluator.summarize(result, rate)
         write_run(out_dir / "runs" / label, result, summary, config_dict, rate, label)
         runs[label] = {"summary": summary, "score": evaluator.measurement(summary, rate).score}
+    from slotune.tuner.what_if import what_if
+
+    best_config = EngineConfig.from_dict(chosen.user_attrs["config"])
+    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate)
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])
@@ -266,6 +270,7 @@ def write_outputs(
         "target": target.name,
         "metrics": runs["best"]["summary"],
         "score": runs["best"]["score"],
+        "what_if": gains,
         "goodput_rps": chosen.user_attrs.get("goodput_rps"),
         "load": {
             "rate": rate,
