@@ -85,9 +85,10 @@ def what_if_html(best: dict[str, Any]) -> str | None:
                 ]
             )
             continue
+        same = " (no preemption: the same run)" if p.get("same") else ""
         rows.append(
             [
-                p["name"],
+                p["name"] + same,
                 _settings(p.get("settings") or {}),
                 *[show(s.get(key)) for _, key, show in _COLUMNS],
                 *[fmt.pct((s.get("tiers") or {}).get(t)) for t in tiers],

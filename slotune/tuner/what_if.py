@@ -11,6 +11,10 @@ an engine that had it would bring. Policy settings (one each, not searched):
   token budget reserved for tier 0;
 - decode budget: the SLO's TPOT target (50 ms without one);
 - adaptive chunking: the SLO's TPOT target, the budget ceiling at least 8192 tokens.
+
+Hybrid preemption and the decode budget act on preempted requests only: when the
+recommended run preempted none, their run is that run (not rerun; each rerun is
+single-stepped, a few times a trial's cost).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from slotune.engine.config import EngineConfig
 
 ADAPTIVE_CEILING = 8192
+_ON_PREEMPTION = ("hybrid preemption", "decode budget")  # change nothing without preemption
 TIER_SHARE = 0.2
 DEFAULT_TPOT_MS = 50.0
 
@@ -92,6 +97,11 @@ def what_if(
             continue
         if not target.problems(variant):
             continue  # the target runs it: the search could choose it
+        if policy.name in _ON_PREEMPTION and not summary.get("num_preemptions"):
+            results.append(
+                {"name": policy.name, "settings": policy.settings, "scores": base, "same": True}
+            )
+            continue
         run = evaluator.summarize(evaluator.run(variant, rate), rate)
         scores = _scores(run, evaluator.measurement(run, rate).score)
         results.append({"name": policy.name, "settings": policy.settings, "scores": scores})

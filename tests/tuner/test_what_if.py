@@ -50,6 +50,12 @@ def test_each_missing_policy_is_rerun_and_adaptive_chunking_gains(gains: Any) ->
     assert adaptive["settings"] == {"adaptive_chunk_ms": 20.0, "max_num_batched_tokens": 8192}
     assert adaptive["scores"]["tpot_p99_ms"] < 20 < base["tpot_p99_ms"]
     assert adaptive["scores"]["slo_attainment"] > base["slo_attainment"]
+    # without a preemption in the run, hybrid preemption and the decode budget change nothing
+    assert summary["num_preemptions"] == 0
+    assert by_name["hybrid preemption"]["same"] and by_name["decode budget"]["scores"] == base
+    hybrid = EngineConfig(**{**CONFIG.to_dict(), "preemption_mode": "hybrid"})
+    rerun = evaluator.summarize(evaluator.run(hybrid, RATE), RATE)
+    assert rerun["tpot_ms"] == summary["tpot_ms"] and rerun["ttft_ms"] == summary["ttft_ms"]
     # the row is the variant's own run (the same load, the policy on)
     variant = EngineConfig(**{**CONFIG.to_dict(), "adaptive_chunk_ms": 20.0})
     direct = evaluator.summarize(evaluator.run(variant, RATE), RATE)
