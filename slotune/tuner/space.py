@@ -244,6 +244,7 @@ class SearchSpace:
         if policy == "prefill_first":
             knobs["max_num_batched_tokens"] = max(budget, self._prefill_first_budget())
             knobs["long_prefill_token_threshold"] = 0
+            knobs["adaptive_chunk_ms"] = 0.0  # adaptive chunking splits prompts: chunked only
         else:
             threshold = int(knobs.get("long_prefill_token_threshold", 0) or 0)
             if params.get(THRESHOLD_GATE) is False or threshold >= min(budget, self.max_model_len):
