@@ -529,11 +529,23 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         _pct(best["metrics"].get("slo_attainment")),
         _pct(base["metrics"].get("slo_attainment")),
     )
+    from slotune.workloads.slo import tier_name
+
+    ours_tiers, theirs_tiers = best["metrics"].get("tiers") or {}, base["metrics"].get("tiers") or {}
+    for tier in sorted(ours_tiers, key=int):  # each against its own SLO
+        table.add_row(
+            f"tier {tier} ({tier_name(int(tier))}) SLO attainment",
+            _pct(ours_tiers[tier].get("slo_attainment")),
+            _pct((theirs_tiers.get(tier) or {}).get("slo_attainment")),
+        )
     table.add_row("failed (timed out)", _failed(best["metrics"]), _failed(base["metrics"]))
     table.add_row("steady state reached", _steady(best["metrics"]), _steady(base["metrics"]))
-    table.add_row(
-        "weighted score (lower is better)", _num(best.get("score")), _num(base.get("score"))
+    score_label = (
+        "tier objective: weighted share missing the SLO"
+        if best.get("tier_objective")
+        else "weighted score (lower is better)"
     )
+    table.add_row(score_label, _num(best.get("score")), _num(base.get("score")))
     if best.get("goodput_rps") is not None or base.get("goodput_rps") is not None:
         table.add_row(
             "goodput: max rate within SLO (req/s)",

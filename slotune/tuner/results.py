@@ -285,6 +285,7 @@ def write_outputs(
         "slo": setup.slo,
         "slo_targets": dict(evaluator.targets_ms),
         "weights": setup.weights,
+        "tier_objective": setup.tier_objective,
         "percentile": setup.percentile,
         "attainment_target": setup.attainment,
         "gpu": setup.gpu,
@@ -350,6 +351,8 @@ def _verdict(setup: Any, best: Any, baseline: dict[str, Any], evaluator: Any) ->
 
     if best.user_attrs["config"] == baseline["config"]:
         return None
+    if setup.tier_objective and best.user_attrs.get("feasible") and not baseline.get("feasible"):
+        return None  # the defaults miss a tier floor the best meets: not a matter of noise
     by_rate = setup.objective in ("goodput", "pareto") and evaluator.ladder is not None
     key = "goodput_value" if by_rate else "score"
     first = (float(best.user_attrs.get(key) or 0.0), float(baseline.get(key) or 0.0))

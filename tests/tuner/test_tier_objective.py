@@ -79,3 +79,16 @@ def test_a_config_below_the_floor_is_infeasible_and_the_best_respects_it() -> No
     assert best.value == pytest.approx(seqs / 1000)
     assert best.value > min(t.value for t in below)  # the unconstrained best is infeasible
     assert study.best_trial.number == best.number
+
+
+def test_defaults_below_a_floor_are_not_kept_as_noise() -> None:
+    """The noise check compares scores; defaults that miss a tier floor the best meets
+    are not a tie to keep (it would otherwise run the seeds and may keep them)."""
+    from types import SimpleNamespace
+
+    from slotune.tuner.results import _verdict
+
+    tiered = replace(setup(), tier_objective="pro>=0.99,free=1")
+    best = SimpleNamespace(user_attrs={"config": {"max_num_seqs": 100}, "feasible": True})
+    baseline = {"config": {"max_num_seqs": 256}, "feasible": False}
+    assert _verdict(tiered, best, baseline, evaluator=None) is None
