@@ -141,9 +141,7 @@ def adaptive(args: argparse.Namespace) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--part", choices=("preemption", "tiers", "adaptive", "both"), default="both"
-    )
+    p.add_argument("--part", choices=("preemption", "tiers", "adaptive", "both"), default="both")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--blocks", type=int, default=2048)

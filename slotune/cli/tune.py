@@ -531,7 +531,10 @@ def _comparison_table(best: dict[str, Any]) -> Any:
     )
     from slotune.workloads.slo import tier_name
 
-    ours_tiers, theirs_tiers = best["metrics"].get("tiers") or {}, base["metrics"].get("tiers") or {}
+    ours_tiers, theirs_tiers = (
+        best["metrics"].get("tiers") or {},
+        base["metrics"].get("tiers") or {},
+    )
     for tier in sorted(ours_tiers, key=int):  # each against its own SLO
         table.add_row(
             f"tier {tier} ({tier_name(int(tier))}) SLO attainment",

@@ -127,7 +127,11 @@ class EngineConfig:
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
             _fail("decode_budget_ms", "must be 0 (off) or a positive number of ms", budget)
         chunk_ms = self.adaptive_chunk_ms
-        if isinstance(chunk_ms, bool) or not isinstance(chunk_ms, (int, float)) or not chunk_ms >= 0:
+        if (
+            isinstance(chunk_ms, bool)
+            or not isinstance(chunk_ms, (int, float))
+            or not chunk_ms >= 0
+        ):
             _fail("adaptive_chunk_ms", "must be 0 (off) or a positive TPOT target in ms", chunk_ms)
         if chunk_ms and self.policy == "prefill_first":
             _fail(

@@ -16,9 +16,9 @@ from slotune.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from slotune.engine.sim.profile import GpuProfile
     from slotune.engine.sim.stack import StackProfile
+from slotune.engine.chunking import MeasuredStepTime, StepTime
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
-from slotune.engine.chunking import MeasuredStepTime, StepTime
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)

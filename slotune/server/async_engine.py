@@ -258,9 +258,7 @@ class AsyncEngine:
         if p.admitted.done():  # its handler is gone (the client left before admission)
             return False
         try:
-            self.engine.add_request(
-                p.request_id, p.prompt_token_ids, p.params, priority=p.priority
-            )
+            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params, priority=p.priority)
         except ValueError as exc:
             p.admitted.set_exception(exc)
             return False

@@ -263,7 +263,9 @@ def parse_tier_objective(text: str) -> TierObjective:
         floor = ">=" in part
         name, _, value = part.partition(">=" if floor else "=")
         if not _:
-            raise ValueError(f"--tier-objective: {part!r} is not TIER>=SHARE or TIER=WEIGHT; {expected}")
+            raise ValueError(
+                f"--tier-objective: {part!r} is not TIER>=SHARE or TIER=WEIGHT; {expected}"
+            )
         tier = tier_number(name)
         if tier is None:
             raise ValueError(
@@ -273,7 +275,9 @@ def parse_tier_objective(text: str) -> TierObjective:
         try:
             number = float(value)
         except ValueError:
-            raise ValueError(f"--tier-objective: {part!r}: {value.strip()!r} is not a number") from None
+            raise ValueError(
+                f"--tier-objective: {part!r}: {value.strip()!r} is not a number"
+            ) from None
         target = floors if floor else weights
         if tier in target:
             raise ValueError(f"--tier-objective: {part!r}: tier {name.strip()} is given twice")

@@ -251,7 +251,9 @@ def _check_tier_objective(o: TuneOptions, trace_tiers: set[int]) -> None:
     try:
         objective = parse_tier_objective(o.tier_objective)
     except ValueError as e:
-        raise TuneInputError("tier_objective", str(e).replace("--tier-objective", "{tier_objective}")) from None
+        raise TuneInputError(
+            "tier_objective", str(e).replace("--tier-objective", "{tier_objective}")
+        ) from None
     have = ", ".join(tier_name(t) for t in sorted(trace_tiers))
     if len(trace_tiers) < 2:
         raise TuneInputError(

@@ -74,7 +74,8 @@ _FRACTIONS = ("top_tier_kv_share", "top_tier_token_share")  # in [0, 1)
 (``preemption_mode: [recompute, hybrid]``, ``swap_threshold_tokens: [1024, 4096]``,
 ``scheduling_policy: [fcfs, priority]``, ``top_tier_kv_share: [0, 0.2]``,
 ``decode_budget_ms: [0, 50]``, ``adaptive_chunk_ms: [0, 30, 40]``); hybrid preemption,
-tier quotas, the decode budget and adaptive chunking run on the embedded engine only, priority scheduling also on vLLM and SGLang."""
+tier quotas, the decode budget and adaptive chunking run on the embedded engine only,
+priority scheduling also on vLLM and SGLang."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 

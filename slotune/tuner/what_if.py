@@ -88,7 +88,7 @@ def what_if(
     tpot = evaluator.targets_ms.get("tpot")
     tiered = len({r.tier for r in evaluator.trace.requests}) > 1
     base = _scores(summary, evaluator.measurement(summary, rate).score)
-    results = []
+    results: list[dict[str, Any]] = []
     for policy in policies(config, tpot, tiered):
         try:
             variant = replace(config, **policy.settings)

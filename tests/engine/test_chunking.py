@@ -139,4 +139,6 @@ def test_the_simulator_keeps_decode_steps_near_the_target() -> None:
 
     base = EngineConfig(max_num_batched_tokens=8192, prefix_caching="none")
     assert longest_decode_step(base) > 0.06
-    assert longest_decode_step(EngineConfig(**{**base.to_dict(), "adaptive_chunk_ms": 30.0})) < 0.033
+    assert (
+        longest_decode_step(EngineConfig(**{**base.to_dict(), "adaptive_chunk_ms": 30.0})) < 0.033
+    )

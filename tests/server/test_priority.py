@@ -28,7 +28,12 @@ def priority_server() -> Iterator[ServerThread]:
 
 
 def _body(max_tokens: int, priority: object = None) -> dict:
-    body = {"model": "llama-3-8b", "prompt": "hi there", "max_tokens": max_tokens, "ignore_eos": True}
+    body = {
+        "model": "llama-3-8b",
+        "prompt": "hi there",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
     if priority is not None:
         body["priority"] = priority
     return body

@@ -58,10 +58,14 @@ class TierEvaluator(Evaluator):
 
 
 def test_a_config_below_the_floor_is_infeasible_and_the_best_respects_it() -> None:
-    trace = Trace("t", [TraceRequest("a", 10, 2, 0.0, tier=0), TraceRequest("b", 10, 2, 0.0, tier=1)])
+    trace = Trace(
+        "t", [TraceRequest("a", 10, 2, 0.0, tier=0), TraceRequest("b", 10, 2, 0.0, tier=1)]
+    )
     tiered = replace(setup(), slo="pro:ttft=300ms;free:ttft=2s", tier_objective="pro>=0.99,free=1")
     evaluator = TierEvaluator(tiered, trace)
-    study = optuna.create_study(direction="minimize", sampler=make_sampler("random", 1, n_trials=30))
+    study = optuna.create_study(
+        direction="minimize", sampler=make_sampler("random", 1, n_trials=30)
+    )
     study.optimize(TrialObjective(tiered, evaluator, SPACE), n_trials=30)  # type: ignore[arg-type]
     trials = finished(study)
     below = [t for t in trials if t.user_attrs["config"]["max_num_seqs"] < 100]
