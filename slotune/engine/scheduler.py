@@ -180,7 +180,11 @@ class Scheduler:
             finished_request_ids=self.finished_request_ids,
         )
         self.finished_request_ids = set()
-        budget = start = self.step_budget()
+        budget = start = (
+            self.config.max_num_batched_tokens
+            if self.chunk_target_s is None
+            else self.step_budget()
+        )
         out.token_budget = start
         self.lower_left = self.lower_budget
         if not self.prefill_first:
