@@ -118,8 +118,8 @@ def test_adaptive_chunking_is_refused_where_it_cannot_run() -> None:
 def test_the_simulator_keeps_decode_steps_near_the_target() -> None:
     """On a simulated H100, long prompts arriving while others decode: with a fixed 8192
     budget some decode-carrying steps run far past 30 ms; with adaptive chunking at 30 ms
-    none of them does (the estimate prices the prefill without its prior context, so a
-    step may run a little over)."""
+    none passes it by more than 1 % (the estimate prices one prefill chunk after the first
+    prefilling request's context: several chunks in a step may run a little over)."""
 
     def longest_decode_step(config: EngineConfig) -> float:
         engine = Engine.simulated(config, gpu="h100", model="llama-3-8b")
@@ -138,7 +138,7 @@ def test_the_simulator_keeps_decode_steps_near_the_target() -> None:
         return worst
 
     base = EngineConfig(max_num_batched_tokens=8192, prefix_caching="none")
-    assert longest_decode_step(base) > 0.06
+    assert longest_decode_step(base) > 0.2
     assert (
-        longest_decode_step(EngineConfig(**{**base.to_dict(), "adaptive_chunk_ms": 30.0})) < 0.033
+        longest_decode_step(EngineConfig(**{**base.to_dict(), "adaptive_chunk_ms": 30.0})) < 0.0303
     )
