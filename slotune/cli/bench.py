@@ -261,6 +261,13 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             f"SLO {s['slo']}: attainment {s['slo_attainment']:.1%}, "
             f"goodput {s['goodput']:.2f} req/s"
         )
+        from slotune.workloads.slo import tier_name
+
+        for tier, t in sorted((s.get("tiers") or {}).items(), key=lambda kv: int(kv[0])):
+            lines.append(
+                f"  tier {tier} ({tier_name(int(tier))}), SLO {t['slo']}: attainment "
+                f"{t['slo_attainment']:.1%}, goodput {t['goodput']:.2f} req/s"
+            )
         for c in s.get("slo_checks", []):
             mark = "met" if c["met"] else "MISSED"
             lines.append(
