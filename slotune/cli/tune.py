@@ -425,7 +425,8 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
     if best is None:
         return ""
     if setup.objective == "weighted":
-        mark = "" if best.feasible else " (misses attainment)"
+        missed = " (below a tier floor)" if setup.tier_objective else " (misses attainment)"
+        mark = "" if best.feasible else missed
         return (
             f"best score {best.score or 0:.3f}{mark} "
             f"(defaults {baseline.get('score', float('nan')):.3f})"
@@ -441,6 +442,10 @@ def _print_result(result: Any) -> None:
         _print_verify(result.verified, result.verified_stack)
     _console.print(_comparison_table(result.best))
     _console.print(result.best.get("headline", ""), highlight=False)
+    if result.best.get("what_if"):
+        from slotune.reports.what_if import what_if_sentence
+
+        _console.print(f"What-if: {what_if_sentence(result.best['what_if'])}", highlight=False)
     for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
     paths = [result.best_json, result.trials_csv, result.best_run, result.baseline_run]
