@@ -86,8 +86,11 @@ class MeasuredStepTime:
 
 
 def _solve3(s: list[float]) -> tuple[float, float, float] | None:
-    """Least squares ``y = a + b·t + c·ctx`` from the running sums; a model without the
-    context term when the context never varied; None while the steps cannot tell."""
+    """Least squares ``y = a + b·t + c·ctx`` from the running sums, with no coefficient
+    below 0 (a step never gets cheaper with more tokens, the budget search relies on it,
+    nor costs less than nothing): without the context term when it never varied or its
+    slope comes out negative, through the origin when the intercept does, the mean step
+    when the token slope does; None while the steps cannot tell."""
     n, t, c, tt, tc, cc, y, ty, cy = s
     m = [[n, t, c], [t, tt, tc], [c, tc, cc]]
     r = [y, ty, cy]
@@ -99,11 +102,15 @@ def _solve3(s: list[float]) -> tuple[float, float, float] | None:
             for i in range(3):
                 mc[i][col] = r[i]
             coef.append(_det(mc) / det)
-        return coef[0], coef[1], coef[2]
+        if min(coef) >= 0:
+            return coef[0], coef[1], coef[2]
     det2 = n * tt - t * t
     if abs(det2) > 1e-9 * max(1.0, abs(n * tt)):
         b = (n * ty - t * y) / det2
-        return (y - b * t) / n, b, 0.0
+        if b < 0:
+            return y / n, 0.0, 0.0
+        a = (y - b * t) / n
+        return (a, b, 0.0) if a >= 0 else (0.0, ty / tt, 0.0)
     return None
 
 

@@ -53,6 +53,16 @@ def test_measured_step_time_recovers_a_linear_model() -> None:
         tokens, ctx = rng.randint(1, 500), rng.randint(0, 9000)
         model.observe(tokens, ctx, 0.004 + 2e-5 * tokens + 3e-7 * ctx)
     assert model(4, 2000, 96, 0) == pytest.approx(0.004 + 2e-5 * 100 + 3e-7 * 2000)
+    # noisy steps whose fit would fall with more tokens or context: never cheaper
+    noisy = MeasuredStepTime()
+    for tokens, ctx, seconds in ((10, 5000, 0.02), (200, 100, 0.012), (50, 3000, 0.015)):
+        noisy.observe(tokens, ctx, seconds)
+    for d in range(1, 6):
+        assert 0 < noisy(d, 0, 10, 0) <= noisy(d, 0, 100, 0) <= noisy(d, 9000, 100, 0)
+    steep = MeasuredStepTime()  # an intercept below 0: fitted through the origin instead
+    for tokens, seconds in ((10, 0.001), (100, 0.02), (200, 0.041)):
+        steep.observe(tokens, 0, seconds)
+    assert steep(1, 0, 0, 0) > 0
 
 
 def _drive(engine: Engine, budgets: list[tuple[int, int]]) -> None:
@@ -142,3 +152,38 @@ def test_the_simulator_keeps_decode_steps_near_the_target() -> None:
     assert (
         longest_decode_step(EngineConfig(**{**base.to_dict(), "adaptive_chunk_ms": 30.0})) < 0.0303
     )
+
+
+def test_the_torch_engine_fits_its_own_steps(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The real engine (a tiny checkpoint on CPU) prices steps with the fit to the steps it
+    ran: at a 1 µs target, once fitted, a step with decodes takes only them; the tokens
+    are those of a run with a fixed budget."""
+    from slotune.engine.model.init_model import init_model
+
+    model = str(init_model(tmp_path / "tiny", preset="tiny", seed=0))
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(24 + 5 * i)] for i in range(4)]
+
+    def run(adaptive_ms: float) -> tuple[dict[str, list[int]], list[tuple[int, int, bool]]]:
+        config = EngineConfig(
+            max_num_batched_tokens=32, max_model_len=256, adaptive_chunk_ms=adaptive_ms
+        )
+        engine = Engine.local(config, model=model, device="cpu")
+        for i, prompt in enumerate(prompts):
+            engine.add_request(
+                f"r{i}", prompt, SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+            )
+        tokens: dict[str, list[int]] = {}
+        budgets = []
+        while engine.has_unfinished_requests():
+            decodes = sum(1 for r in engine.scheduler.running if is_decoder(r))
+            fitted = engine._measured is not None and engine._measured(1, 0, 1, 0) > 1e-6
+            budgets.append((decodes, engine.scheduler.step_budget(), fitted))
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        return tokens, budgets
+
+    fixed, _ = run(0.0)
+    adaptive, budgets = run(0.001)
+    assert adaptive == fixed and all(len(t) == 6 for t in fixed.values())
+    fitted = [(d, b) for d, b, ok in budgets if ok and d]
+    assert fitted and all(b == d for d, b in fitted)
