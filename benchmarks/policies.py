@@ -1,8 +1,10 @@
-"""Scheduling policies on the simulator: hybrid preemption, and tier quotas at overload.
+"""Scheduling policies on the simulator: hybrid preemption, tier quotas at overload,
+adaptive chunking against fixed budgets.
 
-    .venv/bin/python benchmarks/policies.py                  # both parts
+    .venv/bin/python benchmarks/policies.py                  # preemption and tiers
     .venv/bin/python benchmarks/policies.py --part preemption --requests 200
     .venv/bin/python benchmarks/policies.py --part tiers
+    .venv/bin/python benchmarks/policies.py --part adaptive
 
 ``preemption``: a mixed-length trace (70 % chat-sized requests, 30 % long prompts of
 3-6k tokens; seeded), Poisson arrivals, llama-2-7b on a100-80g with the KV pool cut to
@@ -18,6 +20,11 @@ SLO ``--slo``: FCFS, priority scheduling (priority = tier: with tiers on, the qu
 are in tier order anyway), a token-budget quota for tier 0, and KV + token quotas (both
 of ``--share``), and priority with a decode budget of ``--budget-ms``. Prints each
 tier's SLO attainment, goodput and TTFT p99.
+
+``adaptive``: the mixed-length trace at ``--adaptive-rate`` req/s on the full KV pool:
+fixed budgets (``--budgets``) against adaptive chunking at each TPOT target of
+``--targets`` (ms; ceiling 8192 tokens), scored against ``ttft=--adaptive-ttft`` and that
+TPOT target. Prints TTFT/TPOT p99, throughput and attainment.
 
 Every run is single-stepped (the stretch planner declines these policies), so keep the
 traces small.
@@ -117,9 +124,24 @@ def tiers(args: argparse.Namespace) -> list[dict]:
     return [_row(name, c, trace, ALL_AT_ONCE, slo) for name, c in cases]
 
 
+def adaptive(args: argparse.Namespace) -> list[dict]:
+    trace = mixed_trace(args.requests, args.seed)
+    longest = max(r.prompt_len + r.output_len for r in trace)
+    base = EngineConfig(max_num_batched_tokens=8192, max_model_len=longest)
+    arrivals = ArrivalSpec(rate=args.adaptive_rate)
+    rows = []
+    for target in args.targets:
+        slo = parse_slo(f"ttft={args.adaptive_ttft},tpot={target:g}ms")
+        cases = [(f"fixed {b}", replace(base, max_num_batched_tokens=b)) for b in args.budgets]
+        cases.append((f"adaptive {target:g} ms", replace(base, adaptive_chunk_ms=target)))
+        for name, config in cases:
+            rows.append({"tpot_target_ms": target, **_row(name, config, trace, arrivals, slo)})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("preemption", "tiers", "both"), default="both")
+    p.add_argument("--part", choices=("preemption", "tiers", "adaptive", "both"), default="both")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--blocks", type=int, default=2048)
@@ -129,12 +151,18 @@ def main() -> None:
     p.add_argument("--budget-ms", type=float, default=100.0, help="decode budget (TPOT target)")
     p.add_argument("--prefix-caching", default="hash", choices=("none", "hash", "radix"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adaptive-rate", type=float, default=4.0)
+    p.add_argument("--adaptive-ttft", default="10s")
+    p.add_argument("--targets", type=float, nargs="+", default=[30.0, 40.0, 50.0])
+    p.add_argument("--budgets", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     args = p.parse_args()
     rows = []
     if args.part in ("preemption", "both"):
         rows += preemption(args)
     if args.part in ("tiers", "both"):
         rows += tiers(args)
+    if args.part == "adaptive":
+        rows += adaptive(args)
     for row in rows:
         print(json.dumps(row))
 

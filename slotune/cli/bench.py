@@ -109,6 +109,7 @@ def bench(
     top_tier_kv_share: eo.TopTierKVShare = None,
     top_tier_token_share: eo.TopTierTokenShare = None,
     decode_budget_ms: eo.DecodeBudget = None,
+    adaptive_chunk_ms: eo.AdaptiveChunk = None,
     config: eo.ConfigJson = None,
     seed: Annotated[int, opt("--seed", "Seed of arrivals, sampling and synthetic tokens.")] = 0,
     out: Annotated[
@@ -174,6 +175,7 @@ def bench(
             top_tier_kv_share=top_tier_kv_share,
             top_tier_token_share=top_tier_token_share,
             decode_budget_ms=decode_budget_ms,
+            adaptive_chunk_ms=adaptive_chunk_ms,
         ),
         config=config,
         seed=seed,
@@ -259,6 +261,13 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             f"SLO {s['slo']}: attainment {s['slo_attainment']:.1%}, "
             f"goodput {s['goodput']:.2f} req/s"
         )
+        from slotune.workloads.slo import tier_name
+
+        for tier, t in sorted((s.get("tiers") or {}).items(), key=lambda kv: int(kv[0])):
+            lines.append(
+                f"  tier {tier} ({tier_name(int(tier))}), SLO {t['slo']}: attainment "
+                f"{t['slo_attainment']:.1%}, goodput {t['goodput']:.2f} req/s"
+            )
         for c in s.get("slo_checks", []):
             mark = "met" if c["met"] else "MISSED"
             lines.append(

@@ -71,6 +71,13 @@ DecodeBudget = Annotated[
     float | None,
     opt("--decode-budget-ms", "A preempted request waiting longer than this goes first."),
 ]
+AdaptiveChunk = Annotated[
+    float | None,
+    opt(
+        "--adaptive-chunk-ms",
+        "Adaptive chunking: each step's budget fits this TPOT target (ms; 0 off).",
+    ),
+]
 ConfigJson = Annotated[
     str | None,
     opt(

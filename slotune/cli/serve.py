@@ -71,6 +71,7 @@ def serve(
     top_tier_kv_share: eo.TopTierKVShare = None,
     top_tier_token_share: eo.TopTierTokenShare = None,
     decode_budget_ms: eo.DecodeBudget = None,
+    adaptive_chunk_ms: eo.AdaptiveChunk = None,
     config: eo.ConfigJson = None,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions from slotune's engine.
@@ -118,6 +119,7 @@ def serve(
             top_tier_kv_share=top_tier_kv_share,
             top_tier_token_share=top_tier_token_share,
             decode_budget_ms=decode_budget_ms,
+            adaptive_chunk_ms=adaptive_chunk_ms,
         ),
         config=config,
     )

@@ -59,6 +59,13 @@ def tune(
     weights: Annotated[str | None, opt("--weights", "Score weights: ttft=0.5,tpot=0.5.")] = None,
     percentile: Annotated[float, opt("--percentile", "Percentile of the weighted score.")] = 99.0,
     attainment: Annotated[float, opt("--attainment", "Target share of requests in SLO.")] = 0.99,
+    tier_objective: Annotated[
+        str | None,
+        opt(
+            "--tier-objective",
+            "Per tier: floors as constraints, weights maximized (pro>=0.99,free=1).",
+        ),
+    ] = None,
     trials: Annotated[
         int | None,
         opt(
@@ -188,6 +195,7 @@ def tune(
         weights=weights,
         percentile=percentile,
         attainment=attainment,
+        tier_objective=tier_objective,
         trials=trials,
         timeout=timeout,
         request_timeout=request_timeout,
@@ -417,7 +425,8 @@ def _best_text(setup: Any, best: Any, baseline: dict[str, Any]) -> str:
     if best is None:
         return ""
     if setup.objective == "weighted":
-        mark = "" if best.feasible else " (misses attainment)"
+        missed = " (below a tier floor)" if setup.tier_objective else " (misses attainment)"
+        mark = "" if best.feasible else missed
         return (
             f"best score {best.score or 0:.3f}{mark} "
             f"(defaults {baseline.get('score', float('nan')):.3f})"
@@ -433,6 +442,10 @@ def _print_result(result: Any) -> None:
         _print_verify(result.verified, result.verified_stack)
     _console.print(_comparison_table(result.best))
     _console.print(result.best.get("headline", ""), highlight=False)
+    if result.best.get("what_if"):
+        from slotune.reports.what_if import what_if_sentence
+
+        _console.print(f"What-if: {what_if_sentence(result.best['what_if'])}", highlight=False)
     for note in result.best["notes"][len(result.setup.notes) :]:
         _console.print(f"note: {note}", highlight=False)
     paths = [result.best_json, result.trials_csv, result.best_run, result.baseline_run]
@@ -521,11 +534,26 @@ def _comparison_table(best: dict[str, Any]) -> Any:
         _pct(best["metrics"].get("slo_attainment")),
         _pct(base["metrics"].get("slo_attainment")),
     )
+    from slotune.workloads.slo import tier_name
+
+    ours_tiers, theirs_tiers = (
+        best["metrics"].get("tiers") or {},
+        base["metrics"].get("tiers") or {},
+    )
+    for tier in sorted(ours_tiers, key=int):  # each against its own SLO
+        table.add_row(
+            f"tier {tier} ({tier_name(int(tier))}) SLO attainment",
+            _pct(ours_tiers[tier].get("slo_attainment")),
+            _pct((theirs_tiers.get(tier) or {}).get("slo_attainment")),
+        )
     table.add_row("failed (timed out)", _failed(best["metrics"]), _failed(base["metrics"]))
     table.add_row("steady state reached", _steady(best["metrics"]), _steady(base["metrics"]))
-    table.add_row(
-        "weighted score (lower is better)", _num(best.get("score")), _num(base.get("score"))
+    score_label = (
+        "tier objective: weighted share missing the SLO"
+        if best.get("tier_objective")
+        else "weighted score (lower is better)"
     )
+    table.add_row(score_label, _num(best.get("score")), _num(base.get("score")))
     if best.get("goodput_rps") is not None or base.get("goodput_rps") is not None:
         table.add_row(
             "goodput: max rate within SLO (req/s)",

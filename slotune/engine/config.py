@@ -50,6 +50,11 @@ class EngineConfig:
     longer than this (its TPOT target) since it was preempted earns priority: it goes
     ahead of every request without it in both queues (admitted first, preempted last)
     until it finishes.
+
+    ``adaptive_chunk_ms`` (0: off) is SLO-aware adaptive chunking: each step's token budget
+    is what the step-time model lets the step take within this TPOT target, given the
+    decodes running (``max_num_batched_tokens`` is the ceiling, taken when nobody decodes;
+    see ``slotune.engine.chunking``).
     """
 
     max_num_batched_tokens: int = 2048
@@ -72,6 +77,7 @@ class EngineConfig:
     top_tier_kv_share: float = 0.0
     top_tier_token_share: float = 0.0
     decode_budget_ms: float = 0.0
+    adaptive_chunk_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -120,6 +126,19 @@ class EngineConfig:
         budget = self.decode_budget_ms
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
             _fail("decode_budget_ms", "must be 0 (off) or a positive number of ms", budget)
+        chunk_ms = self.adaptive_chunk_ms
+        if (
+            isinstance(chunk_ms, bool)
+            or not isinstance(chunk_ms, (int, float))
+            or not chunk_ms >= 0
+        ):
+            _fail("adaptive_chunk_ms", "must be 0 (off) or a positive TPOT target in ms", chunk_ms)
+        if chunk_ms and self.policy == "prefill_first":
+            _fail(
+                "adaptive_chunk_ms",
+                "must be 0 with policy='prefill_first', which never splits prompts",
+                chunk_ms,
+            )
         if self.tiered and self.lower_tier_token_budget < 1:
             _fail(
                 "top_tier_token_share",

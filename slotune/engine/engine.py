@@ -16,6 +16,7 @@ from slotune.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from slotune.engine.sim.profile import GpuProfile
     from slotune.engine.sim.stack import StackProfile
+from slotune.engine.chunking import MeasuredStepTime, StepTime
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
@@ -100,11 +101,21 @@ class Engine:
             config.prefix_caching,
             lower_tier_blocks,
         )
+        # adaptive chunking prices steps with the executor's model (the simulator's cost
+        # model), else with a fit to the steps this engine ran (the real engine)
+        step_time: StepTime | None = getattr(executor, "step_time", None)
+        self._measured: MeasuredStepTime | None = None
+        if config.adaptive_chunk_ms and step_time is None:
+            step_time = self._measured = MeasuredStepTime()
         # an executor that cannot read tokens (the simulator) drafts its own
-        self.scheduler = Scheduler(config, self.kv_cache, getattr(executor, "propose_draft", None))
+        self.scheduler = Scheduler(
+            config, self.kv_cache, getattr(executor, "propose_draft", None), step_time
+        )
         if check_stretches is None:
             check_stretches = enabled_by_env()
-        self._checker = StretchChecker(config, self.kv_cache) if check_stretches else None
+        self._checker = (
+            StretchChecker(config, self.kv_cache, step_time) if check_stretches else None
+        )
         self._used_ids: set[str] = set()
         self._num_completions: dict[str, int] = {}
 
@@ -299,6 +310,8 @@ class Engine:
         if self._checker is not None:
             self._checker.step(out, result, outputs)
         total = out.total_num_scheduled_tokens
+        if self._measured is not None and total:  # after the shadow: it sees the same fit
+            self._measured.observe(total, result.decode_context_sum, result.duration_s)
         self.last_step = StepStats(  # positional: measurably cheaper once per step
             result.duration_s,
             total,

@@ -40,6 +40,7 @@ class EngineKnobs:
     top_tier_kv_share: float | None = None
     top_tier_token_share: float | None = None
     decode_budget_ms: float | None = None
+    adaptive_chunk_ms: float | None = None
 
     def given(self) -> dict[str, Any]:
         """The knobs that were set, as ``EngineConfig`` fields."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
+from slotune.engine.chunking import StepTime, adaptive_budget
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
@@ -33,6 +34,7 @@ from slotune.engine.rules import (
     fills_block,
     first_chunk,
     has_seat,
+    is_decoder,
     is_decoding,
     needs_blocks,
     num_samples,
@@ -99,11 +101,20 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: EngineConfig, kv_cache: KVCacheManager, propose: Proposer | None = None
+        self,
+        config: EngineConfig,
+        kv_cache: KVCacheManager,
+        propose: Proposer | None = None,
+        step_time: StepTime | None = None,
     ) -> None:
         """``propose`` drafts tokens when ``config.num_speculative_tokens`` > 0 (default:
-        n-gram prompt lookup)."""
+        n-gram prompt lookup); ``step_time`` prices steps for adaptive chunking (required
+        when ``config.adaptive_chunk_ms`` > 0)."""
         self.config = config
+        self.chunk_target_s = config.adaptive_chunk_ms / 1000 if config.adaptive_chunk_ms else None
+        if self.chunk_target_s is not None and step_time is None:
+            raise ValueError("adaptive_chunk_ms needs a step-time model (step_time)")
+        self.step_time = step_time
         self.kv_cache = kv_cache
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
@@ -169,7 +180,12 @@ class Scheduler:
             finished_request_ids=self.finished_request_ids,
         )
         self.finished_request_ids = set()
-        budget = self.config.max_num_batched_tokens
+        budget = start = (
+            self.config.max_num_batched_tokens
+            if self.chunk_target_s is None
+            else self.step_budget()
+        )
+        out.token_budget = start
         self.lower_left = self.lower_budget
         if not self.prefill_first:
             budget = self._schedule_running(out, budget)
@@ -184,10 +200,22 @@ class Scheduler:
                     budget = self._schedule_waiting(out, budget, _SWAPPED)
         if self.kv_cache.pending_copy_on_write:
             out.copy_on_write = self.kv_cache.take_copy_on_write()
-        total = self.config.max_num_batched_tokens - budget
+        total = start - budget
         out.total_num_scheduled_tokens = total
         self.count_steps(1, total)
         return out
+
+    def step_budget(self) -> int:
+        """This step's token budget: ``max_num_batched_tokens``, or under adaptive chunking
+        what the running decodes leave within the TPOT target (``adaptive_budget``)."""
+        ceiling = self.config.max_num_batched_tokens
+        if self.chunk_target_s is None or self.step_time is None:
+            return ceiling
+        decodes = [r.num_computed_tokens + 1 for r in self.running if is_decoder(r)]
+        prior = next((r.num_computed_tokens for r in self.running if not is_decoder(r)), 0)
+        return adaptive_budget(
+            self.chunk_target_s, self.step_time, len(decodes), sum(decodes), ceiling, prior
+        )
 
     def count_steps(self, num_steps: int, max_tokens: int) -> None:
         """Count ``num_steps`` steps, the largest of which schedules ``max_tokens``."""

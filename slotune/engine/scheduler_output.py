@@ -37,6 +37,7 @@ class SchedulerOutput:
     requests: dict[str, Request] = field(default_factory=dict)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
+    token_budget: int = 0  # the step's budget: max_num_batched_tokens, or adaptive chunking's
     num_prefill_tokens: int = 0  # of the total: tokens of requests still in a (re)prefill
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     num_samples: dict[str, int] = field(default_factory=dict)

@@ -179,6 +179,7 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     sections = [
         html_section("recommendation", "Recommendation", recommendation_html(best, slo)),
         *_verified(best),
+        *_what_if(best),
         html_section("diagnostics", "Diagnostics", _diagnostics_block(runs, trace_stats)),
         html_section(
             "behaviour",
@@ -210,6 +211,13 @@ def _verified(best: dict[str, Any]) -> list[str]:
 
     body = verify_html(best)
     return [] if body is None else [html_section("verify", "Measured on the server", body)]
+
+
+def _what_if(best: dict[str, Any]) -> list[str]:
+    from slotune.reports.what_if import what_if_html
+
+    body = what_if_html(best)
+    return [] if body is None else [html_section("what-if", "What-if: slotune's policies", body)]
 
 
 def build_bench_report(bench_dir: Path | str, output: Path | str | None = None) -> Path:

@@ -183,21 +183,36 @@ def _policy_rows(
                 fmt.num(stat(section(s, "preemption_mix"), key)) for _, s in runs
             ]
             rows.append([f"tokens {label} by preemption", "—", *mix])
+    from slotune.workloads.slo import tier_name
+
     tiers = sorted({t for _, s in runs for t in section(s, "tiers")}, key=int)
     for tier in tiers:
         scores = [section(section(s, "tiers"), tier) for _, s in runs]
+        own = next((str(t["slo"]) for t in scores if t.get("slo")), None)
+        targets = _tier_targets(own) if own else slo  # the tier's own SLO (per-tier SLOs)
+        name = f"tier {tier} ({tier_name(int(tier))})"
         rows.append(
             [
-                f"tier {tier}: SLO attainment",
-                "—",
+                f"{name}: SLO attainment",
+                own or "—",
                 *[fmt.pct(stat(t, "slo_attainment")) for t in scores],
             ]
         )
         for metric, key, slo_key in (("TTFT", "ttft_ms", "ttft"), ("TPOT", "tpot_ms", "tpot")):
-            target = slo.get(slo_key)
+            target = targets.get(slo_key)
             cells: list[Cell | str] = [_slo_cell(stat(t, key, "p99"), target) for t in scores]
-            rows.append([f"tier {tier}: {metric} p99", fmt.ms(target) if target else "—", *cells])
+            rows.append([f"{name}: {metric} p99", fmt.ms(target) if target else "—", *cells])
     return rows
+
+
+def _tier_targets(text: str) -> dict[str, float]:
+    """A tier's SLO (``ttft=200ms,tpot=30ms``) as metric -> ms."""
+    from slotune.workloads.slo import parse_slo
+
+    try:
+        return {t.metric: t.threshold_ms for t in parse_slo(text).targets}
+    except ValueError:
+        return {}
 
 
 def timeouts(summary: dict[str, Any]) -> int | None:

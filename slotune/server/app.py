@@ -363,6 +363,12 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
     if served.request_delay_s > 0:  # a simulated stack's cost before the engine sees it
         await asyncio.sleep(served.request_delay_s)
+    if gen.priority and engine.engine.config.scheduling_policy != "priority":
+        raise InvalidRequest(  # as vLLM answers under fcfs
+            f"Got priority {gen.priority} but priority scheduling is not enabled "
+            "(serve with --scheduling-policy priority)",
+            "priority",
+        )
     batch = len(gen.prompts)
     _check_queue(request, batch * gen.params.n, "prompt" if batch > 1 else "n")
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -373,7 +379,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     outputs: asyncio.Queue[Any] = asyncio.Queue()
     # every prompt handed in at once, with no await since the queue check
     admissions = [
-        engine.submit(rid, ids, gen.params, outputs)
+        engine.submit(rid, ids, gen.params, outputs, gen.priority)
         for rid, ids in zip(completion.request_ids, gen.prompts, strict=True)
     ]
     try:

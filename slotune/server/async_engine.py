@@ -42,6 +42,7 @@ class _Pending:
     params: SamplingParams
     admitted: asyncio.Future[None]
     outputs: asyncio.Queue[RequestOutput | EngineError] = field(default_factory=asyncio.Queue)
+    priority: int = 0
 
 
 @dataclass
@@ -157,12 +158,13 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         outputs: asyncio.Queue[RequestOutput | EngineError] | None = None,
+        priority: int = 0,
     ) -> asyncio.Queue[RequestOutput | EngineError]:
         """Queue a request; returns its output queue (``outputs``, which several requests
         may share, or a new one) once the engine accepted it. Raises the engine's
         ``ValueError`` when it refuses the request."""
         outputs = outputs if outputs is not None else asyncio.Queue()
-        await self.submit(request_id, prompt_token_ids, params, outputs)
+        await self.submit(request_id, prompt_token_ids, params, outputs, priority)
         return outputs
 
     def submit(
@@ -171,13 +173,16 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         outputs: asyncio.Queue[RequestOutput | EngineError],
+        priority: int = 0,
     ) -> asyncio.Future[None]:
         """Queue a request now (it counts in ``num_waiting`` at once); the future is done
-        when the engine accepted it, or holds the engine's ``ValueError``."""
+        when the engine accepted it, or holds the engine's ``ValueError``. ``priority``
+        goes to the scheduler (lower first under priority scheduling)."""
         if not self.running:
             raise EngineError("the engine loop is not running")
         admitted = asyncio.get_running_loop().create_future()
-        self._inbox.append(_Pending(request_id, prompt_token_ids, params, admitted, outputs))
+        pending = _Pending(request_id, prompt_token_ids, params, admitted, outputs, priority)
+        self._inbox.append(pending)
         self._wake.set()
         return admitted
 
@@ -253,7 +258,7 @@ class AsyncEngine:
         if p.admitted.done():  # its handler is gone (the client left before admission)
             return False
         try:
-            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params)
+            self.engine.add_request(p.request_id, p.prompt_token_ids, p.params, priority=p.priority)
         except ValueError as exc:
             p.admitted.set_exception(exc)
             return False

@@ -8,7 +8,9 @@ one of those) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens
 token's logprob and the k most likely alternatives, k at most ``MAX_LOGPROBS`` (20, as
 vLLM; see ``logprobs.py``), ``stream``, ``stream_options.include_usage``, ``stop``
 (strings: the text ends before the first one, finish reason "stop"), and fields that
-change nothing (``user``). ``prompt`` may be a batch (a list of prompts): one engine
+change nothing (``user``), and ``priority`` (vLLM's extra parameter: an integer, lower
+served first under ``--scheduling-policy priority``; any other value but 0 is refused
+under fcfs, as vLLM does). ``prompt`` may be a batch (a list of prompts): one engine
 request each, choices indexed ``prompt * n + completion`` as vLLM does. A field slotune
 cannot honour is refused with a 400 naming it (see ``_UNSUPPORTED``) rather than
 silently ignored: penalties, ``best_of``, tools, response formats, guided decoding,
@@ -119,6 +121,7 @@ class GenerationRequest:
     logprobs: bool  # the number of alternatives per token is ``params.logprobs``
     stop: tuple[str, ...] = ()
     echo: tuple[str, ...] = ()  # with ``echo``: each prompt's text, to start its choices
+    priority: int = 0  # vLLM's ``priority`` extra parameter (lower first)
 
 
 def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRequest:
@@ -159,7 +162,24 @@ def parse_request(body: Any, served: ServedModel, *, chat: bool) -> GenerationRe
         logprobs=logprobs,
         stop=stop,
         echo=_echo_texts(body["prompt"], prompts, served) if echo else (),
+        priority=_priority(body),
     )
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """vLLM's ``priority``: an integer (0 when absent)."""
+    from slotune.workloads.limits import MAX_PRIORITY
+
+    value = body.get("priority")
+    if value is None:
+        return 0
+    if not _is_int(value) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidRequest(
+            f"'priority' must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}] "
+            f"(got {_short(value)})",
+            "priority",
+        )
+    return int(value)
 
 
 def _n(body: dict[str, Any], served: ServedModel) -> int:

@@ -161,6 +161,7 @@ _SLOTUNE_FLAG = {
     "top_tier_kv_share": "--top-tier-kv-share",
     "top_tier_token_share": "--top-tier-token-share",
     "decode_budget_ms": "--decode-budget-ms",
+    "adaptive_chunk_ms": "--adaptive-chunk-ms",
 }
 
 V15, V34, SGL, SLO = "vllm==0.15", "vllm==0.34", "sglang==0.5.23", "slotune"
@@ -271,6 +272,7 @@ FLAGS: dict[str, dict[str, Rule]] = {
             "top_tier_kv_share",
             "top_tier_token_share",
             "decode_budget_ms",
+            "adaptive_chunk_ms",
         )
     },
 }

@@ -53,6 +53,7 @@ SGLANG_0_5 = Target(
         "top_tier_kv_share": (0.0,),
         "top_tier_token_share": (0.0,),
         "decode_budget_ms": (0.0,),
+        "adaptive_chunk_ms": (0.0,),
     },
     long_prefill_threshold=False,
     budget_ge_seqs=False,

@@ -35,6 +35,7 @@ _COMMON_KNOBS = {
     "top_tier_kv_share": (0.0,),  # no tier quotas, no decode budget: slotune's only
     "top_tier_token_share": (0.0,),
     "decode_budget_ms": (0.0,),
+    "adaptive_chunk_ms": (0.0,),
 }
 _FIXED = {
     "block_size": 16,

@@ -15,7 +15,9 @@ from slotune.engine.config import EngineConfig
 from slotune.tuner.objectives import (
     RateLadder,
     RateSearch,
+    TierObjective,
     attainment,
+    parse_tier_objective,
     sustained_share,
     weighted_score,
 )
@@ -43,6 +45,7 @@ class Measurement:
     attainment: float
     feasible: bool
     sustained: float = 1.0
+    tier_attainment: dict[str, float] | None = None  # under a tier objective, by tier
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Evaluator:
         self.trace = trace if trace is not None else load_setup_trace(setup)
         self.ladder = RateLadder.from_dict(setup.ladder) if setup.ladder else None
         self.horizon_s = run_horizon_s(setup, self.slo, self.trace)
+        self.tier_objective: TierObjective | None = (
+            parse_tier_objective(setup.tier_objective) if setup.tier_objective else None
+        )
         self._cache: dict[tuple[str, float | None], Measurement] = {}
         self._repeats: dict[int, Any] = {}
         self.runs = 0
@@ -173,7 +179,19 @@ class Evaluator:
         sustained = sustained_share(summary, rate) if timed else 1.0
         settled = not timed or (summary.get("steady_state") or {}).get("steady") is not False
         feasible = att >= self.setup.attainment and settled
-        return Measurement(rate, summary, score, att, feasible, sustained)
+        tiers = self.tier_objective
+        if tiers is None:
+            return Measurement(rate, summary, score, att, feasible, sustained)
+        # a tier objective: its floors are constraints, its weighted attainment what counts;
+        # the weighted objective's score becomes the weighted share of misses
+        floors_met = all(v <= 0 for v in tiers.violations(summary).values())
+        att = tiers.attainment(summary)
+        if self.setup.objective == "weighted":
+            score, feasible = 1.0 - att, floors_met and settled
+        else:
+            feasible = floors_met and att >= self.setup.attainment and settled
+        by_tier = {str(t): a for t, a in tiers.tier_attainment(summary).items()}
+        return Measurement(rate, summary, score, att, feasible, sustained, by_tier)
 
     def goodput(
         self, config: EngineConfig, start_rung: int, *, exact: bool = False

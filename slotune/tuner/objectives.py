@@ -210,3 +210,86 @@ class RateSearch:
             else:
                 bad = mid
         return ok
+
+
+@dataclass(frozen=True)
+class TierObjective:
+    """``--tier-objective pro>=0.99,free=1``: attainment floors (constraints: a config
+    below a tier's floor is infeasible) and weights of the tiers whose attainment the
+    study maximizes (normalized to sum 1). Tiers by number (``pro`` 0, ``free`` 1)."""
+
+    floors: tuple[tuple[int, float], ...]
+    weights: tuple[tuple[int, float], ...]
+
+    @property
+    def tiers(self) -> set[int]:
+        return {t for t, _ in self.floors} | {t for t, _ in self.weights}
+
+    def tier_attainment(self, summary: dict[str, Any]) -> dict[int, float]:
+        """Each named tier's attainment in the run (0 for a tier without requests)."""
+        tiers = summary.get("tiers") or {}
+        out = {}
+        for t in sorted(self.tiers):
+            value = (tiers.get(str(t)) or {}).get("slo_attainment")
+            out[t] = float(value) if value is not None and math.isfinite(value) else 0.0
+        return out
+
+    def violations(self, summary: dict[str, Any]) -> dict[int, float]:
+        """Optuna constraint values, one per floor: ``floor - attainment`` (<= 0 met)."""
+        att = self.tier_attainment(summary)
+        return {t: floor - att[t] for t, floor in self.floors}
+
+    def attainment(self, summary: dict[str, Any]) -> float:
+        """The weighted attainment of the maximized tiers (the floors' tiers when no tier
+        has a weight)."""
+        att = self.tier_attainment(summary)
+        if not self.weights:
+            return min((att[t] for t, _ in self.floors), default=0.0)
+        return sum(w * att[t] for t, w in self.weights)
+
+
+def parse_tier_objective(text: str) -> TierObjective:
+    """``pro>=0.99,free=1`` -> floors {0: 0.99}, weights {1: 1.0}; ValueError naming the
+    bad part."""
+    from slotune.workloads.slo import tier_number
+
+    floors: dict[int, float] = {}
+    weights: dict[int, float] = {}
+    expected = "expected e.g. pro>=0.99,free=1 (a floor with >=, a weight with =)"
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        floor = ">=" in part
+        name, _, value = part.partition(">=" if floor else "=")
+        if not _:
+            raise ValueError(
+                f"--tier-objective: {part!r} is not TIER>=SHARE or TIER=WEIGHT; {expected}"
+            )
+        tier = tier_number(name)
+        if tier is None:
+            raise ValueError(
+                f"--tier-objective: {part!r}: unknown tier {name.strip()!r} (pro, free, or "
+                f"tier0..); {expected}"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--tier-objective: {part!r}: {value.strip()!r} is not a number"
+            ) from None
+        target = floors if floor else weights
+        if tier in target:
+            raise ValueError(f"--tier-objective: {part!r}: tier {name.strip()} is given twice")
+        if floor and not 0 < number <= 1:
+            raise ValueError(f"--tier-objective: {part!r}: a floor is a share in (0, 1]")
+        if not floor and not (math.isfinite(number) and number >= 0):
+            raise ValueError(f"--tier-objective: {part!r}: a weight is a number >= 0")
+        target[tier] = number
+    if not floors and not weights:
+        raise ValueError(f"--tier-objective: nothing given; {expected}")
+    total = sum(weights.values())
+    if weights and not total > 0:
+        raise ValueError("--tier-objective: the weights must sum to a positive number")
+    normalized = tuple(sorted((t, w / total) for t, w in weights.items() if w > 0))
+    return TierObjective(tuple(sorted(floors.items())), normalized)

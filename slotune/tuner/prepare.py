@@ -18,7 +18,13 @@ from slotune._extras import MissingExtra, require
 from slotune.targets import ExportRefused, Target, get_target
 from slotune.tuner.baseline import gpu_spec
 from slotune.tuner.evaluate import Evaluator
-from slotune.tuner.objectives import OBJECTIVES, RateLadder, parse_weights, resolve_weights
+from slotune.tuner.objectives import (
+    OBJECTIVES,
+    RateLadder,
+    parse_tier_objective,
+    parse_weights,
+    resolve_weights,
+)
 from slotune.tuner.setup import LoadSpec, TuneSetup, trace_digest
 from slotune.tuner.space import SearchSpace, SearchSpaceError, build_space, load_search_file
 from slotune.tuner.study import (
@@ -92,6 +98,7 @@ class TuneOptions:
     concurrency: int | None = None
     objective: str | None = None
     weights: str | None = None
+    tier_objective: str | None = None  # ``pro>=0.99,free=1`` (``TierObjective``)
     percentile: float = 99.0
     attainment: float = 0.99
     trials: int | None = None  # default: STEADY_DEFAULT's with the default run, else 50
@@ -235,6 +242,33 @@ def check_options(o: TuneOptions) -> None:
             raise TuneInputError(field[1] if field else "", message)
 
 
+def _check_tier_objective(o: TuneOptions, trace_tiers: set[int]) -> None:
+    """A tier objective must parse, and name only tiers the trace has (two or more)."""
+    if not o.tier_objective:
+        return
+    from slotune.workloads.slo import tier_name
+
+    try:
+        objective = parse_tier_objective(o.tier_objective)
+    except ValueError as e:
+        raise TuneInputError(
+            "tier_objective", str(e).replace("--tier-objective", "{tier_objective}")
+        ) from None
+    have = ", ".join(tier_name(t) for t in sorted(trace_tiers))
+    if len(trace_tiers) < 2:
+        raise TuneInputError(
+            "tier_objective",
+            f"{{tier_objective}}: the trace has one tier ({have}); it needs requests of two "
+            "or more (a `tier` per request)",
+        )
+    for t in sorted(objective.tiers - trace_tiers):
+        raise TuneInputError(
+            "tier_objective",
+            f"{{tier_objective}}: the trace has no request of tier {tier_name(t)!r} (its "
+            f"tiers: {have})",
+        )
+
+
 def prepare(o: TuneOptions) -> Prepared:
     """Validate everything and build the setup (the baseline and its rate come later)."""
     from slotune.workloads import default_max_model_len, load_trace, parse_slo
@@ -261,6 +295,12 @@ def prepare(o: TuneOptions) -> Prepared:
     o = with_run_length(o, trace)
     if o.num_requests is None and o.duration is None:  # the default takes what a short trace has
         trace = trace.head(min(len(trace), DEFAULT_NUM_REQUESTS[o.backend]))
+    trace_tiers = {r.tier for r in trace.requests}
+    try:
+        slo.check_tiers(trace_tiers)
+    except ValueError as e:
+        raise TuneInputError("slo", f"{{slo}}: {e}") from None
+    _check_tier_objective(o, trace_tiers)
     where = f"{{search}} {o.search}" if o.search else "search space"
     try:
         overrides = load_search_file(o.search) if o.search else None
@@ -313,6 +353,7 @@ def prepare(o: TuneOptions) -> Prepared:
         slo=str(slo),
         objective=objective,
         weights=weights,
+        tier_objective=o.tier_objective or None,
         percentile=o.percentile,
         attainment=o.attainment,
         space=space.to_dict(),

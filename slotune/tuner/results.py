@@ -226,6 +226,10 @@ def write_outputs(
         summary = evaluator.summarize(result, rate)
         write_run(out_dir / "runs" / label, result, summary, config_dict, rate, label)
         runs[label] = {"summary": summary, "score": evaluator.measurement(summary, rate).score}
+    from slotune.tuner.what_if import what_if
+
+    best_config = EngineConfig.from_dict(chosen.user_attrs["config"])
+    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate)
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])
@@ -266,6 +270,7 @@ def write_outputs(
         "target": target.name,
         "metrics": runs["best"]["summary"],
         "score": runs["best"]["score"],
+        "what_if": gains,
         "goodput_rps": chosen.user_attrs.get("goodput_rps"),
         "load": {
             "rate": rate,
@@ -280,6 +285,7 @@ def write_outputs(
         "slo": setup.slo,
         "slo_targets": dict(evaluator.targets_ms),
         "weights": setup.weights,
+        "tier_objective": setup.tier_objective,
         "percentile": setup.percentile,
         "attainment_target": setup.attainment,
         "gpu": setup.gpu,
@@ -345,6 +351,8 @@ def _verdict(setup: Any, best: Any, baseline: dict[str, Any], evaluator: Any) ->
 
     if best.user_attrs["config"] == baseline["config"]:
         return None
+    if setup.tier_objective and best.user_attrs.get("feasible") and not baseline.get("feasible"):
+        return None  # the defaults miss a tier floor the best meets: not a matter of noise
     by_rate = setup.objective in ("goodput", "pareto") and evaluator.ladder is not None
     key = "goodput_value" if by_rate else "score"
     first = (float(best.user_attrs.get(key) or 0.0), float(baseline.get(key) or 0.0))

@@ -88,6 +88,7 @@ class TuneSetup:
     quantization: str | None = None  # the model's weight format, given (sim)
     ep: int = 1  # expert-parallel GPUs of a MoE model (sim)
     target: str = "slotune"  # the engine release recommended for (older studies: every knob)
+    tier_objective: str | None = None  # ``pro>=0.99,free=1``: tier floors and weights
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -58,6 +58,7 @@ _SEARCH_ORDER = (
     "top_tier_kv_share",
     "top_tier_token_share",
     "decode_budget_ms",
+    "adaptive_chunk_ms",
 )
 OPT_IN = (
     "num_speculative_tokens",
@@ -66,13 +67,15 @@ OPT_IN = (
     "top_tier_kv_share",
     "top_tier_token_share",
     "decode_budget_ms",
+    "adaptive_chunk_ms",
 )
 _FRACTIONS = ("top_tier_kv_share", "top_tier_token_share")  # in [0, 1)
 """Knobs fixed at their ``EngineConfig`` default unless a ``--search`` file lists values
 (``preemption_mode: [recompute, hybrid]``, ``swap_threshold_tokens: [1024, 4096]``,
 ``scheduling_policy: [fcfs, priority]``, ``top_tier_kv_share: [0, 0.2]``,
-``decode_budget_ms: [0, 50]``); hybrid preemption, tier quotas and the decode budget run
-on the embedded engine only, priority scheduling also on vLLM and SGLang."""
+``decode_budget_ms: [0, 50]``, ``adaptive_chunk_ms: [0, 30, 40]``); hybrid preemption,
+tier quotas, the decode budget and adaptive chunking run on the embedded engine only,
+priority scheduling also on vLLM and SGLang."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 
@@ -242,6 +245,7 @@ class SearchSpace:
         if policy == "prefill_first":
             knobs["max_num_batched_tokens"] = max(budget, self._prefill_first_budget())
             knobs["long_prefill_token_threshold"] = 0
+            knobs["adaptive_chunk_ms"] = 0.0  # adaptive chunking splits prompts: chunked only
         else:
             threshold = int(knobs.get("long_prefill_token_threshold", 0) or 0)
             if params.get(THRESHOLD_GATE) is False or threshold >= min(budget, self.max_model_len):
@@ -497,7 +501,7 @@ def _check_value(
         return 0
     if name == "num_speculative_tokens" and _is_int(value) and value == 0:
         return 0
-    if name in _FRACTIONS or name == "decode_budget_ms":
+    if name in _FRACTIONS or name in ("decode_budget_ms", "adaptive_chunk_ms"):
         most = 1.0 if name in _FRACTIONS else float("inf")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SearchSpaceError(f"{at}: {value!r} is not a number")

@@ -29,6 +29,7 @@ RECORD_KEYS = (
     "score",
     "attainment",
     "feasible",
+    "tier_attainment",
     "goodput_rps",
     "goodput_rung",
     "goodput_value",
@@ -71,7 +72,8 @@ class TrialObjective:
         for key, value in record.items():
             trial.set_user_attr(key, value)
         if self.setup.objective == "weighted":
-            trial.set_constraint("attainment", self.setup.attainment - record["attainment"])
+            for key, value in constraints(self.setup, record).items():
+                trial.set_constraint(key, value)
         return values_of(self.setup.objective, record)
 
     def measure(self, config: Any, start_rung: int) -> dict[str, Any]:
@@ -106,6 +108,21 @@ class TrialObjective:
         return None
 
 
+def constraints(setup: TuneSetup, record: dict[str, Any]) -> dict[str, float]:
+    """A weighted study's constraints (feasible when each is <= 0): the attainment target,
+    or under a tier objective each tier floor (``tier_pro``: floor - the tier's attainment)."""
+    if not setup.tier_objective:
+        return {"attainment": setup.attainment - record["attainment"]}
+    from slotune.tuner.objectives import parse_tier_objective
+    from slotune.workloads.slo import tier_name
+
+    by_tier = record.get("tier_attainment") or {}
+    return {
+        f"tier_{tier_name(t)}": floor - float(by_tier.get(str(t), 0.0))
+        for t, floor in parse_tier_objective(setup.tier_objective).floors
+    }
+
+
 def values_of(objective: str, record: dict[str, Any]) -> float | tuple[float, ...]:
     if objective == "weighted":
         return float(record["score"])
@@ -127,6 +144,7 @@ def _record(m: Measurement) -> dict[str, Any]:
         "score": m.score,
         "attainment": m.attainment,
         "feasible": m.feasible,
+        "tier_attainment": m.tier_attainment,
     }
 
 

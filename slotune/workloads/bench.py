@@ -252,6 +252,13 @@ def _trace(request: BenchRequest, arrivals: ArrivalSpec, view: BenchView) -> Tra
         raise BenchError(
             f"--timestamps: trace {trace.name} has no timestamps; use --rate or --concurrency"
         )
+    if request.slo:
+        from slotune.workloads.slo import parse_slo
+
+        try:
+            parse_slo(request.slo).check_tiers({r.tier for r in trace.requests})
+        except ValueError as exc:
+            raise BenchError(f"--slo: {exc}") from None
     return trace
 
 

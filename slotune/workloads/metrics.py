@@ -8,7 +8,9 @@ meets every target (for ``itl``, every gap; for ``tpot``, a single-token request
 failed requests count as misses. Attainment is the share of all requests that meet it,
 goodput the number per second. A run with requests of more than one service tier gets
 the same scores per tier (``tiers``: counts, throughputs, latencies, attainment and
-goodput of that tier's requests, over the whole run's duration).
+goodput of that tier's requests against that tier's SLO, over the whole run's duration).
+With per-tier targets (``pro:...;free:...``) each request meets the SLO when it meets its
+own tier's.
 
 With a warm-up or a cool-down (see ``steady.py``) only the requests that arrive in the
 scoring window are counted, and every rate is per second of the window: throughputs
@@ -85,7 +87,21 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return np.cumsum(counts) - counts
 
 
-def meets_slo(metrics: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
+def meets_slo(
+    metrics: dict[str, np.ndarray], slo: SLO, tiers: np.ndarray | None = None
+) -> np.ndarray:
+    """Whether each request meets the SLO: with per-tier targets and the requests'
+    ``tiers``, each against its own tier's."""
+    if slo.tiers and tiers is not None:
+        good = np.zeros(len(metrics["ok"]), dtype=bool)
+        for t in np.unique(tiers).tolist():
+            mask = tiers == t
+            good[mask] = _meets(metrics, slo.for_tier(int(t)))[mask]
+        return good
+    return _meets(metrics, slo)
+
+
+def _meets(metrics: dict[str, np.ndarray], slo: SLO) -> np.ndarray:
     good = metrics["ok"].copy()
     for t in slo.targets:
         if t.metric == "ttft":
@@ -205,7 +221,7 @@ def _summary(
     if "hardware" in stats:  # what a real engine's steps are read against (reports)
         summary["hardware"] = stats["hardware"]
     if slo is not None:
-        good = meets_slo(m, slo)
+        good = meets_slo(m, slo, _tiers(df))
         summary["slo"] = str(slo)
         summary["slo_attainment"] = float(good.sum() / n) if n else 0.0
         summary["goodput"] = rate(float(good.sum()))
@@ -230,19 +246,25 @@ _TIER_KEYS = (
     "ttft_ms",
     "tpot_ms",
     "e2el_ms",
+    "slo",
     "slo_attainment",
     "goodput",
 )
 
 
+def _tiers(df: Any) -> np.ndarray | None:
+    return df["tier"].fillna(0).astype(int).to_numpy() if "tier" in df.columns else None
+
+
 def per_tier(
     result: RunResult, slo: SLO | None, percentiles: Sequence[float], duration: float
 ) -> dict[str, dict[str, Any]]:
-    """The summary's scores for each service tier's requests; empty for one tier."""
+    """The summary's scores for each service tier's requests (against the tier's own SLO,
+    ``slo``); empty for one tier."""
     df = result.requests
-    if "tier" not in df.columns:
+    tier = _tiers(df)
+    if tier is None:
         return {}
-    tier = df["tier"].fillna(0).astype(int).to_numpy()
     names = sorted(set(tier.tolist()))
     if len(names) < 2:
         return {}
@@ -253,7 +275,7 @@ def per_tier(
             steps=result.steps,
             duration_s=result.duration_s,
         )
-        s = _summary(part, slo, percentiles, duration)
+        s = _summary(part, None if slo is None else slo.for_tier(t), percentiles, duration)
         out[str(t)] = {k: s[k] for k in _TIER_KEYS}
     return out
 

@@ -121,3 +121,11 @@ class DraftingExecutor(DeterministicExecutor):
         right = hash((req.request_id, first)) % (length + 1)
         draft = [token_for(req.parent_id, req.index, first + j) for j in range(right)]
         return draft + [1] * (length - right)
+
+
+class PricedExecutor(DeterministicExecutor):
+    """With a step-time model for adaptive chunking (as the simulator has): 1 ms + 0.5 ms
+    a token (the steps themselves still report ``step_duration_s``)."""
+
+    def step_time(self, d: int, ctx: int, p: int, prior: int = 0) -> float:
+        return 0.001 + 5e-4 * (d + p)

@@ -82,7 +82,9 @@ def check_step(engine: Engine, so: SchedulerOutput) -> None:
     config = engine.config
     scheduled = so.num_scheduled_tokens
     assert so.total_num_scheduled_tokens == sum(scheduled.values())
-    assert so.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    assert so.total_num_scheduled_tokens <= so.token_budget <= config.max_num_batched_tokens
+    if not config.adaptive_chunk_ms:
+        assert so.token_budget == config.max_num_batched_tokens
     assert all(n >= 1 for n in scheduled.values())
     if config.long_prefill_token_threshold:
         assert all(n <= config.long_prefill_token_threshold for n in scheduled.values())

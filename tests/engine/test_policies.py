@@ -49,8 +49,10 @@ def test_priority_queue_matches_a_sorted_reference() -> None:
         assert list(queue) == [e[2] for e in reference]
 
 
-def _engine(config: EngineConfig, gpu_blocks: int, cpu_blocks: int = 0) -> Engine:
-    return Engine(config, DeterministicExecutor(gpu_blocks, cpu_blocks), check_stretches=False)
+def _engine(
+    config: EngineConfig, gpu_blocks: int, cpu_blocks: int = 0, check: bool = False
+) -> Engine:
+    return Engine(config, DeterministicExecutor(gpu_blocks, cpu_blocks), check_stretches=check)
 
 
 def _first_token_order(engine: Engine) -> list[str]:
@@ -201,10 +203,10 @@ def test_the_simulator_gives_hybrid_a_cpu_pool() -> None:
         assert (engine.capacity.num_cpu_blocks > 0) is has_pool, mode
 
 
-def _finish_steps(config: EngineConfig) -> tuple[dict[str, int], Engine]:
+def _finish_steps(config: EngineConfig, check: bool = False) -> tuple[dict[str, int], Engine]:
     """``low`` runs first; urgent requests then arrive one a step, more than the pool
     holds next to it, so it is preempted and, without a budget, passed over."""
-    engine = _engine(config, 8)
+    engine = _engine(config, 8, check=check)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     engine.add_request("low", [2] * 4, params, 0.0, priority=5)
     done: dict[str, int] = {}
@@ -229,5 +231,8 @@ def test_decode_budget_lets_a_starved_preempted_request_go_first() -> None:
     budgeted, _ = _finish_steps(replace(base, decode_budget_ms=15.0))  # steps take 10 ms
     assert budgeted["low"] < budgeted["hi2"]  # back ahead of urgent requests queued
     assert budgeted["low"] < plain["low"]
+    # the checking shadow scheduler keeps the engine's clock: the same boosts, no mismatch
+    checked, _ = _finish_steps(replace(base, decode_budget_ms=15.0), check=True)
+    assert checked == budgeted
     with pytest.raises(ValueError, match="decode_budget_ms: must be 0"):
         EngineConfig(decode_budget_ms=-1.0)

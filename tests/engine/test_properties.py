@@ -16,7 +16,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from tests.engine.deterministic import DeterministicExecutor, DraftingExecutor, token_for
+from tests.engine.deterministic import (
+    DeterministicExecutor,
+    DraftingExecutor,
+    PricedExecutor,
+    token_for,
+)
 from tests.engine.invariants import QueueSnapshot, check_all, check_drained
 
 MAX_MODEL_LEN = 64
@@ -31,6 +36,8 @@ SCHEDULING = (
     "priority-tiers",
     "fcfs-budget",
     "priority-tiers-budget",
+    "fcfs-adaptive",
+    "priority-tiers-adaptive",
 )
 ALL_CONFIGS = list(itertools.product(POLICIES, PREEMPTION, CACHING, BLOCK_SIZES, SCHEDULING))
 # the slow test runs every configuration on each example: the scheduling modes on one
@@ -65,6 +72,7 @@ class Workload:
     kv_share: float = 0.0  # of tier 0, in the tiered configurations
     token_share: float = 0.0
     decode_budget_ms: float = 15.0  # in the budget configurations (steps take 10 ms)
+    adaptive_chunk_ms: float = 8.0  # in the adaptive ones (chunked only; 1 + 0.5 ms a token)
 
 
 @st.composite
@@ -98,6 +106,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         kv_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.75))),
         token_share=draw(st.sampled_from((0.0, 0.25, 0.5, 0.9))),
         decode_budget_ms=draw(st.sampled_from((5.0, 15.0, 45.0))),
+        adaptive_chunk_ms=draw(st.sampled_from((2.0, 8.0, 20.0))),
     )
 
 
@@ -149,6 +158,7 @@ def workload_config(
         scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
         decode_budget_ms=w.decode_budget_ms if "budget" in scheduling else 0.0,
+        adaptive_chunk_ms=w.adaptive_chunk_ms if chunked and "adaptive" in scheduling else 0.0,
         **tier_shares(w, scheduling, budget, num_blocks, need, not chunked),
     )
 
@@ -174,6 +184,8 @@ def run(
     config = workload_config(w, policy, preemption, caching, block_size, scheduling, num_blocks)
     config = replace(config, num_speculative_tokens=num_speculative_tokens)
     kind = DraftingExecutor if num_speculative_tokens else DeterministicExecutor
+    if config.adaptive_chunk_ms and not num_speculative_tokens:
+        kind = PricedExecutor
     executor = kind(num_blocks, w.cpu_blocks)
     engine = Engine(config, executor)
     tokens: dict[tuple[str, int], list[int]] = {}
@@ -267,6 +279,7 @@ def test_requests_that_outgrow_the_pool_end_early_without_hanging(
         scheduling_policy=scheduling.split("-")[0],  # type: ignore[arg-type]
         swap_threshold_tokens=w.swap_threshold,
         decode_budget_ms=w.decode_budget_ms if "budget" in scheduling else 0.0,
+        adaptive_chunk_ms=5.0 if policy == "chunked" and "adaptive" in scheduling else 0.0,
         **tiers,
     )
     executor = DeterministicExecutor(gpu_blocks, w.cpu_blocks)

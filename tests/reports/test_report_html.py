@@ -217,7 +217,13 @@ def test_metrics_table_shows_the_preemption_mix_and_each_tier() -> None:
     html = metrics_table([("run", summary)], {"ttft": 300.0})
     assert "tokens recomputed by preemption" in html and "1,234" in html
     assert "tokens swapped by preemption" in html and "567" in html
-    assert "tier 0: SLO attainment" in html and "tier 1: TTFT p99" in html
+    assert "tier 0 (pro): SLO attainment" in html and "tier 1 (free): TTFT p99" in html
     assert 'class="met">250 ms' in html and 'class="missed">900 ms' in html
+    # per-tier SLOs: each tier's latencies against its own targets
+    summary["tiers"]["0"]["slo"] = "ttft=200ms"
+    summary["tiers"]["1"]["slo"] = "ttft=2000ms"
+    html = metrics_table([("run", summary)], {"ttft": 2000.0})
+    assert 'class="missed">250 ms' in html and 'class="met">900 ms' in html
+    assert "ttft=200ms" in html
     plain = metrics_table([("run", {})], {"ttft": 300.0})
     assert "tier 0" not in plain and "by preemption" not in plain

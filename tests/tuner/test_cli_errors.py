@@ -51,6 +51,12 @@ def _with(args: list[str], **replace: str) -> list[str]:
         (_with(OK, tp="2", ep="2"), "--ep: expert parallel size 2 needs a MoE model"),
         (_with(OK, objective="goodput", concurrency="8"), "closed loop"),
         (["tune", "--slo", "ttft=300ms"], "--gpu is required"),
+        (_with(OK, slo="gold:ttft=1s"), "unknown tier 'gold'"),
+        (_with(OK, slo="pro:ttft=1s;free:ttft=2s"), "no request of that tier"),
+        (_with(OK, trace="agent-tiers", slo="pro:ttft=1s"), "gives them no targets"),
+        (_with(OK, tier_objective="pro>=2"), "a floor is a share"),
+        (_with(OK, tier_objective="pro>=0.9"), "the trace has one tier"),
+        (_with(OK, trace="agent-tiers", tier_objective="tier3>=0.9"), "no request of tier"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:

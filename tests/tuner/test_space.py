@@ -305,6 +305,17 @@ def test_policy_knobs_are_opt_in() -> None:
     assert {c.decode_budget_ms for c in configs} == {0, 50.0}
     with pytest.raises(SearchSpaceError, match="out of range"):
         build_space(max_model_len=2048, overrides={"top_tier_token_share": [0, 1.0]})
+    assert {c.adaptive_chunk_ms for _, c in sample(build_space(max_model_len=2048), 20)} == {0}
+    adaptive = build_space(max_model_len=2048, overrides={"adaptive_chunk_ms": [0, 30.0, 40.0]})
+    assert {c.adaptive_chunk_ms for _, c in sample(adaptive, 60)} == {0, 30.0, 40.0}
+    from slotune.targets import get_target
+
+    with pytest.raises(SearchSpaceError, match="does not run"):
+        build_space(
+            max_model_len=2048,
+            overrides={"adaptive_chunk_ms": [0, 30.0]},
+            target=get_target("vllm==0.34"),
+        )
 
 
 def test_a_space_stored_before_the_policy_knobs_keeps_their_defaults() -> None:

@@ -186,6 +186,18 @@ class SimExecutor:
         handed out once per stretch so that a step costs no extra call."""
         return self.cost_model.step_seconds
 
+    def step_time(
+        self, num_decodes: int, context_sum: int, prefill_tokens: int, prefill_prior: int = 0
+    ) -> float:
+        """Adaptive chunking's step-time model (``slotune.engine.chunking.StepTime``): the
+        cost model's step of ``num_decodes`` decodes reading ``context_sum`` KV tokens and
+        one prefill chunk of ``prefill_tokens`` after ``prefill_prior`` tokens."""
+        rows = num_decodes + (1 if prefill_tokens else 0)
+        chunks = ((prefill_tokens, prefill_prior),) if prefill_tokens else ()
+        return self.cost_model.step_seconds(
+            num_decodes + prefill_tokens, rows, rows, num_decodes, context_sum, chunks
+        )
+
     def propose_draft(self, request: Request, k: int) -> list[int]:
         """A draft of ``k`` tokens: the ones it will sample (rejections are drawn in
         ``execute``, so whatever it accepts, a request's tokens stay the same)."""

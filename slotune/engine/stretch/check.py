@@ -18,6 +18,7 @@ import copy
 import os
 from typing import Any
 
+from slotune.engine.chunking import StepTime
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
@@ -42,14 +43,17 @@ class StretchMismatch(AssertionError):
 class StretchChecker:
     """The shadow scheduler and the comparisons (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, kv_cache: KVCacheManager, step_time: StepTime | None = None
+    ) -> None:
+        """``step_time``: the engine's step-time model (adaptive chunking), shared."""
         shadow_kv = KVCacheManager(
             kv_cache.num_gpu_blocks,
             kv_cache.num_cpu_blocks,
             config.block_size,
             config.prefix_caching,
         )
-        self.shadow = Scheduler(config, shadow_kv)
+        self.shadow = Scheduler(config, shadow_kv, step_time=step_time)
         self.num_stretches = 0
 
     def add_request(self, request: Request) -> None:
@@ -74,6 +78,7 @@ class StretchChecker:
         if not shadow_out.total_num_scheduled_tokens:
             shadow.finished_request_ids |= shadow_out.finished_request_ids
         shadow_outputs = shadow.update_from_output(shadow_out, result)
+        shadow.advance(result.duration_s)  # the clock a decode budget reads
         _same(where, "outputs", _outputs(shadow_outputs), _outputs(outputs))
 
     def copy_arrivals(self, plan: StretchPlan) -> list[list[Request]]:

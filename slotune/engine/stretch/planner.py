@@ -53,6 +53,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     "decode_budget_ms": frozenset({0.0}),
+    "adaptive_chunk_ms": frozenset({0.0}),  # a stretch plans with one fixed budget
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 

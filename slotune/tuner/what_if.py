@@ -1,0 +1,110 @@
+"""What-if: what the user would gain from a scheduling policy their engine does not run.
+
+The recommendation is for the target engine (vLLM, SGLang), which cannot run slotune's own
+policies (hybrid preemption, tier quotas, the decode budget, adaptive chunking). For each
+such policy this reruns the recommended configuration with the policy switched on, in the
+embedded engine's simulator at the report's load, and records both runs' scores: the gain
+an engine that had it would bring. Policy settings (one each, not searched):
+
+- hybrid preemption: ``preemption_mode="hybrid"`` at the default swap threshold;
+- tier quotas (traces with two or more tiers): 20 % of the KV blocks and of each step's
+  token budget reserved for tier 0;
+- decode budget: the SLO's TPOT target (50 ms without one);
+- adaptive chunking: the SLO's TPOT target, the budget ceiling at least 8192 tokens.
+
+Hybrid preemption and the decode budget act on preempted requests only: when the
+recommended run preempted none, their run is that run (not rerun; each rerun is
+single-stepped, a few times a trial's cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+
+ADAPTIVE_CEILING = 8192
+_ON_PREEMPTION = ("hybrid preemption", "decode budget")  # change nothing without preemption
+TIER_SHARE = 0.2
+DEFAULT_TPOT_MS = 50.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    settings: dict[str, Any]
+
+
+def policies(config: EngineConfig, tpot_ms: float | None, tiered: bool) -> list[Policy]:
+    """The policies to try on ``config`` (each as the fields it changes)."""
+    tpot = tpot_ms or DEFAULT_TPOT_MS
+    out = [
+        Policy("hybrid preemption", {"preemption_mode": "hybrid"}),
+        Policy("decode budget", {"decode_budget_ms": tpot}),
+        Policy(
+            "adaptive chunking",
+            {
+                "adaptive_chunk_ms": tpot,
+                "max_num_batched_tokens": max(config.max_num_batched_tokens, ADAPTIVE_CEILING),
+            },
+        ),
+    ]
+    if tiered:
+        out.append(
+            Policy(
+                "tier quotas",
+                {"top_tier_kv_share": TIER_SHARE, "top_tier_token_share": TIER_SHARE},
+            )
+        )
+    return out
+
+
+def _scores(summary: dict[str, Any], score: float) -> dict[str, Any]:
+    tiers = summary.get("tiers") or {}
+    return {
+        "slo_attainment": summary.get("slo_attainment"),
+        "goodput": summary.get("goodput"),
+        "ttft_p99_ms": (summary.get("ttft_ms") or {}).get("p99"),
+        "tpot_p99_ms": (summary.get("tpot_ms") or {}).get("p99"),
+        "score": score,
+        "tiers": {t: s.get("slo_attainment") for t, s in tiers.items()},
+    }
+
+
+def what_if(
+    evaluator: Any,
+    target: Any,
+    config: EngineConfig,
+    summary: dict[str, Any],
+    rate: float | None,
+) -> dict[str, Any] | None:
+    """Each policy ``target`` does not run, rerun on ``config`` in the simulator: ``{"base":
+    scores of config, "policies": [{"name", "settings", "scores"} or {"name", "skipped"}]}``;
+    None when there is nothing to ask (the target runs every policy, or the study runs a
+    real engine, whose runs are not the simulator's)."""
+    if evaluator.setup.backend != "sim":
+        return None
+    tpot = evaluator.targets_ms.get("tpot")
+    tiered = len({r.tier for r in evaluator.trace.requests}) > 1
+    base = _scores(summary, evaluator.measurement(summary, rate).score)
+    results: list[dict[str, Any]] = []
+    for policy in policies(config, tpot, tiered):
+        try:
+            variant = replace(config, **policy.settings)
+        except ValueError as exc:
+            results.append({"name": policy.name, "settings": policy.settings, "skipped": str(exc)})
+            continue
+        if not target.problems(variant):
+            continue  # the target runs it: the search could choose it
+        if policy.name in _ON_PREEMPTION and not summary.get("num_preemptions"):
+            results.append(
+                {"name": policy.name, "settings": policy.settings, "scores": base, "same": True}
+            )
+            continue
+        run = evaluator.summarize(evaluator.run(variant, rate), rate)
+        scores = _scores(run, evaluator.measurement(run, rate).score)
+        results.append({"name": policy.name, "settings": policy.settings, "scores": scores})
+    if not results:
+        return None
+    return {"target": target.name, "rate": rate, "base": base, "policies": results}
