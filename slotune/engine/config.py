@@ -32,7 +32,9 @@ class EngineConfig:
     stores the KV cache in the model's dtype (``auto``) or quantized (see ``kv_dtype``).
     ``num_speculative_tokens`` > 0 turns on n-gram speculation (prompt lookup of
     ``prompt_lookup_min``..``prompt_lookup_max`` tokens, vLLM's defaults; see
-    ``slotune.engine.spec_decode``); 0 is off.
+    ``slotune.engine.spec_decode``); 0 is off. With ``speculative_model`` (a local HF
+    checkpoint of the target's vocabulary) a draft model drafts instead
+    (``slotune.engine.model.draft``; the simulator prices its passes).
 
     ``scheduling_policy="priority"`` is vLLM's ``--scheduling-policy priority``: the
     waiting queue in (priority, arrival) order, the lowest-priority (highest value),
@@ -67,6 +69,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+    speculative_model: str | None = None
     scheduling_policy: SchedulingPolicy = "fcfs"
     swap_threshold_tokens: int = 2048
     top_tier_kv_share: float = 0.0
@@ -76,7 +79,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "num_gpu_blocks" and value is None:
+            if f.name in ("num_gpu_blocks", "speculative_model") and value is None:
                 continue
             if f.name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
                 _fail(f.name, "must be an integer", value)
@@ -154,6 +157,9 @@ class EngineConfig:
             _fail(
                 "num_speculative_tokens", "must be 0 (off) or positive", self.num_speculative_tokens
             )
+        draft = self.speculative_model
+        if draft is not None and (not isinstance(draft, str) or not draft.strip()):
+            _fail("speculative_model", "must be the path of a draft checkpoint, or None", draft)
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             _fail(
                 "prompt_lookup_min",
