@@ -107,7 +107,10 @@ def _reference_kv(draft: torch.nn.Module, tokens: list[int]) -> list[tuple[torch
     """transformers' draft keys and values of ``tokens``, per layer [tokens, heads, dim]."""
     with torch.no_grad():
         out = draft(torch.tensor([tokens]), use_cache=True)
-    return [(lay.keys[0].transpose(0, 1), lay.values[0].transpose(0, 1)) for lay in out.past_key_values.layers]
+    return [
+        (lay.keys[0].transpose(0, 1), lay.values[0].transpose(0, 1))
+        for lay in out.past_key_values.layers
+    ]
 
 
 def _check_draft_kv(engine: Engine, reference: torch.nn.Module) -> int:
