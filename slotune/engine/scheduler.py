@@ -281,9 +281,10 @@ class Scheduler:
         )
         if k <= 0:
             return 0
-        if self.draft_model is not None:  # it writes the draft's KV: slots first
-            if not speculates(req) or not self.kv_cache.allocate_slots(req, 1 + k):
-                return 0
+        if self.draft_model is not None and not (  # it writes the draft's KV: slots first
+            speculates(req) and self.kv_cache.allocate_slots(req, 1 + k)
+        ):
+            return 0
         draft = self.propose(req, k)
         if not draft or not self.kv_cache.allocate_slots(req, 1 + len(draft)):
             return 0

@@ -107,13 +107,13 @@ class Target:
                     f"{self.name} does not run {knob}={value} "
                     f"(it runs {', '.join(map(str, allowed))})"
                 )
-        allowed_policies = self.draft_policies
-        if config.speculative_model and config.num_speculative_tokens:
-            if allowed_policies is not None and config.policy not in allowed_policies:
-                out.append(
-                    f"{self.name} does not run policy={config.policy} with a draft "
-                    f"model: {self.draft_note}"
-                )
+        drafts = bool(config.speculative_model and config.num_speculative_tokens)
+        policies = self.draft_policies
+        if drafts and policies is not None and config.policy not in policies:
+            out.append(
+                f"{self.name} does not run policy={config.policy} with a draft model: "
+                f"{self.draft_note}"
+            )
         threshold = config.long_prefill_token_threshold
         if threshold and not self.long_prefill_threshold:
             out.append(f"{self.name} has no per-request long-prefill threshold (tuned {threshold})")
