@@ -193,6 +193,7 @@ _SLOTUNE_FLAG = {
     "prompt_lookup_min": "--prompt-lookup-min",
     "prompt_lookup_max": "--prompt-lookup-max",
     "speculative_model": "--speculative-model",
+    "speculative_acceptance": "--speculative-acceptance",
     "scheduling_policy": "--scheduling-policy",
     "swap_threshold_tokens": "--swap-threshold-tokens",
     "top_tier_kv_share": "--top-tier-kv-share",
@@ -299,6 +300,12 @@ FLAGS: dict[str, dict[str, Rule]] = {
         V34: _none,
         SGL: _none,
         SLO: _if_set(_SLOTUNE_FLAG["speculative_model"]),
+    },
+    "speculative_acceptance": {  # the simulator's assumption: no engine takes it
+        V15: _none,
+        V34: _none,
+        SGL: _none,
+        SLO: _none,
     },
     "scheduling_policy": {
         V15: _vllm_scheduling,
