@@ -227,3 +227,43 @@ def test_a_draft_of_another_vocabulary_is_refused(tiny_dir: Path, tmp_path: Path
     config = EngineConfig(num_speculative_tokens=2, speculative_model=str(other))
     with pytest.raises(ValueError, match="vocabulary of 600 tokens, the target's has 512"):
         Engine.local(config, model=str(tiny_dir), device="cpu", attention="torch")
+
+
+def test_the_draft_runs_the_passes_the_simulator_prices(
+    tiny_dir: Path, draft_dir: Path, prompts_and_expected: tuple[dict, dict]
+) -> None:
+    """Each step: a single-token pass per draft token of every verifying request, then one
+    pass over exactly the target's scheduled tokens (``sim.speculative`` prices these)."""
+    prompts, _ = prompts_and_expected
+    engine = _engine(tiny_dir, draft_dir, "k3-bs16-budget16-hash")
+    draft = engine.executor.propose_draft  # type: ignore[attr-defined]
+    model, execute = draft.model, engine.executor.execute
+    passes: list[int] = []
+    outputs: list = []
+
+    def counting(batch: object, *args: object) -> torch.Tensor:
+        passes.append(int(batch.input_ids.numel()))  # type: ignore[attr-defined]
+        return model(batch, *args)
+
+    def recording(so: object) -> object:
+        outputs.append(so)
+        return execute(so)
+
+    draft.model = counting
+    engine.executor.execute = recording  # type: ignore[method-assign]
+    step = engine.step
+    checked = 0
+
+    def checked_step() -> list:
+        nonlocal checked
+        passes.clear()
+        result = step()
+        so = outputs[-1]
+        drafted = sum(len(d) for d in so.spec_token_ids.values())
+        assert passes == [1] * drafted + [so.total_num_scheduled_tokens]
+        checked += drafted
+        return result
+
+    engine.step = checked_step  # type: ignore[method-assign]
+    generate(engine, prompts)
+    assert checked > 0
