@@ -144,6 +144,7 @@ class Scheduler:
             self.draft_model = propose
             self.propose = self._propose_in_slots
         elif self.num_spec:
+            assert not isinstance(propose, SlotProposer)
             self.propose = propose or NgramProposer(
                 config.prompt_lookup_min, config.prompt_lookup_max
             )

@@ -331,5 +331,5 @@ def test_a_draft_model_searches_the_speculation_count_where_the_target_runs_it()
     space = build_space(max_model_len=2048, overrides=draft, target=sglang)
     assert space.params["policy"].values == ("prefill_first",)
     assert all(not sglang.problems(c) for _, c in sample(space, 20))
-    with pytest.raises(SearchSpaceError, match="vllm==0.15 does not run a draft model"):
+    with pytest.raises(SearchSpaceError, match=r"vllm==0\.15 does not run a draft model"):
         build_space(max_model_len=2048, overrides=draft, target=get_target("vllm==0.15"))
