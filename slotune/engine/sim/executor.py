@@ -53,8 +53,9 @@ class SimExecutor:
     ``spec_draft_model`` (a catalogue name or config.json; default
     ``EngineConfig.speculative_model``) prices the drafts as that model's passes on the
     same GPUs (``speculative``), its weights and KV taken from the pool; without one they
-    are free (n-gram). ``spec_acceptance`` defaults to the measured rate of the kind
-    (``speculative.DRAFT_ACCEPTANCE`` or ``NGRAM_ACCEPTANCE``).
+    are free (n-gram). ``spec_acceptance`` defaults to ``EngineConfig.speculative_acceptance``,
+    else to the measured rate of the kind (``speculative.DRAFT_ACCEPTANCE`` or
+    ``NGRAM_ACCEPTANCE``).
     """
 
     def __init__(
