@@ -46,13 +46,32 @@ ExpertParallel = Annotated[
 ]
 NumSpeculativeTokens = Annotated[
     int | None,
-    opt("--num-speculative-tokens", "Prompt-lookup (n-gram) draft tokens per step (0 = off)."),
+    opt(
+        "--num-speculative-tokens",
+        "Draft tokens per step (0 = off): prompt lookup (n-gram), or --speculative-model's.",
+    ),
 ]
 PromptLookupMin = Annotated[
     int | None, opt("--prompt-lookup-min", "Shortest n-gram a draft is looked up by.")
 ]
 PromptLookupMax = Annotated[
     int | None, opt("--prompt-lookup-max", "Longest n-gram a draft is looked up by.")
+]
+SpeculativeModel = Annotated[
+    str | None,
+    opt(
+        "--speculative-model",
+        "Draft model: a checkpoint folder of the model's vocabulary (the simulator reads its "
+        "config.json, or takes a catalogue name).",
+    ),
+]
+SpeculativeAcceptance = Annotated[
+    float | None,
+    opt(
+        "--speculative-acceptance",
+        "Simulator: the rate at which draft tokens are accepted (default: 0.76 with a draft "
+        "model, 0.82 n-gram; measured, see docs/BENCHMARKS.md).",
+    ),
 ]
 SchedulingPolicy = Annotated[
     str | None, opt("--scheduling-policy", "fcfs | priority (the trace's per-request priority).")

@@ -34,6 +34,8 @@ def tune(
     ] = None,
     quantization: eo.Quantization = None,
     ep: eo.ExpertParallel = 1,
+    speculative_model: eo.SpeculativeModel = None,
+    speculative_acceptance: eo.SpeculativeAcceptance = None,
     trace: to.TraceName = "sharegpt-like",
     format: to.TraceFormat = None,
     num_requests: Annotated[
@@ -221,6 +223,8 @@ def tune(
         verify_flags=verify_flags,
         verify_timeout=verify_timeout,
         target=target,
+        speculative_model=speculative_model,
+        speculative_acceptance=speculative_acceptance,
     )
     if gpus is not None:
         _deploy(gpus, {**dataclasses.asdict(options), "tp": tp})

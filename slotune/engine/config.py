@@ -32,7 +32,12 @@ class EngineConfig:
     stores the KV cache in the model's dtype (``auto``) or quantized (see ``kv_dtype``).
     ``num_speculative_tokens`` > 0 turns on n-gram speculation (prompt lookup of
     ``prompt_lookup_min``..``prompt_lookup_max`` tokens, vLLM's defaults; see
-    ``slotune.engine.spec_decode``); 0 is off.
+    ``slotune.engine.spec_decode``); 0 is off. With ``speculative_model`` (a local HF
+    checkpoint of the target's vocabulary) a draft model drafts instead
+    (``slotune.engine.model.draft``; the simulator prices its passes, reading its
+    ``config.json``, or a catalogue model of that name). ``speculative_acceptance`` is the
+    rate at which the simulator accepts draft tokens (None: the measured default of the
+    kind, ``sim.speculative``); the real engine verifies and ignores it.
 
     ``scheduling_policy="priority"`` is vLLM's ``--scheduling-policy priority``: the
     waiting queue in (priority, arrival) order, the lowest-priority (highest value),
@@ -72,6 +77,8 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+    speculative_model: str | None = None
+    speculative_acceptance: float | None = None
     scheduling_policy: SchedulingPolicy = "fcfs"
     swap_threshold_tokens: int = 2048
     top_tier_kv_share: float = 0.0
@@ -82,7 +89,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "num_gpu_blocks" and value is None:
+            if f.name in _OPTIONAL_FIELDS and value is None:
                 continue
             if f.name in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
                 _fail(f.name, "must be an integer", value)
@@ -173,6 +180,14 @@ class EngineConfig:
             _fail(
                 "num_speculative_tokens", "must be 0 (off) or positive", self.num_speculative_tokens
             )
+        draft = self.speculative_model
+        if draft is not None and (not isinstance(draft, str) or not draft.strip()):
+            _fail("speculative_model", "must be the path of a draft checkpoint, or None", draft)
+        alpha = self.speculative_acceptance
+        if alpha is not None and (
+            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1
+        ):
+            _fail("speculative_acceptance", "must be in [0, 1], or None (the default)", alpha)
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             _fail(
                 "prompt_lookup_min",
@@ -225,6 +240,7 @@ class EngineConfig:
         return cls(**data)
 
 
+_OPTIONAL_FIELDS = ("num_gpu_blocks", "speculative_model", "speculative_acceptance")
 _INT_FIELDS = frozenset(
     {
         "max_num_batched_tokens",

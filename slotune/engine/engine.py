@@ -137,7 +137,6 @@ class Engine:
         overrides the model's weight format, ``ep`` is expert parallelism;
         ``spec_acceptance`` the draft acceptance rate when speculation is on."""
         from slotune.engine.sim import SimExecutor
-        from slotune.engine.sim.speculative import NGRAM_ACCEPTANCE
 
         executor = SimExecutor(
             gpu=gpu,
@@ -146,7 +145,7 @@ class Engine:
             stack=stack,
             quantization=quantization,
             ep=ep,
-            spec_acceptance=NGRAM_ACCEPTANCE if spec_acceptance is None else spec_acceptance,
+            spec_acceptance=spec_acceptance,  # None: the measured default of the kind
         )
         return cls(config, executor)
 

@@ -35,6 +35,8 @@ class EngineKnobs:
     num_speculative_tokens: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    speculative_model: str | None = None
+    speculative_acceptance: float | None = None
     scheduling_policy: str | None = None
     swap_threshold_tokens: int | None = None
     top_tier_kv_share: float | None = None

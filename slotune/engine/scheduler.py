@@ -45,7 +45,7 @@ from slotune.engine.rules import (
     swaps,
 )
 from slotune.engine.scheduler_output import SchedulerOutput
-from slotune.engine.spec_decode import NgramProposer, Proposer
+from slotune.engine.spec_decode import NgramProposer, Proposer, SlotProposer, speculates
 
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
@@ -104,12 +104,13 @@ class Scheduler:
         self,
         config: EngineConfig,
         kv_cache: KVCacheManager,
-        propose: Proposer | None = None,
+        propose: Proposer | SlotProposer | None = None,
         step_time: StepTime | None = None,
     ) -> None:
         """``propose`` drafts tokens when ``config.num_speculative_tokens`` > 0 (default:
-        n-gram prompt lookup); ``step_time`` prices steps for adaptive chunking (required
-        when ``config.adaptive_chunk_ms`` > 0)."""
+        n-gram prompt lookup); a ``SlotProposer`` (a draft model) drafts into its slots.
+        ``step_time`` prices steps for adaptive chunking (required when
+        ``config.adaptive_chunk_ms`` > 0)."""
         self.config = config
         self.chunk_target_s = config.adaptive_chunk_ms / 1000 if config.adaptive_chunk_ms else None
         if self.chunk_target_s is not None and step_time is None:
@@ -147,7 +148,12 @@ class Scheduler:
         self.max_step_tokens = 0
         self.num_spec = config.num_speculative_tokens
         self.propose: Proposer | None = None
-        if self.num_spec:
+        self.draft_model: SlotProposer | None = None
+        if self.num_spec and isinstance(propose, SlotProposer):
+            self.draft_model = propose
+            self.propose = self._propose_in_slots
+        elif self.num_spec:
+            assert not isinstance(propose, SlotProposer)
             self.propose = propose or NgramProposer(
                 config.prompt_lookup_min, config.prompt_lookup_max
             )
@@ -302,6 +308,10 @@ class Scheduler:
         )
         if k <= 0:
             return 0
+        if self.draft_model is not None and not (  # it writes the draft's KV: slots first
+            speculates(req) and self.kv_cache.allocate_slots(req, 1 + k)
+        ):
+            return 0
         draft = self.propose(req, k)
         if not draft or not self.kv_cache.allocate_slots(req, 1 + len(draft)):
             return 0
@@ -310,6 +320,11 @@ class Scheduler:
         out.num_samples[rid] = 1
         out.spec_token_ids[rid] = draft
         return 1 + len(draft)
+
+    def _propose_in_slots(self, req: Request, k: int) -> list[int]:
+        assert self.draft_model is not None
+        table = self.kv_cache.block_tables[req.request_id]
+        return self.draft_model.propose_in_slots(req, k, table)
 
     def _make_room(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Preempt the most recently admitted running requests until ``req`` fits.

@@ -13,10 +13,21 @@ token's distribution (not the draws of a seeded request: they differ from a run 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from slotune.engine.request import Request
 
 Proposer = Callable[[Request, int], list[int]]  # (request, at most k) -> draft tokens
+
+
+@runtime_checkable
+class SlotProposer(Protocol):
+    """A proposer that writes KV as it drafts (a draft model, ``model.draft``): the
+    scheduler allocates the step's ``1 + k`` slots first and hands it the block table."""
+
+    def propose_in_slots(self, request: Request, k: int, block_table: list[int]) -> list[int]:
+        """``k`` draft tokens (or [] when ``request`` does not speculate)."""
+        ...
 
 
 def ngram_propose(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

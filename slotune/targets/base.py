@@ -73,6 +73,9 @@ class Target:
     gpu_kv_only: bool = True  # KV formats limited to what the GPU serves (GpuSpec)
     description: str = ""
     baseline_note: str = ""
+    # the policies it runs draft-model speculation with (None: all; empty: none)
+    draft_policies: tuple[str, ...] | None = None
+    draft_note: str = ""  # why, where it runs fewer
 
     @property
     def label(self) -> str:
@@ -104,6 +107,13 @@ class Target:
                     f"{self.name} does not run {knob}={value} "
                     f"(it runs {', '.join(map(str, allowed))})"
                 )
+        drafts = bool(config.speculative_model and config.num_speculative_tokens)
+        policies = self.draft_policies
+        if drafts and policies is not None and config.policy not in policies:
+            out.append(
+                f"{self.name} does not run policy={config.policy} with a draft model: "
+                f"{self.draft_note}"
+            )
         threshold = config.long_prefill_token_threshold
         if threshold and not self.long_prefill_threshold:
             out.append(f"{self.name} has no per-request long-prefill threshold (tuned {threshold})")

@@ -60,26 +60,62 @@ def _kv(values: dict[str, str]) -> Rule:
     return lambda v, _c, _l: () if v == "auto" else ("--kv-cache-dtype", values[v])
 
 
+def _draft_checkpoint(c: EngineConfig) -> str:
+    """The draft to serve: a checkpoint path or Hugging Face id, not a catalogue name."""
+    draft = c.speculative_model or ""
+    if "/" not in draft:
+        raise ExportRefused(
+            f"speculative_model {draft!r} names a simulator catalogue model; the engine "
+            "loads the draft's checkpoint: give its path or Hugging Face id"
+        )
+    return draft
+
+
 def _vllm_speculation(k: int, c: EngineConfig, _l: Launch) -> tuple[str, ...]:
-    """Prompt-lookup (n-gram) speculation, as slotune runs it: vLLM's ``ngram`` method."""
+    """Speculation as slotune runs it: vLLM's ``draft_model`` method with a draft model,
+    else prompt lookup (its ``ngram`` method)."""
     if not k:
         return ()
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": k,
-        "prompt_lookup_max": c.prompt_lookup_max,
-        "prompt_lookup_min": c.prompt_lookup_min,
-    }
+    spec: dict[str, object]
+    if c.speculative_model:
+        spec = {
+            "method": "draft_model",
+            "model": _draft_checkpoint(c),
+            "num_speculative_tokens": k,
+        }
+    else:
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": c.prompt_lookup_max,
+            "prompt_lookup_min": c.prompt_lookup_min,
+        }
     return ("--speculative-config", json.dumps(spec))
 
 
-def _sglang_speculation(k: int, _c: EngineConfig, _l: Launch) -> tuple[str, ...]:
-    if k:
+def _sglang_speculation(k: int, c: EngineConfig, _l: Launch) -> tuple[str, ...]:
+    """A draft model is SGLang's STANDALONE algorithm: ``k`` draft steps of one token
+    each (top-k 1, a chain), verifying ``k + 1`` tokens."""
+    if not k:
+        return ()
+    if not c.speculative_model:
         raise ExportRefused(
             "SGLang's NGRAM speculation drafts from a cache of every request's tokens, not "
-            "by prompt lookup as slotune measured: tune for SGLang without speculation"
+            "by prompt lookup as slotune measured: tune for SGLang without speculation, "
+            "or with a draft model (--speculative-model)"
         )
-    return ()
+    return (
+        "--speculative-algorithm",
+        "STANDALONE",
+        "--speculative-draft-model-path",
+        _draft_checkpoint(c),
+        "--speculative-num-steps",
+        str(k),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(k + 1),
+    )
 
 
 def _vllm_scheduling(v: str, _c: EngineConfig, _l: Launch) -> tuple[str, ...]:
@@ -156,6 +192,8 @@ _SLOTUNE_FLAG = {
     "num_speculative_tokens": "--num-speculative-tokens",
     "prompt_lookup_min": "--prompt-lookup-min",
     "prompt_lookup_max": "--prompt-lookup-max",
+    "speculative_model": "--speculative-model",
+    "speculative_acceptance": "--speculative-acceptance",
     "scheduling_policy": "--scheduling-policy",
     "swap_threshold_tokens": "--swap-threshold-tokens",
     "top_tier_kv_share": "--top-tier-kv-share",
@@ -257,6 +295,18 @@ FLAGS: dict[str, dict[str, Rule]] = {
         V34: _none,
         SGL: _none,
         SLO: _value(_SLOTUNE_FLAG["prompt_lookup_max"]),
+    },
+    "speculative_model": {  # carried by num_speculative_tokens' flags
+        V15: _none,
+        V34: _none,
+        SGL: _none,
+        SLO: _if_set(_SLOTUNE_FLAG["speculative_model"]),
+    },
+    "speculative_acceptance": {  # the simulator's assumption: no engine takes it
+        V15: _none,
+        V34: _none,
+        SGL: _none,
+        SLO: _none,
     },
     "scheduling_policy": {
         V15: _vllm_scheduling,

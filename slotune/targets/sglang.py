@@ -43,6 +43,9 @@ SGLANG_0_5 = Target(
     family="sglang",
     version="0.5.23",
     stack="sglang-0.5",
+    draft_policies=("prefill_first",),
+    draft_note="its STANDALONE speculation turns off --enable-mixed-chunk (prefill chunks "
+    "and decodes never share a step)",
     knob_values={
         "block_size": (1, 16, 32, 64, 128),
         "preemption_mode": ("recompute",),

@@ -89,6 +89,8 @@ VLLM_0_15 = Target(
     },
     fixed_defaults=_FIXED,
     description="vLLM 0.15 (V1 engine), the release the reference runs measured",
+    draft_policies=(),
+    draft_note="slotune checked its draft-model export against vLLM 0.34's parser only",
 )
 
 VLLM_0_34 = Target(

@@ -126,6 +126,8 @@ class TuneOptions:
     verify_flags: str = "auto"  # whose flags fill {flags}: vllm | sglang | slotune
     verify_timeout: float = 600.0  # seconds a server may take to answer /health
     target: str | None = None  # default: the newest vLLM supported
+    speculative_model: str | None = None  # fixes it: num_speculative_tokens is searched
+    speculative_acceptance: float | None = None  # the simulator's rate (fixed)
 
 
 _OPTION_NAMES = frozenset(f.name for f in fields(TuneOptions))
@@ -303,7 +305,10 @@ def prepare(o: TuneOptions) -> Prepared:
     _check_tier_objective(o, trace_tiers)
     where = f"{{search}} {o.search}" if o.search else "search space"
     try:
-        overrides = load_search_file(o.search) if o.search else None
+        overrides = load_search_file(o.search) if o.search else {}
+        for name in ("speculative_model", "speculative_acceptance"):  # a flag fixes its field
+            if getattr(o, name) is not None:
+                overrides[name] = getattr(o, name)
         space = build_space(
             max_model_len=default_max_model_len(trace),
             overrides=overrides,

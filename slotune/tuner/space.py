@@ -12,6 +12,7 @@ fixes or narrows any of them, or fixes any other field::
     long_prefill_token_threshold: off                 # fix (0 and "off" mean off)
     gpu_memory_utilization: 0.85                      # fix a field that is not searched
     num_speculative_tokens: [0, 2, 4]                 # opt in: n-gram speculation (0 = off)
+    speculative_model: /ckpt/draft                    # a draft model: searches k in 0, 2, 4
 
 Conditional knobs are Optuna conditionals, so every trial is a valid ``EngineConfig``:
 the long-prefill threshold exists only under the chunked policy (a gate picks off or on,
@@ -76,6 +77,8 @@ _FRACTIONS = ("top_tier_kv_share", "top_tier_token_share")  # in [0, 1)
 ``decode_budget_ms: [0, 50]``, ``adaptive_chunk_ms: [0, 30, 40]``); hybrid preemption,
 tier quotas, the decode budget and adaptive chunking run on the embedded engine only,
 priority scheduling also on vLLM and SGLang."""
+DRAFT_TOKENS = (0, 2, 4)
+"""``num_speculative_tokens`` searched where a draft model is fixed and no values given."""
 _RANGE_KEYS = {"low", "high", "log", "step", "allow_off"}
 _GRID_LINEAR_POINTS = 5
 
@@ -389,6 +392,9 @@ def build_space(
                 f"{where}: unknown parameter {name!r}; searchable: {', '.join(_SEARCH_ORDER)}; "
                 f"other EngineConfig fields can be fixed: {', '.join(sorted(known - set(params)))}"
             )
+    if fixed.get("speculative_model"):
+        given = "num_speculative_tokens" in (overrides or {})
+        params = _with_draft_model(params, given, where, target)
     space = SearchSpace(params, fixed, bool(target and target.budget_ge_seqs))
     try:
         EngineConfig(**fixed)
@@ -401,6 +407,29 @@ def build_space(
             f"{', '.join(_SEARCH_ORDER)} free (a range or two or more values)"
         )
     return space
+
+
+def _with_draft_model(
+    params: dict[str, Param], given: bool, where: str, target: Target | None
+) -> dict[str, Param]:
+    """A fixed draft model searches ``num_speculative_tokens`` (``DRAFT_TOKENS`` unless
+    ``given``), under the policies the target runs a draft model with."""
+    params = dict(params)
+    if not given:
+        params["num_speculative_tokens"] = Param("num_speculative_tokens", DRAFT_TOKENS)
+    allowed = target.draft_policies if target is not None else None
+    if allowed is None:
+        return params
+    policy = params["policy"]
+    kept = tuple(v for v in policy.values or () if v in allowed)
+    if not kept:
+        note = target.draft_note if target is not None else ""
+        raise SearchSpaceError(
+            f"{where}: speculative_model: {target.name if target else ''} does not run a "
+            f"draft model with policy {', '.join(map(str, policy.values or ()))}: {note}"
+        )
+    params["policy"] = replace(policy, values=kept)
+    return params
 
 
 def load_search_file(path: str | Path) -> dict[str, Any]:

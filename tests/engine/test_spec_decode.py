@@ -79,6 +79,11 @@ def test_only_single_completions_without_top_logprobs_get_ngram_drafts() -> None
         dict(prompt_lookup_min=0),
         dict(prompt_lookup_min=4, prompt_lookup_max=3),
         dict(num_speculative_tokens=1.5),
+        dict(speculative_model=""),
+        dict(speculative_model=3),
+        dict(speculative_acceptance=1.5),
+        dict(speculative_acceptance=-0.1),
+        dict(speculative_acceptance=True),
     ],
 )
 def test_bad_speculative_settings_are_refused(fields: dict) -> None:

@@ -292,6 +292,7 @@ def vllm_resolve(argv: list[str], *, gpu: str = "h100") -> dict[str, object]:
         "num_speculative_tokens": getattr(
             config.speculative_config, "num_speculative_tokens", None
         ),
+        "speculative_model": getattr(config.speculative_config, "model", None),
     }
 
 
@@ -367,6 +368,12 @@ SGLANG_FIELDS = (
     "cuda_graph_max_bs",
     "attention_backend",
     "device",
+    "enable_mixed_chunk",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
 )
 
 
@@ -491,17 +498,23 @@ _MIXTRAL_CHANGES: dict[str, Any] = {
 
 
 def make_hf_checkpoint(
-    directory: str | os.PathLike[str], *, quantization: str | None = None, moe: bool = False
+    directory: str | os.PathLike[str],
+    *,
+    quantization: str | None = None,
+    moe: bool = False,
+    layers: int | None = None,
 ) -> Path:
     """A tiny Llama checkpoint directory, built locally: config.json and a word-level tokenizer.
 
     With `quantization`, config.json carries the `quantization_config` of a pre-quantized
     checkpoint of that kind (keys of QUANTIZATION_CONFIGS). `moe`: a Mixtral (8 experts, top 2),
-    for expert-parallel lines.
+    for expert-parallel lines. `layers`: fewer decoder layers (a draft model's checkpoint).
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     config = dict(_LLAMA_CONFIG) | (_MIXTRAL_CHANGES if moe else {})
+    if layers is not None:
+        config["num_hidden_layers"] = layers
     if quantization is not None:
         if quantization not in QUANTIZATION_CONFIGS:
             raise ValueError(

@@ -160,7 +160,10 @@ def vllm_check(config: EngineConfig, words: list[str], resolved: dict[str, Any])
     )
     spec = config.num_speculative_tokens
     assert field(resolved, "num_speculative_tokens") == (spec or None)
-    if spec:
+    if spec and config.speculative_model:
+        assert field(resolved, "speculative_method") == "draft_model"
+        assert field(resolved, "speculative_model") == config.speculative_model
+    elif spec:
         assert field(resolved, "speculative_method") in ("ngram", "prompt_lookup")
 
 
@@ -191,6 +194,25 @@ def test_vllm_accepts_search_overrides(checkpoint: Path, overrides: dict[str, An
             continue
         words = launch_words(config, target, launch(checkpoint))
         vllm_check(config, words, vllm_resolve(words[2:]))
+
+
+@pytest.fixture(scope="module")
+def draft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A draft for ``checkpoint``: its vocabulary, one decoder layer."""
+    return engines.make_hf_checkpoint(tmp_path_factory.mktemp("draft"), layers=1)
+
+
+@needs_vllm
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_vllm_runs_the_draft_model(checkpoint: Path, draft_checkpoint: Path, k: int) -> None:
+    target = get_target("vllm==0.34")
+    base = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
+    config = dataclasses.replace(
+        base, num_speculative_tokens=k, speculative_model=str(draft_checkpoint)
+    )
+    assert not target.problems(config)
+    words = launch_words(config, target, launch(checkpoint))
+    vllm_check(config, words, vllm_resolve(words[2:]))
 
 
 @needs_vllm
@@ -278,6 +300,15 @@ def sglang_check(config: EngineConfig, words: list[str], resolved: dict[str, Any
     assert bool(field(resolved, "enable_priority_scheduling")) is priority
     if priority:
         assert field(resolved, "schedule_low_priority_values_first") is True
+    k = config.num_speculative_tokens
+    if k and config.speculative_model:
+        assert field(resolved, "speculative_algorithm") == "STANDALONE"
+        assert field(resolved, "speculative_draft_model_path") == config.speculative_model
+        assert field(resolved, "speculative_num_steps") == k
+        assert field(resolved, "speculative_eagle_topk") == 1
+        assert field(resolved, "speculative_num_draft_tokens") == k + 1
+    else:
+        assert field(resolved, "speculative_algorithm") in (None, "NONE")
 
 
 @needs_sglang
@@ -320,6 +351,25 @@ def test_sglang_serves_the_prequantized_checkpoint(tmp_path: Path, kind: str) ->
 
 
 @needs_sglang
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_sglang_runs_the_draft_model_as_standalone(
+    checkpoint: Path, draft_checkpoint: Path, k: int
+) -> None:
+    target = get_target("sglang")
+    base = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
+    config = dataclasses.replace(
+        base,
+        num_speculative_tokens=k,
+        speculative_model=str(draft_checkpoint),
+        policy="prefill_first",
+        max_num_batched_tokens=max(base.max_num_batched_tokens, MAX_MODEL_LEN),
+    )
+    assert not target.problems(config)
+    words = launch_words(config, target, launch(checkpoint))
+    sglang_check(config, words, engines.sglang_resolve(words[3:], gpu=GPU))
+
+
+@needs_sglang
 def test_sglang_parallel(checkpoint: Path) -> None:
     target = get_target("sglang")
     config = target.defaults(gpu_spec(GPU), max_model_len=MAX_MODEL_LEN)
@@ -348,6 +398,22 @@ def test_sglang_defaults_are_the_baseline(checkpoint: Path) -> None:
         ("vllm", {"max_num_batched_tokens": 256, "max_num_seqs": 512}, "max_num_seqs"),
         ("sglang", {"prefix_caching": "hash"}, "does not run prefix_caching=hash"),
         ("sglang", {"long_prefill_token_threshold": 512}, "long-prefill threshold"),
+        ("sglang", {"num_speculative_tokens": 3}, "NGRAM speculation drafts from a cache"),
+        (
+            "sglang",
+            {"num_speculative_tokens": 3, "speculative_model": "d/m", "policy": "chunked"},
+            "does not run policy=chunked with a draft model: its STANDALONE",
+        ),
+        (
+            "vllm==0.15",
+            {"num_speculative_tokens": 3, "speculative_model": "d/m"},
+            "draft-model export against vLLM 0.34",
+        ),
+        (
+            "vllm",
+            {"num_speculative_tokens": 3, "speculative_model": "llama-3.2-1b"},
+            "names a simulator catalogue model",
+        ),
     ],
 )
 def test_refused_exports_say_why(target: str, change: dict[str, Any], reason: str) -> None:

@@ -122,7 +122,9 @@ def test_the_runner_times_every_token_of_a_speculative_step() -> None:
     ).sum()
 
 
-def test_a_draft_model_adds_its_decode_steps_and_pulls_the_crossover_in() -> None:
+def test_a_draft_model_adds_its_passes_and_pulls_the_crossover_in() -> None:
+    """The engine's draft path: one pass over the step's tokens (its KV), then k decode
+    passes of the verifying requests (tests/model/test_spec_draft_vs_hf.py counts them)."""
     from slotune.engine.sim.speculative import draft_seconds
 
     cost = SimExecutor("h100", "llama-3-70b", tp=4).cost_model
@@ -134,9 +136,10 @@ def test_a_draft_model_adds_its_decode_steps_and_pulls_the_crossover_in() -> Non
         assert d.spec_tpot_s > f.spec_tpot_s and d.tpot_s == f.tpot_s
     gap = decode_step_seconds(cost, 8, 1000, 4, draft) - decode_step_seconds(cost, 8, 1000, 4)
     passes = [draft.gpu_step_seconds(8, 8, 8, 8 * (1001 + j)) for j in range(4)]
-    assert gap == pytest.approx(sum(passes))
+    catch_up = draft.gpu_step_seconds(8 * 5, 0, 8, 8 * 1005)  # 8 requests of 1 + 4 tokens
+    assert gap == pytest.approx(catch_up + sum(passes))
     assert all(p < draft.decode_step_seconds(8, 8 * (1001 + j)) for j, p in enumerate(passes))
-    assert gap == draft_seconds(draft, 8, 8 * 1001, 4)
+    assert gap == pytest.approx(catch_up + draft_seconds(draft, 8, 8 * 1001, 4))
     crossover_free = crossover_batch_size(free)
     crossover_drafted = crossover_batch_size(drafted)
     assert crossover_free is not None and crossover_drafted is not None
@@ -158,3 +161,35 @@ def test_a_simulated_draft_model_slows_every_drafted_step() -> None:
         return seconds
 
     assert total("llama-3-8b") > total(None)
+
+
+def test_the_configured_draft_model_prices_drafts_at_its_measured_default() -> None:
+    from slotune.engine.sim.speculative import DRAFT_ACCEPTANCE, NGRAM_ACCEPTANCE
+
+    def executor(**fields: object) -> SimExecutor:
+        ex = SimExecutor("h100", "llama-3-70b", 4)
+        config = EngineConfig(num_speculative_tokens=3, **fields)  # type: ignore[arg-type]
+        Engine(config, ex)
+        return ex
+
+    ngram = executor()
+    assert ngram.draft_cost is None and ngram.spec_acceptance == NGRAM_ACCEPTANCE
+    drafted = executor(speculative_model="llama-3-8b")
+    assert drafted.draft_cost is not None and drafted.spec_acceptance == DRAFT_ACCEPTANCE
+    assert (
+        executor(speculative_model="llama-3-8b", speculative_acceptance=0.3).spec_acceptance == 0.3
+    )
+    # its weights and its KV in every block come out of the pool
+    assert drafted.capacity is not None and ngram.capacity is not None
+    assert drafted.capacity.num_gpu_blocks < ngram.capacity.num_gpu_blocks
+    off = SimExecutor("h100", "llama-3-70b", 4)
+    Engine(EngineConfig(speculative_model="llama-3-8b"), off)  # k = 0: no draft runs
+    assert off.draft_cost is None and off.capacity == ngram.capacity
+
+
+def test_the_default_draft_acceptance_reproduces_its_source() -> None:
+    """vllm-project/vllm#24322: mean acceptance lengths 2.79 (k=3) and 3.12 (k=4)."""
+    from slotune.engine.sim.speculative import DRAFT_ACCEPTANCE
+
+    assert expected_tokens_per_step(DRAFT_ACCEPTANCE, 3) == pytest.approx(2.79, abs=0.02)
+    assert expected_tokens_per_step(DRAFT_ACCEPTANCE, 4) == pytest.approx(3.12, abs=0.02)

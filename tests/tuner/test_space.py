@@ -325,3 +325,22 @@ def test_a_space_stored_before_the_policy_knobs_keeps_their_defaults() -> None:
     space = SearchSpace.from_dict(stored)
     configs = {space.config_from_params(p) for p in space.grid()[:20]}
     assert {(c.scheduling_policy, c.swap_threshold_tokens) for c in configs} == {("fcfs", 2048)}
+
+
+def test_a_draft_model_searches_the_speculation_count_where_the_target_runs_it() -> None:
+    draft = {"speculative_model": "/ckpt/draft"}
+    for target in (None, get_target("vllm==0.34"), get_target("slotune")):
+        space = build_space(max_model_len=2048, overrides=draft, target=target)
+        assert space.params["num_speculative_tokens"].values == (0, 2, 4)
+        configs = [c for _, c in sample(space, 30)]
+        assert {c.num_speculative_tokens for c in configs} == {0, 2, 4}
+        assert {c.speculative_model for c in configs} == {"/ckpt/draft"}
+    given = build_space(max_model_len=2048, overrides={**draft, "num_speculative_tokens": [0, 5]})
+    assert given.params["num_speculative_tokens"].values == (0, 5)
+    # SGLang's STANDALONE speculation never mixes prefill and decode: prefill-first only
+    sglang = get_target("sglang")
+    space = build_space(max_model_len=2048, overrides=draft, target=sglang)
+    assert space.params["policy"].values == ("prefill_first",)
+    assert all(not sglang.problems(c) for _, c in sample(space, 20))
+    with pytest.raises(SearchSpaceError, match=r"vllm==0\.15 does not run a draft model"):
+        build_space(max_model_len=2048, overrides=draft, target=get_target("vllm==0.15"))

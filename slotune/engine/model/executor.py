@@ -21,6 +21,7 @@ from slotune.engine.model.attention import (
     AttentionMetadata,
     select_backend,
 )
+from slotune.engine.model.draft import DraftModel
 from slotune.engine.model.kv_cache import KVCache, allocate_kv_cache, cache_tensors
 from slotune.engine.model.llama import ForwardBatch
 from slotune.engine.model.loader import load_model
@@ -55,6 +56,11 @@ class TorchExecutor:
 
     ``timer`` times each step; ``time.process_time`` (with one thread, on the CPU) measures
     the step as if no other process shared the cores.
+
+    With ``EngineConfig.speculative_model`` and ``num_speculative_tokens`` it loads the
+    draft (``draft.DraftModel``) when the engine sizes the cache, counts its KV in every
+    block, and hands it to the scheduler as ``propose_draft``; a step's duration then
+    includes the drafting that the schedule before it ran.
     """
 
     def __init__(
@@ -87,6 +93,7 @@ class TorchExecutor:
         self.timer = timer
         self._kv: tuple[KVCache, KVCache] | None = None
         self._cpu_kv: tuple[KVCache, KVCache] | None = None
+        self.propose_draft: DraftModel | None = None  # the draft model, when one drafts
         if self.device.type == "cpu":
             if threads is None and self.model_config.hidden_size <= SINGLE_THREAD_MAX_HIDDEN:
                 threads = 1
@@ -98,9 +105,12 @@ class TorchExecutor:
         per_layer = kv_block_bytes(
             kv_cache_dtype, block_size, c.num_key_value_heads, c.head_dim, self.dtype.itemsize
         )
-        return c.num_hidden_layers * per_layer
+        draft = self.propose_draft
+        draft_bytes = draft.block_bytes(block_size, kv_cache_dtype) if draft else 0
+        return c.num_hidden_layers * per_layer + draft_bytes
 
     def determine_capacity(self, config: EngineConfig) -> KVCacheCapacity:
+        self._load_draft(config)
         block_bytes = self.block_bytes(config.block_size, config.kv_cache_dtype)
         useful = config.max_num_seqs * -(-config.max_model_len // config.block_size)
         gpu_blocks = min(self._device_kv_bytes(config) // block_bytes, useful)
@@ -111,6 +121,15 @@ class TorchExecutor:
                 f"room for the KV cache on {self.device}; raise it or set num_gpu_blocks"
             )
         return KVCacheCapacity(num_gpu_blocks=int(gpu_blocks), num_cpu_blocks=int(cpu_blocks))
+
+    def _load_draft(self, config: EngineConfig) -> None:
+        path = config.speculative_model
+        if not path or not config.num_speculative_tokens:
+            self.propose_draft = None
+        elif self.propose_draft is None or self.propose_draft.path != Path(path):
+            self.propose_draft = DraftModel(
+                path, self.model_config, self.device, self.dtype, self.timer
+            )
 
     def _device_kv_bytes(self, config: EngineConfig) -> int:
         if self.device.type == "cuda":
@@ -149,6 +168,15 @@ class TorchExecutor:
         self._cpu_kv = allocate_kv_cache(
             kv_dtype, cpu_shape, self.dtype, "cpu", pin_memory=pin, zeroed=False
         )
+        self._load_draft(config)
+        if self.propose_draft is not None:
+            self.propose_draft.initialize_cache(
+                kv_dtype,
+                config.block_size,
+                capacity.num_gpu_blocks,
+                capacity.num_cpu_blocks,
+                self.backend,
+            )
         logger.info(
             "KV cache: %d device blocks, %d CPU blocks of %d tokens (%s); attention: %s",
             capacity.num_gpu_blocks,
@@ -185,6 +213,8 @@ class TorchExecutor:
         if not scheduler_output.is_empty:
             batch, rows = self._prepare(scheduler_output)
             logits = self.model(batch, self._kv[0], self._kv[1], self.backend)
+            if self.propose_draft is not None:
+                self.propose_draft.catch_up(batch)
             spec = scheduler_output.spec_token_ids
             drawn = {r.request_id for r in rows if r.request_id in spec and not r.params.greedy}
             if drawn:  # sampled requests' drafts go through rejection sampling
@@ -212,6 +242,8 @@ class TorchExecutor:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         duration = self.timer() - start
+        if self.propose_draft is not None:
+            duration += self.propose_draft.take_pending_seconds()
         requests = scheduler_output.requests
         _, decode_context, chunks = batch_totals(
             (n, requests[rid].num_computed_tokens)
@@ -228,8 +260,13 @@ class TorchExecutor:
 
     def _copy_blocks(self, so: SchedulerOutput) -> None:
         assert self._kv is not None and self._cpu_kv is not None
-        device_tensors = [t for cache in self._kv for t in cache_tensors(cache)]
-        host_tensors = [t for cache in self._cpu_kv for t in cache_tensors(cache)]
+        device, host = list(self._kv), list(self._cpu_kv)
+        draft = self.propose_draft
+        if draft is not None and draft.kv is not None and draft.cpu_kv is not None:
+            device += draft.kv  # the same block ids in the draft's own tensors
+            host += draft.cpu_kv
+        device_tensors = [t for cache in device for t in cache_tensors(cache)]
+        host_tensors = [t for cache in host for t in cache_tensors(cache)]
         for gpu, cpu in zip(device_tensors, host_tensors, strict=True):
             if so.swap_out:
                 src, dst = _pairs(so.swap_out, self.device, torch.device("cpu"))

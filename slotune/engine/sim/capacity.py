@@ -65,10 +65,16 @@ def kv_bytes(
 
 
 def determine_capacity(
-    profile: GpuProfile, model: ModelSpec, tp: int, config: EngineConfig
+    profile: GpuProfile,
+    model: ModelSpec,
+    tp: int,
+    config: EngineConfig,
+    draft: ModelSpec | None = None,
 ) -> KVCacheCapacity:
     """Blocks on the GPU and in ``swap_space_gb`` of host memory. A model that leaves no room
-    is an error unless ``config.num_gpu_blocks`` overrides the pool size."""
+    is an error unless ``config.num_gpu_blocks`` overrides the pool size. A ``draft`` model's
+    weights take GPU memory too, and its KV is in every block (its own tensors on the
+    target's block ids, as the engine's ``model.draft`` keeps it)."""
     usable = config.gpu_memory_utilization * profile.gpu.memory_bytes
     weights = model.weight_bytes_per_gpu(tp)
     reserved = profile.system.reserved_gib * GIB
@@ -76,6 +82,9 @@ def determine_capacity(
         model, tp, config.max_num_batched_tokens, config.max_num_seqs
     )
     block = kv_block_bytes(model, tp, config.block_size, config.kv_cache_dtype)
+    if draft is not None:
+        weights += draft.weight_bytes_per_gpu(tp)
+        block += kv_block_bytes(draft, tp, config.block_size, config.kv_cache_dtype)
     free = usable - weights - reserved - workspace
     num_gpu_blocks = int(free // block)
     if num_gpu_blocks < 1 and config.num_gpu_blocks is None:

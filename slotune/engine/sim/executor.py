@@ -16,8 +16,9 @@ from slotune.engine.sim.cost_model import CostModel
 from slotune.engine.sim.models import ModelSpec, get_model
 from slotune.engine.sim.profile import GpuProfile, load_profile
 from slotune.engine.sim.speculative import (
-    NGRAM_ACCEPTANCE,
+    catch_up_seconds,
     check_acceptance,
+    default_acceptance,
     draft_seconds,
     draw_accepted,
 )
@@ -49,8 +50,12 @@ class SimExecutor:
     will sample and accepts each with probability ``spec_acceptance`` given the ones before
     (``slotune.engine.sim.speculative``), drawn from a generator seeded with ``spec_seed``:
     outputs are those without speculation, only the steps and their costs change.
-    ``spec_draft_model`` (a catalogue name or config.json) prices the drafts as that model's
-    decode steps on the same GPUs; without one they are free (n-gram).
+    ``spec_draft_model`` (a catalogue name or config.json; default
+    ``EngineConfig.speculative_model``) prices the drafts as that model's passes on the
+    same GPUs (``speculative``), its weights and KV taken from the pool; without one they
+    are free (n-gram). ``spec_acceptance`` defaults to ``EngineConfig.speculative_acceptance``,
+    else to the measured rate of the kind (``speculative.DRAFT_ACCEPTANCE`` or
+    ``NGRAM_ACCEPTANCE``).
     """
 
     def __init__(
@@ -62,13 +67,17 @@ class SimExecutor:
         *,
         quantization: str | None = None,
         ep: int = 1,
-        spec_acceptance: float = NGRAM_ACCEPTANCE,
+        spec_acceptance: float | None = None,
         spec_seed: int = 0,
         spec_draft_model: str | None = None,
     ) -> None:
-        self.spec_acceptance = check_acceptance(spec_acceptance)
+        self._acceptance = None if spec_acceptance is None else check_acceptance(spec_acceptance)
         self._spec_rng = random.Random(spec_seed)
+        self._draft_name = spec_draft_model
         self.draft_model = None if spec_draft_model is None else get_model(spec_draft_model)
+        self.spec_acceptance = default_acceptance(self.draft_model is not None)
+        if self._acceptance is not None:
+            self.spec_acceptance = self._acceptance
         self.draft_cost: CostModel | None = None
         self.profile: GpuProfile = gpu if isinstance(gpu, GpuProfile) else load_profile(gpu)
         self.model: ModelSpec = get_model(model, quantization)
@@ -89,7 +98,21 @@ class SimExecutor:
 
     # -- Executor protocol -------------------------------------------------------------
     def determine_capacity(self, config: EngineConfig) -> KVCacheCapacity:
-        return determine_capacity(self.profile, self.model, self.tp, config)
+        self._choose_draft(config)
+        return determine_capacity(self.profile, self.model, self.tp, config, self.draft_model)
+
+    def _choose_draft(self, config: EngineConfig) -> None:
+        """The draft model that prices this configuration's drafts: ``spec_draft_model``,
+        else ``config.speculative_model``; none without speculation."""
+        name = self._draft_name or config.speculative_model
+        drafting = bool(name and config.num_speculative_tokens)
+        self.draft_model = get_model(name) if drafting and name else None
+        alpha = self._acceptance
+        if alpha is None:
+            alpha = config.speculative_acceptance
+        if alpha is None:
+            alpha = default_acceptance(self.draft_model is not None)
+        self.spec_acceptance = alpha
 
     def initialize_cache(self, config: EngineConfig, capacity: KVCacheCapacity) -> None:
         self.cost_model = CostModel(
@@ -104,6 +127,8 @@ class SimExecutor:
             kv_cache_dtype=config.kv_cache_dtype,
         )
         self.capacity = capacity
+        self._choose_draft(config)
+        self.draft_cost = None
         if self.draft_model is not None:
             self.draft_cost = CostModel(
                 self.profile, self.draft_model, self.tp, config.block_size, self.stack
@@ -162,6 +187,10 @@ class SimExecutor:
             len(so.swap_out) + len(so.swap_in),
             len(so.copy_on_write),
         )
+        if self.draft_cost is not None and scheduled:  # the draft's pass over the step
+            duration += catch_up_seconds(
+                self.draft_cost, so.total_num_scheduled_tokens, num_decodes, context_sum, chunks
+            )
         if spec and self.draft_cost is not None:
             depth = max(len(d) for d in spec.values())  # the draft model runs this many steps
             duration += draft_seconds(self.draft_cost, len(spec), draft_context, depth)

@@ -7,14 +7,20 @@ appends ``1 + alpha + ... + alpha**k`` tokens on average. A verifying request is
 decode with ``k + 1`` query tokens: ``k + 1`` tokens through the dense layers and the LM
 head, and one decode-attention read of its context (the draft's queries share it, as
 FlashAttention-style kernels read the KV once per query block), priced by the cost
-model's own ``step_seconds``, as ``SimExecutor`` prices it. A draft model adds ``k``
-decode steps of its own over the same batch (``draft_seconds``); its KV cache, which
-cannot share the target's, is not taken from the target's pool here.
+model's own ``step_seconds``, as ``SimExecutor`` prices it.
+
+A draft model costs what the engine's draft path (``slotune.engine.model.draft``) runs:
+one pass over the step's own tokens, which writes its KV (``catch_up_seconds``), and
+``k`` single-token decode passes over the verifying requests (``draft_seconds``), all on
+the GPU inside the target's step. Its weights and its KV in every block come out of the
+target's pool (``capacity.determine_capacity``). vLLM's ``draft_model`` folds the
+catch-up into its first draft pass, so this prices one pass more than vLLM runs.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slotune.engine.sim.cost_model import CostModel
@@ -25,6 +31,19 @@ the first 4 sessions of the bundled agent trace with k=4 and prompt lookup 1..3
 (``benchmarks/spec_decode.py``; docs/BENCHMARKS.md, "Speculative decoding"). A model with
 random weights repeats itself more than a trained one: pass the rate of your own model and
 traffic (``SimExecutor(spec_acceptance=...)``) where you know it."""
+
+
+DRAFT_ACCEPTANCE = 0.76
+"""Default ``alpha`` for a draft model: vLLM's ``draft_model`` method measured in
+vllm-project/vllm#24322 (Qwen3-32B target, Qwen3-1.7B draft, greedy, 100 MT-Bench
+prompts): mean acceptance length 2.79 at k=3 and 3.12 at k=4, which are
+``1 + alpha + ... + alpha**k`` at alpha 0.763 and 0.762. A draft of another family or
+size, sampled requests or other traffic accept at other rates: pass your own."""
+
+
+def default_acceptance(draft_model: bool) -> float:
+    """The default rate of a draft model's drafts, or of n-gram drafts."""
+    return DRAFT_ACCEPTANCE if draft_model else NGRAM_ACCEPTANCE
 
 
 def check_acceptance(alpha: float) -> float:
@@ -55,6 +74,18 @@ def draft_seconds(draft: CostModel, batch: int, context_sum: int, k: int) -> flo
     )
 
 
+def catch_up_seconds(
+    draft: CostModel,
+    num_tokens: int,
+    num_decodes: int,
+    context_sum: int,
+    chunks: Sequence[tuple[int, int]] = (),
+) -> float:
+    """The draft model over the target's step (the same tokens, contexts and prefill
+    chunks), for its KV: no logits, no host cost of its own."""
+    return draft.gpu_step_seconds(num_tokens, 0, num_decodes, context_sum, chunks)
+
+
 def decode_step_seconds(
     cost: CostModel, batch: int, context: int, k: int = 0, draft: CostModel | None = None
 ) -> float:
@@ -64,6 +95,7 @@ def decode_step_seconds(
     n = k + 1
     t = cost.step_seconds(batch * n, batch * n, batch, batch, batch * (context + n))
     if draft is not None and k:
+        t += catch_up_seconds(draft, batch * n, batch, batch * (context + n))
         t += draft_seconds(draft, batch, batch * (context + 1), k)
     return t
 

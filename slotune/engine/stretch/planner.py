@@ -48,6 +48,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "num_speculative_tokens": frozenset({0}),  # a stretch plans one token per decode step
     "prompt_lookup_min": None,
     "prompt_lookup_max": None,
+    "speculative_model": None,  # read only with speculation, refused above
+    "speculative_acceptance": None,
     "scheduling_policy": frozenset({"fcfs"}),
     "swap_threshold_tokens": None,  # read only under preemption_mode="hybrid", refused above
     "top_tier_kv_share": frozenset({0.0}),
