@@ -17,18 +17,16 @@ from slotune.engine.rules import (
     counts_as_prefill,
     fill_step,
     fills_block,
-    first_chunk,
     is_decoder,
     is_decoding,
     length_step,
     needs_blocks,
     num_samples,
-    prompts_first,
     reaches_length,
-    running_chunk,
 )
 from slotune.engine.scheduler import Scheduler
-from slotune.engine.stretch.plan import Admit, Alloc, Chunk, PlannedStep, StretchPlan
+from slotune.engine.sim.batch import batch_totals
+from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -130,8 +128,6 @@ class StretchPlanner:
         self.kv = kv
         self.bs = scheduler.block_size
         self.budget = scheduler.config.max_num_batched_tokens
-        self.threshold = scheduler.threshold
-        self.max_model_len = scheduler.max_model_len
         self.cache = kv.cache
         # the cache whose missing lookups a plan can make (see _certain_miss)
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
@@ -219,105 +215,43 @@ class StretchPlanner:
         """Plan the next step; False (and nothing planned) if it is not certain."""
         if self.ended:
             return False
-        has_waiting = self.next_waiting < len(self.waiting)
-        if not (self.alive or self.others or has_waiting) or self.alive > self.budget:
+        if not (self.alive or self.others or self.next_waiting < len(self.waiting)):
             return self._end_before(None, 0)
-        head = self.waiting[self.next_waiting] if has_waiting else None
-        if prompts_first(self.sched.prefill_first, head):
-            return self._end_before(None, 0)  # the step looks the prompt up
         plan = self.plan
         j = len(plan.steps) + 1  # 1-based, as the buckets
         prefix_allocs = self.alloc_at.pop(j, None)
-        allocs: list[Alloc] = []
         if prefix_allocs:
             prefix_allocs.sort()
-            allocs = [(i, 1) for i in prefix_allocs]
-        new_blocks = len(allocs)
-        alive = self.alive
-        budget = self.budget - alive
-        num_tokens = num_sampled = num_requests = num_decodes = alive
-        context = self.sum_base + j * alive
-        prefill = 0
-        chunks: list[Chunk] = []
-        stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
-        bs = self.bs
-        for o in self.others:
-            if budget <= 0:
-                break
-            computed = o.computed
-            n = running_chunk(
-                o.total - computed, computed, self.threshold, budget, self.max_model_len
-            )
-            slots = o.slots
-            if needs_blocks(computed, n, slots):
-                slots = blocks_for(computed + n, bs) * bs
-                need = (slots - o.slots) // bs
-                allocs.append((o.index, need))
-                new_blocks += need
-            if computed + n == o.total:
-                if num_samples(o.has_output, o.n) > 1:
-                    return self._end_before(prefix_allocs, j)  # a fork: a general step's job
-                num_sampled += 1
-            if n == 1:  # the cost model prices every one-token entry as a decode
-                num_decodes += 1
-                context += computed + 1
-            else:
-                chunks.append((n, computed))
-            if counts_as_prefill(n, o.has_output):
-                prefill += n
-            num_requests += 1
-            num_tokens += n
-            budget -= n
-            stepped.append((o, n, slots))
-        if new_blocks > self.free:
-            return self._end_before(prefix_allocs, j)  # someone would be preempted
-        admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
-        free_left = self.free - new_blocks
-        seated = alive + len(self.others)
-        while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
-            head = self.waiting[self.next_waiting + len(admitted)]
-            decision = self._admission(head, budget, seated + len(admitted), free_left)
-            if decision is HeadWaits.STAYS:
-                break
-            if decision is HeadWaits.UNSURE:
-                return self._end_before(prefix_allocs, j)
-            n, blocks = decision
-            o = _Other(-1, head, blocks * bs, blocks)
-            admitted.append((o, n))
-            stepped.append((o, n, o.slots))
-            free_left -= blocks
-            new_blocks += blocks
-            if n == o.total:
-                num_sampled += num_samples(o.has_output, o.n)
-            if n == 1:
-                num_decodes += 1
-                context += 1
-            else:
-                chunks.append((n, 0))
-            prefill += n  # a start is a prefill, whatever its size
-            num_requests += 1
-            num_tokens += n
-            budget -= n
+        draft = _Draft(self, prefix_allocs)
+        try:
+            left = self.sched.run_passes(draft, self.budget)
+        except _Unsure:
+            return self._end_before(prefix_allocs, j)
+        num_tokens = self.budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
-        self.free -= new_blocks
+        stepped = draft.stepped
+        alive = self.alive
+        num_decodes, context, chunks = batch_totals([(n, o.computed) for o, n, _ in stepped])
+        self.free -= draft.new_blocks
         step = PlannedStep(
             num_tokens,
-            prefill,
-            num_sampled,
-            num_requests,
-            num_decodes,
-            context,
+            draft.prefill,
+            draft.num_sampled,
+            alive + len(stepped),
+            alive + num_decodes,
+            # each aggregate decoder reads its context in step j: base + j (see _join)
+            self.sum_base + j * alive + context,
             chunks,
-            allocs,
+            draft.allocs,
             [],
             [],
             [],
             [],
         )
         plan.steps.append(step)
-        if admitted:
-            self._seat(admitted, step.admits)
+        if draft.admitted:
+            self._seat(draft.admitted, step.admits)
         self._update(j, step, prefix_allocs, stepped)
         return True
 
@@ -427,10 +361,9 @@ class StretchPlanner:
     def _admission(
         self, head: Request, budget: int, seated: int, free_left: int
     ) -> Admission | HeadWaits:
-        """What trying the waiting head does in this step."""
+        """What trying the waiting head with ``budget`` tokens (its ``head_budget``) does
+        in this step, next to ``seated`` running requests with ``free_left`` blocks."""
         s = self.sched
-        if not s.has_seat_for(head, seated):
-            return HeadWaits.STAYS  # not tried: no seat before someone finishes
         if head.status is RequestStatus.SWAPPED:
             need = s.swap_in_need(head, budget)
             if need is None:
@@ -440,7 +373,7 @@ class StretchPlanner:
             return HeadWaits.UNSURE
         if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
             return HeadWaits.UNSURE
-        n = first_chunk(len(head.all_token_ids), self.threshold, budget, s.prefill_first)
+        n = s.chunk(head, 0, budget)
         if n is None:  # not reached: prefill-first admissions are not planned
             return HeadWaits.UNSURE
         blocks = self.kv.blocks_needed(n)
@@ -498,6 +431,102 @@ class StretchPlanner:
         return plan
 
 
+class _Unsure(Exception):
+    """A pass of the step being planned would do what a plan cannot."""
+
+
+class _Draft:
+    """The step being planned: the planner's passes (``Passes``), which
+    ``Scheduler.run_passes`` calls in the scheduler's order with the scheduler's budget.
+    A pass that would preempt, fork or try the waiting head uncertainly raises
+    ``_Unsure``; aggregate decoders take their tokens first (they lead the running list).
+    """
+
+    __slots__ = ("admitted", "allocs", "new_blocks", "num_sampled", "planner", "prefill", "stepped")
+
+    def __init__(self, planner: StretchPlanner, prefix_allocs: list[int] | None) -> None:
+        self.planner = planner
+        self.allocs: list[Alloc] = [(i, 1) for i in prefix_allocs] if prefix_allocs else []
+        self.new_blocks = len(self.allocs)
+        self.num_sampled = planner.alive
+        self.prefill = 0
+        self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
+        self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
+
+    def head(self) -> Request | None:
+        p = self.planner
+        return p.waiting[p.next_waiting] if p.next_waiting < len(p.waiting) else None
+
+    def preempted(self) -> bool:
+        return False  # a pass that would preempt raises _Unsure
+
+    def serve_running(self, budget: int) -> int:
+        p = self.planner
+        if p.alive > budget:
+            raise _Unsure  # some aggregate decoders would not get their token
+        budget -= p.alive
+        s = p.sched
+        bs = p.bs
+        allocs = self.allocs
+        stepped = self.stepped
+        new_blocks = prefill = num_sampled = 0
+        for o in p.others:
+            if budget <= 0:
+                break
+            computed = o.computed
+            n = s.running_tokens(o.total - computed, computed, budget)
+            slots = o.slots
+            if needs_blocks(computed, n, slots):
+                slots = blocks_for(computed + n, bs) * bs
+                need = (slots - o.slots) // bs
+                allocs.append((o.index, need))
+                new_blocks += need
+            if computed + n == o.total:
+                if num_samples(o.has_output, o.n) > 1:
+                    raise _Unsure  # a fork: a general step's job
+                num_sampled += 1
+            if counts_as_prefill(n, o.has_output):
+                prefill += n
+            budget -= n
+            stepped.append((o, n, slots))
+        self.new_blocks += new_blocks
+        if self.new_blocks > p.free:
+            raise _Unsure  # someone would be preempted
+        self.prefill += prefill
+        self.num_sampled += num_sampled
+        return budget
+
+    def serve_waiting(self, budget: int, kinds: int) -> int:
+        p = self.planner
+        s = p.sched
+        waiting = p.waiting
+        admitted = self.admitted
+        free_left = p.free - self.new_blocks
+        seated = p.alive + len(p.others)
+        while budget > 0 and p.next_waiting + len(admitted) < len(waiting):
+            head = waiting[p.next_waiting + len(admitted)]
+            num_seated = seated + len(admitted)
+            avail = s.head_budget(head, kinds, budget, num_seated)
+            if avail <= 0:
+                break
+            decision = p._admission(head, avail, num_seated, free_left)
+            if decision is HeadWaits.STAYS:
+                break
+            if decision is HeadWaits.UNSURE:
+                raise _Unsure
+            n, blocks = decision
+            o = _Other(-1, head, blocks * p.bs, blocks)
+            admitted.append((o, n))
+            self.stepped.append((o, n, o.slots))
+            free_left -= blocks
+            self.new_blocks += blocks
+            if n == o.total:
+                self.num_sampled += num_samples(o.has_output, o.n)
+            self.prefill += n  # a start is a prefill, whatever its size
+            budget -= n
+        return budget
+
+
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
     """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
     or a new request without stop tokens, fork or logprobs, under the chunked policy, with
@@ -527,5 +556,5 @@ def _budget_left_estimate(s: Scheduler) -> int:
         if is_decoding(n, bool(req.output_token_ids)):
             break
         num -= 1
-        budget -= min(n, s.threshold, max(budget, 0))
+        budget -= s.running_tokens(n, req.num_computed_tokens, max(budget, 0))
     return budget - num
