@@ -179,8 +179,10 @@ class StretchPlanner:
             return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
-            seated = s.has_seat_for(head, len(s.running))
-            if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
+            # without a seat the head is not tried; with one, prefill-first tries it first
+            if s.has_seat_for(head, len(s.running)) and (
+                s.prefill_first or _budget_left_estimate(s) > 0
+            ):
                 return None  # the next step tries the head: don't plan a failing step
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
