@@ -74,6 +74,7 @@ class Passes(Protocol):
         """Admit waiting requests of ``kinds`` (``ADMIT_*``) from the head on."""
         ...
 
+    @property
     def preempted(self) -> bool:
         """Whether a pass of this step preempted a running request."""
         ...
@@ -214,7 +215,7 @@ class Scheduler:
         step takes its passes in the scheduler's order by construction."""
         if not self.prefill_first:
             budget = passes.serve_running(budget)
-            if not passes.preempted():
+            if not passes.preempted:
                 budget = passes.serve_waiting(budget, ADMIT_ANY)
             return budget
         start = budget
@@ -222,7 +223,7 @@ class Scheduler:
             budget = passes.serve_waiting(budget, ADMIT_PROMPTS)
         if budget == start:  # the prompt pass scheduled nothing
             budget = passes.serve_running(budget)
-            if not passes.preempted():
+            if not passes.preempted:
                 budget = passes.serve_waiting(budget, ADMIT_SWAPPED)
         return budget
 
@@ -686,5 +687,6 @@ class _StepPasses:
     def serve_waiting(self, budget: int, kinds: int) -> int:
         return self.sched._schedule_waiting(self.out, budget, kinds)
 
+    @property
     def preempted(self) -> bool:
         return bool(self.out.preempted_request_ids)

@@ -167,6 +167,11 @@ class StretchPlanner:
         self.others = [
             _Other(i, r, kv.num_slots(r.request_id)) for i, r in enumerate(running[prefix:], prefix)
         ]
+        # the step being planned (``plan_step`` resets them; see serve_running)
+        self.step_allocs: list[Alloc] = []
+        self.step_blocks = 0  # blocks it allocates so far
+        self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
+        self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -178,12 +183,15 @@ class StretchPlanner:
         if refusal(s) is not None:
             return None
         head = s.waiting[0] if s.waiting else None
-        if head is not None and not _admission_may_be_certain(s, head):
-            # without a seat the head is not tried; with one, prefill-first tries it first
-            if s.has_seat_for(head, len(s.running)) and (
-                s.prefill_first or _budget_left_estimate(s) > 0
-            ):
-                return None  # the next step tries the head: don't plan a failing step
+        # a head that is tried (it has a seat; prefill-first tries it first) but whose
+        # admission cannot be planned: don't plan a failing step
+        if (
+            head is not None
+            and not _admission_may_be_certain(s, head)
+            and s.has_seat_for(head, len(s.running))
+            and (s.prefill_first or _budget_left_estimate(s) > 0)
+        ):
+            return None
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
 
@@ -224,38 +232,127 @@ class StretchPlanner:
         prefix_allocs = self.alloc_at.pop(j, None)
         if prefix_allocs:
             prefix_allocs.sort()
-        draft = _Draft(self, prefix_allocs)
+            self.step_allocs = [(i, 1) for i in prefix_allocs]
+        else:
+            self.step_allocs = []
+        self.step_blocks = len(self.step_allocs)
+        stepped = self.stepped
+        if stepped:  # cleared, not replaced: a new list every step shows in the counts
+            stepped.clear()
+            self.admitted.clear()
         try:
-            left = self.sched.run_passes(draft, self.budget)
+            left = self.sched.run_passes(self, self.budget)
         except _Unsure:
             return self._end_before(prefix_allocs, j)
         num_tokens = self.budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
-        stepped = draft.stepped
         alive = self.alive
-        num_decodes, context, chunks = batch_totals([(n, o.computed) for o, n, _ in stepped])
-        self.free -= draft.new_blocks
+        num_sampled = alive
+        prefill = 0
+        if stepped:  # the aggregate decoders are added in closed form below
+            for o, n, _ in stepped:
+                if o.computed + n == o.total:
+                    num_sampled += num_samples(o.has_output, o.n)
+                if counts_as_prefill(n, o.has_output):  # an admission always does
+                    prefill += n
+            num_decodes, context, chunks = batch_totals([(n, o.computed) for o, n, _ in stepped])
+        else:
+            num_decodes = context = 0
+            chunks = []
+        self.free -= self.step_blocks
         step = PlannedStep(
             num_tokens,
-            draft.prefill,
-            draft.num_sampled,
+            prefill,
+            num_sampled,
             alive + len(stepped),
             alive + num_decodes,
             # each aggregate decoder reads its context in step j: base + j (see _join)
             self.sum_base + j * alive + context,
             chunks,
-            draft.allocs,
+            self.step_allocs,
             [],
             [],
             [],
             [],
         )
         plan.steps.append(step)
-        if draft.admitted:
-            self._seat(draft.admitted, step.admits)
+        if self.admitted:
+            self._seat(self.admitted, step.admits)
         self._update(j, step, prefix_allocs, stepped)
         return True
+
+    # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
+    # calls in the scheduler's order with the scheduler's budget. A pass that would
+    # preempt, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
+    # decoders take their tokens first (they lead the running list).
+
+    preempted = False  # a pass that would preempt raises _Unsure
+
+    def head(self) -> Request | None:
+        return self.waiting[self.next_waiting] if self.next_waiting < len(self.waiting) else None
+
+    def serve_running(self, budget: int) -> int:
+        alive = self.alive
+        if alive > budget:
+            raise _Unsure  # some aggregate decoders would not get their token
+        budget -= alive
+        if not self.others:
+            if self.step_blocks > self.free:
+                raise _Unsure  # an aggregate decoder would preempt
+            return budget
+        s = self.sched
+        bs = self.bs
+        allocs = self.step_allocs
+        stepped = self.stepped
+        new_blocks = 0
+        for o in self.others:
+            if budget <= 0:
+                break
+            computed = o.computed
+            n = s.running_tokens(o.total - computed, computed, budget)
+            slots = o.slots
+            if needs_blocks(computed, n, slots):
+                slots = blocks_for(computed + n, bs) * bs
+                need = (slots - o.slots) // bs
+                allocs.append((o.index, need))
+                new_blocks += need
+            if computed + n == o.total and num_samples(o.has_output, o.n) > 1:
+                raise _Unsure  # a fork: a general step's job
+            budget -= n
+            stepped.append((o, n, slots))
+        self.step_blocks += new_blocks
+        if self.step_blocks > self.free:
+            raise _Unsure  # someone would be preempted
+        return budget
+
+    def serve_waiting(self, budget: int, kinds: int) -> int:
+        waiting = self.waiting
+        if budget <= 0 or self.next_waiting >= len(waiting):
+            return budget
+        s = self.sched
+        admitted = self.admitted
+        free_left = self.free - self.step_blocks
+        seated = self.alive + len(self.others)
+        while budget > 0 and self.next_waiting + len(admitted) < len(waiting):
+            head = waiting[self.next_waiting + len(admitted)]
+            num_seated = seated + len(admitted)
+            avail = s.head_budget(head, kinds, budget, num_seated)
+            if avail <= 0:
+                break
+            decision = self._admission(head, avail, num_seated, free_left)
+            if decision is HeadWaits.STAYS:
+                break
+            if decision is HeadWaits.UNSURE:
+                raise _Unsure
+            n, blocks = decision
+            o = _Other(-1, head, blocks * self.bs, blocks)
+            admitted.append((o, n))
+            self.stepped.append((o, n, o.slots))
+            free_left -= blocks
+            self.step_blocks += blocks
+            budget -= n
+        return budget
 
     def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
@@ -435,98 +532,6 @@ class StretchPlanner:
 
 class _Unsure(Exception):
     """A pass of the step being planned would do what a plan cannot."""
-
-
-class _Draft:
-    """The step being planned: the planner's passes (``Passes``), which
-    ``Scheduler.run_passes`` calls in the scheduler's order with the scheduler's budget.
-    A pass that would preempt, fork or try the waiting head uncertainly raises
-    ``_Unsure``; aggregate decoders take their tokens first (they lead the running list).
-    """
-
-    __slots__ = ("admitted", "allocs", "new_blocks", "num_sampled", "planner", "prefill", "stepped")
-
-    def __init__(self, planner: StretchPlanner, prefix_allocs: list[int] | None) -> None:
-        self.planner = planner
-        self.allocs: list[Alloc] = [(i, 1) for i in prefix_allocs] if prefix_allocs else []
-        self.new_blocks = len(self.allocs)
-        self.num_sampled = planner.alive
-        self.prefill = 0
-        self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
-        self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
-
-    def head(self) -> Request | None:
-        p = self.planner
-        return p.waiting[p.next_waiting] if p.next_waiting < len(p.waiting) else None
-
-    def preempted(self) -> bool:
-        return False  # a pass that would preempt raises _Unsure
-
-    def serve_running(self, budget: int) -> int:
-        p = self.planner
-        if p.alive > budget:
-            raise _Unsure  # some aggregate decoders would not get their token
-        budget -= p.alive
-        s = p.sched
-        bs = p.bs
-        allocs = self.allocs
-        stepped = self.stepped
-        new_blocks = prefill = num_sampled = 0
-        for o in p.others:
-            if budget <= 0:
-                break
-            computed = o.computed
-            n = s.running_tokens(o.total - computed, computed, budget)
-            slots = o.slots
-            if needs_blocks(computed, n, slots):
-                slots = blocks_for(computed + n, bs) * bs
-                need = (slots - o.slots) // bs
-                allocs.append((o.index, need))
-                new_blocks += need
-            if computed + n == o.total:
-                if num_samples(o.has_output, o.n) > 1:
-                    raise _Unsure  # a fork: a general step's job
-                num_sampled += 1
-            if counts_as_prefill(n, o.has_output):
-                prefill += n
-            budget -= n
-            stepped.append((o, n, slots))
-        self.new_blocks += new_blocks
-        if self.new_blocks > p.free:
-            raise _Unsure  # someone would be preempted
-        self.prefill += prefill
-        self.num_sampled += num_sampled
-        return budget
-
-    def serve_waiting(self, budget: int, kinds: int) -> int:
-        p = self.planner
-        s = p.sched
-        waiting = p.waiting
-        admitted = self.admitted
-        free_left = p.free - self.new_blocks
-        seated = p.alive + len(p.others)
-        while budget > 0 and p.next_waiting + len(admitted) < len(waiting):
-            head = waiting[p.next_waiting + len(admitted)]
-            num_seated = seated + len(admitted)
-            avail = s.head_budget(head, kinds, budget, num_seated)
-            if avail <= 0:
-                break
-            decision = p._admission(head, avail, num_seated, free_left)
-            if decision is HeadWaits.STAYS:
-                break
-            if decision is HeadWaits.UNSURE:
-                raise _Unsure
-            n, blocks = decision
-            o = _Other(-1, head, blocks * p.bs, blocks)
-            admitted.append((o, n))
-            self.stepped.append((o, n, o.slots))
-            free_left -= blocks
-            self.new_blocks += blocks
-            if n == o.total:
-                self.num_sampled += num_samples(o.has_output, o.n)
-            self.prefill += n  # a start is a prefill, whatever its size
-            budget -= n
-        return budget
 
 
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
