@@ -12,7 +12,10 @@ scheduled request ever loses its blocks.
 ``schedule()`` only decides; ``update_from_output()`` applies what the executor computed.
 Between the two, every scheduled request's ``num_computed_tokens`` is its pre-step value.
 The rules both follow are functions in ``slotune.engine.rules``, shared with the stretch
-planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are what
+planner. So is the step itself: ``run_passes`` (the order of a step's passes, over a
+``Passes`` object: the scheduler's own or the planner's) and the sizing the passes ask for
+(``head_budget``, ``running_tokens``, ``chunk``, ``swap_in_need``). ``seat_head``,
+``finish``, ``count_steps`` and ``drop_finished`` are what
 ``slotune.engine.stretch.apply_stretch`` uses to apply planned steps.
 """
 
