@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from slotune.engine.sim.stack import StackProfile
 from slotune.engine.chunking import MeasuredStepTime, StepTime
 from slotune.engine.scheduler import Scheduler
+from slotune.engine.sim.batch import prefill_context_sum
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
 
@@ -415,7 +416,7 @@ class Engine:
                 used / num_blocks,
                 0,
                 s.context_sum,
-                sum([c + p for c, p in s.chunks]) if s.chunks else 0,
+                prefill_context_sum(s.chunks) if s.chunks else 0,
             )
             for d, s, running, waiting, used in zip(
                 durations,

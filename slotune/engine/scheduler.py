@@ -12,7 +12,10 @@ scheduled request ever loses its blocks.
 ``schedule()`` only decides; ``update_from_output()`` applies what the executor computed.
 Between the two, every scheduled request's ``num_computed_tokens`` is its pre-step value.
 The rules both follow are functions in ``slotune.engine.rules``, shared with the stretch
-planner; ``seat_head``, ``finish``, ``count_steps`` and ``drop_finished`` are what
+planner. So is the step itself: ``run_passes`` (the order of a step's passes, over a
+``Passes`` object: the scheduler's own or the planner's) and the sizing the passes ask for
+(``head_budget``, ``running_tokens``, ``chunk``, ``swap_in_need``). ``seat_head``,
+``finish``, ``count_steps`` and ``drop_finished`` are what
 ``slotune.engine.stretch.apply_stretch`` uses to apply planned steps.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Protocol
 
 from slotune.engine.chunking import StepTime, adaptive_budget
 from slotune.engine.config import EngineConfig
@@ -53,7 +57,32 @@ WAITING = RequestStatus.WAITING
 FINISHED_STOPPED = RequestStatus.FINISHED_STOPPED
 FINISHED_LENGTH = RequestStatus.FINISHED_LENGTH
 
-_ANY, _PROMPTS, _SWAPPED = 0, 1, 2  # which waiting requests a pass may admit
+# which waiting requests a pass over the waiting queue may admit
+ADMIT_ANY, ADMIT_PROMPTS, ADMIT_SWAPPED = 0, 1, 2
+
+
+class Passes(Protocol):
+    """A step's passes over the queues, for ``Scheduler.run_passes`` to call in order: the
+    scheduler's own (filling a ``SchedulerOutput``) or the stretch planner's (planning a
+    step). Each pass takes tokens from the step's budget and returns what it leaves; it
+    schedules a request only by taking budget (at least one token)."""
+
+    def head(self) -> Request | None:
+        """The waiting head at the start of the step."""
+        ...
+
+    def serve_running(self, budget: int) -> int:
+        """Give the running requests their tokens, in running order."""
+        ...
+
+    def serve_waiting(self, budget: int, kinds: int) -> int:
+        """Admit waiting requests of ``kinds`` (``ADMIT_*``) from the head on."""
+        ...
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a pass of this step preempted a running request."""
+        ...
 
 
 def request_output(req: Request, tokens: list[int], finish_reason: str | None) -> RequestOutput:
@@ -186,27 +215,17 @@ class Scheduler:
             finished_request_ids=self.finished_request_ids,
         )
         self.finished_request_ids = set()
-        budget = start = (
+        budget = (
             self.config.max_num_batched_tokens
             if self.chunk_target_s is None
             else self.step_budget()
         )
-        out.token_budget = start
+        out.token_budget = budget
         self.lower_left = self.lower_budget
-        if not self.prefill_first:
-            budget = self._schedule_running(out, budget)
-            if not out.preempted_request_ids:
-                budget = self._schedule_waiting(out, budget, _ANY)
-        else:
-            if prompts_first(self.prefill_first, self.waiting[0] if self.waiting else None):
-                budget = self._schedule_waiting(out, budget, _PROMPTS)
-            if not out.num_scheduled_tokens:
-                budget = self._schedule_running(out, budget)
-                if not out.preempted_request_ids:
-                    budget = self._schedule_waiting(out, budget, _SWAPPED)
+        left = self.run_passes(_StepPasses(self, out), budget)
         if self.kv_cache.pending_copy_on_write:
             out.copy_on_write = self.kv_cache.take_copy_on_write()
-        total = start - budget
+        total = budget - left
         out.total_num_scheduled_tokens = total
         self.count_steps(1, total)
         return out
@@ -222,6 +241,46 @@ class Scheduler:
         return adaptive_budget(
             self.chunk_target_s, self.step_time, len(decodes), sum(decodes), ceiling, prior
         )
+
+    def run_passes(self, passes: Passes, budget: int) -> int:
+        """Run a step's passes in the policy's order with ``budget`` tokens; what they
+        leave. Chunked: the running requests, then (unless one was preempted) any waiting
+        ones. Prefill-first: a prompt at the waiting head first; only when that scheduled
+        nothing, the running requests, then (unless one was preempted) swapped ones.
+
+        The scheduler's ``schedule`` and the stretch planner both call this, so a planned
+        step takes its passes in the scheduler's order by construction."""
+        if not self.prefill_first:
+            budget = passes.serve_running(budget)
+            if not passes.preempted:
+                budget = passes.serve_waiting(budget, ADMIT_ANY)
+            return budget
+        start = budget
+        if prompts_first(True, passes.head()):
+            budget = passes.serve_waiting(budget, ADMIT_PROMPTS)
+        if budget == start:  # the prompt pass scheduled nothing
+            budget = passes.serve_running(budget)
+            if not passes.preempted:
+                budget = passes.serve_waiting(budget, ADMIT_SWAPPED)
+        return budget
+
+    def head_budget(self, head: Request, kinds: int, budget: int, num_seated: int) -> int:
+        """The tokens the waiting ``head`` may take in a pass admitting ``kinds`` with
+        ``budget`` left, next to ``num_seated`` running requests; 0 or less when the pass
+        stops at it (a kind it does not admit, no seat, the lower tiers' share spent)."""
+        swapped = head.status is SWAPPED
+        if (kinds == ADMIT_PROMPTS and swapped) or (kinds == ADMIT_SWAPPED and not swapped):
+            return 0
+        if not self.has_seat_for(head, num_seated):
+            return 0
+        if head.tier > 0 and self.lower_left is not None:
+            return min(budget, self.lower_left)
+        return budget
+
+    def running_tokens(self, num_left: int, computed: int, budget: int) -> int:
+        """``running_chunk`` of a running request with ``num_left`` tokens to compute after
+        ``computed``, under this configuration's threshold and model length."""
+        return running_chunk(num_left, computed, self.threshold, budget, self.max_model_len)
 
     def count_steps(self, num_steps: int, max_tokens: int) -> None:
         """Count ``num_steps`` steps, the largest of which schedules ``max_tokens``."""
@@ -273,8 +332,7 @@ class Scheduler:
                 if limited:
                     lower_left -= 1
                 continue
-            cap = min(budget, lower_left) if limited else budget
-            n = running_chunk(n, computed, self.threshold, cap, self.max_model_len)
+            n = self.running_tokens(n, computed, min(budget, lower_left) if limited else budget)
             if (
                 (needs_blocks(computed, n, req_blocks[rid].num_slots) or cow_pending)
                 and not kv.allocate_slots(req, n)
@@ -382,15 +440,10 @@ class Scheduler:
         waiting = self.waiting
         while waiting and budget > 0:
             req = waiting[0]
-            swapped = req.status is SWAPPED
-            if (kinds == _PROMPTS and swapped) or (kinds == _SWAPPED and not swapped):
-                break
-            if not self.has_seat_for(req, len(self.running)):
-                break
-            lower_left = self.lower_left if req.tier > 0 else None
-            avail = budget if lower_left is None else min(budget, lower_left)
+            avail = self.head_budget(req, kinds, budget, len(self.running))
             if avail <= 0:
-                break  # the lower tiers' share is spent, and all behind are lower tiers
+                break  # with tiers: all behind a spent lower-tier share are lower tiers
+            swapped = req.status is SWAPPED
             n = self._admit_swapped(req, out, avail) if swapped else self._admit(req, out, avail)
             if n is None:
                 break
@@ -406,8 +459,8 @@ class Scheduler:
             if not swapped or counts_as_prefill(n, bool(req.output_token_ids)):
                 out.num_prefill_tokens += n  # a (re)start is a prefill, whatever its size
             budget -= n
-            if lower_left is not None:
-                self.lower_left = lower_left - n
+            if req.tier > 0 and self.lower_left is not None:
+                self.lower_left -= n
         return budget
 
     def seat_head(self) -> Request:
@@ -659,3 +712,27 @@ class Scheduler:
         self.kv_cache.free(request)
         del self.requests[request.request_id]
         self.finished_request_ids.add(request.request_id)
+
+
+class _StepPasses:
+    """The scheduler's own passes (``Passes``), filling one step's ``out``."""
+
+    __slots__ = ("out", "sched")
+
+    def __init__(self, sched: Scheduler, out: SchedulerOutput) -> None:
+        self.sched = sched
+        self.out = out
+
+    def head(self) -> Request | None:
+        waiting = self.sched.waiting
+        return waiting[0] if waiting else None
+
+    def serve_running(self, budget: int) -> int:
+        return self.sched._schedule_running(self.out, budget)
+
+    def serve_waiting(self, budget: int, kinds: int) -> int:
+        return self.sched._schedule_waiting(self.out, budget, kinds)
+
+    @property
+    def preempted(self) -> bool:
+        return bool(self.out.preempted_request_ids)

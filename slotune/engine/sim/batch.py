@@ -1,6 +1,6 @@
 """What the cost model reads of a step's batch, as one rule for everything that prices a
-step: the simulated executor, the calibration fits and (inlined in its loop, for speed) the
-stretch planner."""
+step: the simulated executor, the calibration fits and the stretch planner (which adds
+its aggregate decoders, one token each, in closed form)."""
 
 from __future__ import annotations
 

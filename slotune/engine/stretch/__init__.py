@@ -32,10 +32,12 @@ is the last. Stop tokens are the caller's to check: it knows the tokens and may 
 shorter stretch again.
 
 The planner and the scheduler follow the same rules, one function each in
-``slotune.engine.rules``. The planner refuses (``refusal``) configurations and prefix
-caches its tests do not cover, and requests that ask for logprobs. ``check`` holds the
-checking mode (``SLOTUNE_CHECK_STRETCHES=1``): a shadow scheduler replays every stretch
-step by step and compares.
+``slotune.engine.rules``, and make a step's passes through the same
+``Scheduler.run_passes`` (the planner hands itself as the ``Passes``), sized by the
+scheduler's ``head_budget``, ``running_tokens`` and ``chunk``. The planner refuses
+(``refusal``) configurations and prefix caches its tests do not cover, and requests that
+ask for logprobs. ``check`` holds the checking mode (``SLOTUNE_CHECK_STRETCHES=1``): a
+shadow scheduler replays every stretch step by step and compares.
 
 Modules: ``plan`` (the named types of a plan), ``planner``, ``apply``, ``check``.
 """

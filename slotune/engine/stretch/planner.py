@@ -17,18 +17,16 @@ from slotune.engine.rules import (
     counts_as_prefill,
     fill_step,
     fills_block,
-    first_chunk,
     is_decoder,
     is_decoding,
     length_step,
     needs_blocks,
     num_samples,
-    prompts_first,
     reaches_length,
-    running_chunk,
 )
 from slotune.engine.scheduler import Scheduler
-from slotune.engine.stretch.plan import Admit, Alloc, Chunk, PlannedStep, StretchPlan
+from slotune.engine.sim.batch import batch_totals
+from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -133,8 +131,6 @@ class StretchPlanner:
         self.kv = kv
         self.bs = scheduler.block_size
         self.budget = scheduler.config.max_num_batched_tokens
-        self.threshold = scheduler.threshold
-        self.max_model_len = scheduler.max_model_len
         self.cache = kv.cache
         # the cache whose missing lookups a plan can make (see _certain_miss)
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
@@ -174,6 +170,11 @@ class StretchPlanner:
         self.others = [
             _Other(i, r, kv.num_slots(r.request_id)) for i, r in enumerate(running[prefix:], prefix)
         ]
+        # the step being planned (``plan_step`` resets them; see serve_running)
+        self.step_allocs: list[Alloc] = []
+        self.step_blocks = 0  # blocks it allocates so far
+        self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
+        self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -185,10 +186,15 @@ class StretchPlanner:
         if refusal(s) is not None:
             return None
         head = s.waiting[0] if s.waiting else None
-        if head is not None and not _admission_may_be_certain(s, head):
-            seated = s.has_seat_for(head, len(s.running))
-            if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
-                return None  # the next step tries the head: don't plan a failing step
+        # a head that is tried (it has a seat; prefill-first tries it first) but whose
+        # admission cannot be planned: don't plan a failing step
+        if (
+            head is not None
+            and not _admission_may_be_certain(s, head)
+            and s.has_seat_for(head, len(s.running))
+            and (s.prefill_first or _budget_left_estimate(s) > 0)
+        ):
+            return None
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
 
@@ -222,107 +228,134 @@ class StretchPlanner:
         """Plan the next step; False (and nothing planned) if it is not certain."""
         if self.ended:
             return False
-        has_waiting = self.next_waiting < len(self.waiting)
-        if not (self.alive or self.others or has_waiting) or self.alive > self.budget:
+        if not (self.alive or self.others or self.next_waiting < len(self.waiting)):
             return self._end_before(None, 0)
-        head = self.waiting[self.next_waiting] if has_waiting else None
-        if prompts_first(self.sched.prefill_first, head):
-            return self._end_before(None, 0)  # the step looks the prompt up
         plan = self.plan
         j = len(plan.steps) + 1  # 1-based, as the buckets
         prefix_allocs = self.alloc_at.pop(j, None)
-        allocs: list[Alloc] = []
         if prefix_allocs:
             prefix_allocs.sort()
-            allocs = [(i, 1) for i in prefix_allocs]
-        new_blocks = len(allocs)
-        alive = self.alive
-        budget = self.budget - alive
-        num_tokens = num_sampled = num_requests = num_decodes = alive
-        context = self.sum_base + j * alive
-        prefill = 0
-        chunks: list[Chunk] = []
-        stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
-        bs = self.bs
-        for o in self.others:
-            if budget <= 0:
-                break
-            computed = o.computed
-            n = running_chunk(
-                o.total - computed, computed, self.threshold, budget, self.max_model_len
-            )
-            slots = o.slots
-            if needs_blocks(computed, n, slots):
-                slots = blocks_for(computed + n, bs) * bs
-                need = (slots - o.slots) // bs
-                allocs.append((o.index, need))
-                new_blocks += need
-            if computed + n == o.total:
-                if num_samples(o.has_output, o.n) > 1:
-                    return self._end_before(prefix_allocs, j)  # a fork: a general step's job
-                num_sampled += 1
-            if n == 1:  # the cost model prices every one-token entry as a decode
-                num_decodes += 1
-                context += computed + 1
-            else:
-                chunks.append((n, computed))
-            if counts_as_prefill(n, o.has_output):
-                prefill += n
-            num_requests += 1
-            num_tokens += n
-            budget -= n
-            stepped.append((o, n, slots))
-        if new_blocks > self.free:
-            return self._end_before(prefix_allocs, j)  # someone would be preempted
-        admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
-        free_left = self.free - new_blocks
-        seated = alive + len(self.others)
-        while budget > 0 and self.next_waiting + len(admitted) < len(self.waiting):
-            head = self.waiting[self.next_waiting + len(admitted)]
-            decision = self._admission(head, budget, seated + len(admitted), free_left)
-            if decision is HeadWaits.STAYS:
-                break
-            if decision is HeadWaits.UNSURE:
-                return self._end_before(prefix_allocs, j)
-            n, blocks = decision
-            o = _Other(-1, head, blocks * bs, blocks)
-            admitted.append((o, n))
-            stepped.append((o, n, o.slots))
-            free_left -= blocks
-            new_blocks += blocks
-            if n == o.total:
-                num_sampled += num_samples(o.has_output, o.n)
-            if n == 1:
-                num_decodes += 1
-                context += 1
-            else:
-                chunks.append((n, 0))
-            prefill += n  # a start is a prefill, whatever its size
-            num_requests += 1
-            num_tokens += n
-            budget -= n
+            self.step_allocs = [(i, 1) for i in prefix_allocs]
+        else:
+            self.step_allocs = []
+        self.step_blocks = len(self.step_allocs)
+        stepped = self.stepped
+        if stepped:  # cleared, not replaced: a new list every step shows in the counts
+            stepped.clear()
+            self.admitted.clear()
+        try:
+            left = self.sched.run_passes(self, self.budget)
+        except _Unsure:
+            return self._end_before(prefix_allocs, j)
+        num_tokens = self.budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
-        self.free -= new_blocks
+        alive = self.alive
+        num_sampled = alive
+        prefill = 0
+        if stepped:  # the aggregate decoders are added in closed form below
+            for o, n, _ in stepped:
+                if o.computed + n == o.total:
+                    num_sampled += num_samples(o.has_output, o.n)
+                if counts_as_prefill(n, o.has_output):  # an admission always does
+                    prefill += n
+            num_decodes, context, chunks = batch_totals([(n, o.computed) for o, n, _ in stepped])
+        else:
+            num_decodes = context = 0
+            chunks = []
+        self.free -= self.step_blocks
         step = PlannedStep(
             num_tokens,
             prefill,
             num_sampled,
-            num_requests,
-            num_decodes,
-            context,
+            alive + len(stepped),
+            alive + num_decodes,
+            # each aggregate decoder reads its context in step j: base + j (see _join)
+            self.sum_base + j * alive + context,
             chunks,
-            allocs,
+            self.step_allocs,
             [],
             [],
             [],
             [],
         )
         plan.steps.append(step)
-        if admitted:
-            self._seat(admitted, step.admits)
+        if self.admitted:
+            self._seat(self.admitted, step.admits)
         self._update(j, step, prefix_allocs, stepped)
         return True
+
+    # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
+    # calls in the scheduler's order with the scheduler's budget. A pass that would
+    # preempt, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
+    # decoders take their tokens first (they lead the running list).
+
+    preempted = False  # a pass that would preempt raises _Unsure
+
+    def head(self) -> Request | None:
+        return self.waiting[self.next_waiting] if self.next_waiting < len(self.waiting) else None
+
+    def serve_running(self, budget: int) -> int:
+        alive = self.alive
+        if alive > budget:
+            raise _Unsure  # some aggregate decoders would not get their token
+        budget -= alive
+        if not self.others:
+            if self.step_blocks > self.free:
+                raise _Unsure  # an aggregate decoder would preempt
+            return budget
+        s = self.sched
+        bs = self.bs
+        allocs = self.step_allocs
+        stepped = self.stepped
+        new_blocks = 0
+        for o in self.others:
+            if budget <= 0:
+                break
+            computed = o.computed
+            n = s.running_tokens(o.total - computed, computed, budget)
+            slots = o.slots
+            if needs_blocks(computed, n, slots):
+                slots = blocks_for(computed + n, bs) * bs
+                need = (slots - o.slots) // bs
+                allocs.append((o.index, need))
+                new_blocks += need
+            if computed + n == o.total and num_samples(o.has_output, o.n) > 1:
+                raise _Unsure  # a fork: a general step's job
+            budget -= n
+            stepped.append((o, n, slots))
+        self.step_blocks += new_blocks
+        if self.step_blocks > self.free:
+            raise _Unsure  # someone would be preempted
+        return budget
+
+    def serve_waiting(self, budget: int, kinds: int) -> int:
+        waiting = self.waiting
+        if budget <= 0 or self.next_waiting >= len(waiting):
+            return budget
+        s = self.sched
+        admitted = self.admitted
+        free_left = self.free - self.step_blocks
+        seated = self.alive + len(self.others)
+        while budget > 0 and self.next_waiting + len(admitted) < len(waiting):
+            head = waiting[self.next_waiting + len(admitted)]
+            num_seated = seated + len(admitted)
+            avail = s.head_budget(head, kinds, budget, num_seated)
+            if avail <= 0:
+                break
+            decision = self._admission(head, avail, num_seated, free_left)
+            if decision is HeadWaits.STAYS:
+                break
+            if decision is HeadWaits.UNSURE:
+                raise _Unsure
+            n, blocks = decision
+            o = _Other(-1, head, blocks * self.bs, blocks)
+            admitted.append((o, n))
+            self.stepped.append((o, n, o.slots))
+            free_left -= blocks
+            self.step_blocks += blocks
+            budget -= n
+        return budget
 
     def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
@@ -430,10 +463,9 @@ class StretchPlanner:
     def _admission(
         self, head: Request, budget: int, seated: int, free_left: int
     ) -> Admission | HeadWaits:
-        """What trying the waiting head does in this step."""
+        """What trying the waiting head with ``budget`` tokens (its ``head_budget``) does
+        in this step, next to ``seated`` running requests with ``free_left`` blocks."""
         s = self.sched
-        if not s.has_seat_for(head, seated):
-            return HeadWaits.STAYS  # not tried: no seat before someone finishes
         if head.status is RequestStatus.SWAPPED:
             need = s.swap_in_need(head, budget)
             if need is None:
@@ -443,7 +475,7 @@ class StretchPlanner:
             return HeadWaits.UNSURE
         if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
             return HeadWaits.UNSURE
-        n = first_chunk(len(head.all_token_ids), self.threshold, budget, s.prefill_first)
+        n = s.chunk(head, 0, budget)
         if n is None:  # not reached: prefill-first admissions are not planned
             return HeadWaits.UNSURE
         blocks = self.kv.blocks_needed(n)
@@ -501,6 +533,10 @@ class StretchPlanner:
         return plan
 
 
+class _Unsure(Exception):
+    """A pass of the step being planned would do what a plan cannot."""
+
+
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
     """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
     or a new request without stop tokens, fork or logprobs, under the chunked policy, with
@@ -530,5 +566,5 @@ def _budget_left_estimate(s: Scheduler) -> int:
         if is_decoding(n, bool(req.output_token_ids)):
             break
         num -= 1
-        budget -= min(n, s.threshold, max(budget, 0))
+        budget -= s.running_tokens(n, req.num_computed_tokens, max(budget, 0))
     return budget - num
