@@ -77,6 +77,9 @@ class HashPrefixCache:
         self._blocks: dict[int, KVCacheBlock] = {}  # hash of the key -> its block
         self._dormant: dict[int, _Group] = {}  # hash of a first block's key -> its group
         self._eager: set[int] = set()  # first-block hashes of replayed groups
+        # the last token list looked up and its blocks' (hash, key), as far as known
+        self._memo_ids: list[int] | None = None
+        self._memo_chain: list[tuple[int, Key]] = []
 
     def __len__(self) -> int:
         for group in list(self._dormant.values()):
@@ -103,14 +106,28 @@ class HashPrefixCache:
         return first_hash in self._blocks or first_hash in self._dormant
 
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], HashState]:
+        """The longest cached prefix of ``token_ids`` (at most ``max_blocks`` blocks).
+
+        The keys of the last list looked up are kept: a waiting head that does not fit is
+        looked up again every step, and its (append-only) token list keeps its blocks' keys.
+        """
         bs = self.block_size
         lookup = self._blocks.get
         blocks: list[KVCacheBlock] = []
         hashes: HashState = []
         parent: object = None
+        if self._memo_ids is not token_ids:
+            self._memo_ids = token_ids
+            self._memo_chain = []
+        chain = self._memo_chain
+        known = len(chain)
         for i in range(max_blocks):
-            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            h = hash(key)
+            if i < known:
+                h, key = chain[i]
+            else:
+                key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+                h = hash(key)
+                chain.append((h, key))
             if i == 0 and self._dormant:
                 group = self._dormant.get(h)
                 if group is not None:
