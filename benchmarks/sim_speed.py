@@ -69,6 +69,8 @@ OVERLOAD_MODEL, OVERLOAD_TP = "llama-2-70b", 2
 def model_of(case: str) -> tuple[str, int]:
     """The model and tensor-parallel size a case runs."""
     return (OVERLOAD_MODEL, OVERLOAD_TP) if case.endswith("overload") else (MODEL, 1)
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -28,7 +28,7 @@ from slotune.engine.rules import (
     running_chunk,
 )
 from slotune.engine.scheduler import Scheduler
-from slotune.engine.stretch.plan import Admit, Alloc, Chunk, PlannedStep, StretchPlan
+from slotune.engine.stretch.plan import Admit, Alloc, Chunk, PlannedStep, StretchPlan, WaitingView
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -139,7 +139,7 @@ class StretchPlanner:
         self.free_exact = True  # False once a finish frees blocks still shared
         self.stop_at_finish = stop_at_finish
         self.ended = False
-        self.waiting: list[Request] = list(scheduler.waiting)
+        self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
         self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
         self.unknown_first_block = False
