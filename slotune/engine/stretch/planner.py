@@ -179,13 +179,13 @@ class StretchPlanner:
         s = scheduler
         if not (s.running or s.waiting) or s.kv_cache.cow_pending or s.pending_outputs:
             return None
-        if refusal(s) is not None:
-            return None
         head = s.waiting[0] if s.waiting else None
         if head is not None and not _admission_may_be_certain(s, head):
             seated = s.has_seat_for(head, len(s.running))
             if s.prefill_first or (seated and _budget_left_estimate(s) > 0):
                 return None  # the next step tries the head: don't plan a failing step
+        if refusal(s) is not None:  # after the head: it walks every running request
+            return None
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None
 
