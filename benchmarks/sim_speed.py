@@ -255,7 +255,10 @@ def main() -> None:
         trees["base"] = base_tree(args.base)
     for tree in trees.values():  # a fresh tree would count compiling its bytecode once
         subprocess.run([sys.executable, "-m", "compileall", "-q", "slotune"], cwd=tree, check=True)
-    print(f"{MODEL} on {GPU}, budget {BUDGET}, {args.requests} requests, trace file {csv}")
+    print(
+        f"{MODEL} on {GPU} ({OVERLOAD_MODEL} TP{OVERLOAD_TP} for the overload cases), "
+        f"budget {BUDGET}, {args.requests} requests, trace file {csv}"
+    )
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for case in args.cases:
