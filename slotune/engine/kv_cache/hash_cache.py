@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import cast
 
 from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
@@ -130,10 +131,10 @@ class HashPrefixCache:
         blocks = found  # still cached under the same hash: found again
         if found and list(map(_hash_of, found)) != hashes[: len(found)]:
             blocks = []
-            for block, h in zip(found, hashes, strict=False):
-                if block.block_hash != h:
+            for cached, h in zip(found, hashes, strict=False):
+                if cached.block_hash != h:
                     break
-                blocks.append(block)
+                blocks.append(cached)
         bs = self.block_size
         lookup = self._blocks.get
         known = len(hashes)
@@ -158,7 +159,7 @@ class HashPrefixCache:
             parent = h
             i += 1
         self._memo_found = blocks
-        return list(blocks), hashes[:i]
+        return list(blocks), cast(HashState, hashes[:i])
 
     def commit(
         self,
