@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/sim_speed.py --stretches off      # replays without stretches
     .venv/bin/python benchmarks/sim_speed.py --instructions --requests 3000 --base main
 
-Cases (llama-2-7b on a100-80g, 512-token budget; each run in a fresh process):
+Cases (llama-2-7b on a100-80g unless named, 512-token budget; each run in a fresh process):
 
 - ``synthetic``: the conversation-like trace (log-normal lengths, means about 1,150 prompt
   and 220 output tokens, at most 4,096 in all), Poisson 4 req/s.
@@ -16,8 +16,12 @@ Cases (llama-2-7b on a100-80g, 512-token budget; each run in a fresh process):
   up to 14,000; output median about 130; it is not the real file), read with the azure
   reader, replayed at Poisson 2, 3 and 5 req/s: below, at and above this setup's capacity
   (about 3.2 req/s: the last one queues and preempts).
-- ``whole-azure``: the whole ``slotune bench --format azure ... --rate 5 --json`` process
-  on that file (imports, reading, drawing tokens, replay, summary).
+- ``azure-overload``: the same file at 5 req/s on llama-2-70b with two-way tensor
+  parallelism (a100-80g), far over capacity: thousands of requests wait (issue 28's
+  overload case).
+- ``whole-azure`` / ``whole-overload``: the whole ``slotune bench --format azure ...
+  --rate 5 --json`` process on that file (imports, reading, drawing tokens, replay,
+  summary), on llama-2-7b and on the overloaded llama-2-70b TP2.
 - ``help`` / ``bench-help``: start-up of ``slotune --help`` and ``slotune bench --help``.
 
 Replay cases time ``run_simulated`` on the loaded trace with the prompt tokens drawn
@@ -48,10 +52,25 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 GPU, MODEL, BUDGET = "a100-80g", "llama-2-7b", 512
-REPLAYS = {"synthetic": 4.0, "azure-below": 2.0, "azure-at": 3.0, "azure-above": 5.0}
-PROCESSES = ("whole-azure", "help", "bench-help")
+REPLAYS = {
+    "synthetic": 4.0,
+    "azure-below": 2.0,
+    "azure-at": 3.0,
+    "azure-above": 5.0,
+    "azure-overload": 5.0,
+}
+PROCESSES = ("whole-azure", "whole-overload", "help", "bench-help")
 CASES = (*REPLAYS, *PROCESSES)
 WHOLE_RATE = 5.0
+# the overloaded cases: the large model on two GPUs, far over its capacity at 5 req/s
+OVERLOAD_MODEL, OVERLOAD_TP = "llama-2-70b", 2
+
+
+def model_of(case: str) -> tuple[str, int]:
+    """The model and tensor-parallel size a case runs."""
+    return (OVERLOAD_MODEL, OVERLOAD_TP) if case.endswith("overload") else (MODEL, 1)
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -104,12 +123,14 @@ def run_replay(case: str, num_requests: int, csv: Path, stretches: bool) -> dict
         ).head(num_requests)
     load_s = time.perf_counter() - t_load
     config = EngineConfig(max_num_batched_tokens=BUDGET, max_model_len=default_max_model_len(trace))
+    model, tp = model_of(case)
     t0, c0 = time.perf_counter(), time.process_time()
     result = run_simulated(
         config,
         trace,
         gpu=GPU,
-        model=MODEL,
+        model=model,
+        tp=tp,
         arrivals=ArrivalSpec(rate=REPLAYS[case]),
         stretches=stretches,
     )
@@ -137,10 +158,12 @@ def process_command(case: str, num_requests: int, csv: Path) -> list[str]:
         return [*slotune, "--help"]
     if case == "bench-help":
         return [*slotune, "bench", "--help"]
+    model, tp = model_of(case)
     return [
         *slotune,
         "bench",
-        *("--gpu", GPU, "--model", MODEL, "--max-num-batched-tokens", str(BUDGET)),
+        *("--gpu", GPU, "--model", model, "--tp", str(tp)),
+        *("--max-num-batched-tokens", str(BUDGET)),
         *("--trace", str(csv), "--format", "azure", "--num-requests", str(num_requests)),
         *("--rate", f"{WHOLE_RATE:g}", "--json"),
     ]
@@ -232,7 +255,10 @@ def main() -> None:
         trees["base"] = base_tree(args.base)
     for tree in trees.values():  # a fresh tree would count compiling its bytecode once
         subprocess.run([sys.executable, "-m", "compileall", "-q", "slotune"], cwd=tree, check=True)
-    print(f"{MODEL} on {GPU}, budget {BUDGET}, {args.requests} requests, trace file {csv}")
+    print(
+        f"{MODEL} on {GPU} ({OVERLOAD_MODEL} TP{OVERLOAD_TP} for the overload cases), "
+        f"budget {BUDGET}, {args.requests} requests, trace file {csv}"
+    )
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for case in args.cases:

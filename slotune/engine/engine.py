@@ -198,13 +198,16 @@ class Engine:
         *,
         priority: int = 0,
         tier: int = 0,
+        tokens_checked: bool = False,
     ) -> Request:
         """A validated request for this engine, its id taken, not yet scheduled: what
         ``add_request`` adds, or what a ``run_stretch`` feed hands in. ``priority`` orders
         it under ``scheduling_policy="priority"`` (lower first); ``tier`` is its service
-        tier (0 the highest)."""
+        tier (0 the highest). ``tokens_checked``: the caller knows every prompt token is
+        a non-negative integer (a trace checks its prompts at once), so that check is
+        skipped; the others are not."""
         params = params if params is not None else SamplingParams()
-        self._validate(request_id, prompt_token_ids, params)
+        self._validate(request_id, prompt_token_ids, params, tokens_checked)
         if priority or tier:
             self._validate_class(request_id, len(prompt_token_ids), priority, tier)
         request = Request(
@@ -240,7 +243,9 @@ class Engine:
                 "shorten the prompt"
             )
 
-    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def _validate(
+        self, request_id: str, prompt: list[int], params: SamplingParams, tokens_checked: bool
+    ) -> None:
         where = f"add_request({request_id!r})"
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"{where}: request_id must be a non-empty string")
@@ -250,10 +255,13 @@ class Engine:
             raise ValueError(f"{where}: params must be SamplingParams (got {type(params)})")
         if not prompt:
             raise ValueError(f"{where}: empty prompt; a prompt needs at least one token")
-        try:
-            array("Q", prompt)  # C-speed check: every token a non-negative (64-bit) int
-        except (TypeError, OverflowError):
-            raise ValueError(f"{where}: prompt_token_ids must be non-negative integers") from None
+        if not tokens_checked:
+            try:
+                array("Q", prompt)  # C-speed check: every token a non-negative (64-bit) int
+            except (TypeError, OverflowError):
+                raise ValueError(
+                    f"{where}: prompt_token_ids must be non-negative integers"
+                ) from None
         if len(prompt) > self.config.max_model_len:
             raise ValueError(
                 f"{where}: prompt of {len(prompt)} tokens exceeds max_model_len="

@@ -16,8 +16,10 @@ its whole history with the prefix cache, as a real chat or agent does.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +243,24 @@ class Trace:
         if cached is None:
             cached = _materialize(self)
             self._cache["prompts"] = cached
+        return cached
+
+    def prompts_checked(self) -> list[bool]:
+        """Whether each request's own prompt tokens are known to be non-negative integers
+        (what an engine checks of every prompt): drawn ones are by construction, given
+        ids are checked once for the whole trace (if any is not, none counts as checked,
+        and the engine checks and rejects each as usual)."""
+        cached = self._cache.get("checked")
+        if cached is None:
+            given = [r.prompt_token_ids is not None for r in self.requests]
+            ok = True
+            if any(given):
+                ids = self.own_prompt_token_ids()
+                try:  # C-speed, as the engine's own check
+                    array("Q", chain.from_iterable(p for p, g in zip(ids, given, strict=True) if g))
+                except (TypeError, OverflowError):
+                    ok = False
+            cached = self._cache["checked"] = [ok or not g for g in given]
         return cached
 
     def full_prompt_lengths(self) -> list[int]:

@@ -3,7 +3,8 @@
 The reference below is the eager cache (hash every full block at commit). Both run the
 same random sequence of admissions (lookup, hit, new blocks), growth, commits, forks and
 frees over a tiny token alphabet, so prefixes are shared, blocks are reused and groups
-are replayed at every point of their lives.
+are replayed at every point of their lives. Lookups of a list looked up before (grown in
+place since) check what the hash cache remembers of its last lookup.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class World:
         self.pool = BlockPool(10, cache)  # type: ignore[arg-type]
         self.reqs: list[list] = []  # [tokens, blocks, state]
         self.trace: list[object] = []
+        self.gone: list[list[int]] = []  # the token lists of freed requests
 
     def admit(self, tokens: list[int]) -> None:
         bs = self.cache.block_size  # type: ignore[attr-defined]
@@ -101,8 +103,17 @@ class World:
         self.reqs.append([tokens[:full], blocks[: len(state)], self.cache.copy_state(state)])  # type: ignore[attr-defined]
 
     def free(self, i: int) -> None:
-        _, blocks, _ = self.reqs.pop(i % len(self.reqs))
+        tokens, blocks, _ = self.reqs.pop(i % len(self.reqs))
         self.pool.free_blocks(blocks[::-1])
+        self.gone.append(tokens)
+
+    def again(self, i: int, extra: list[int]) -> None:
+        """Look up a freed request's own token list again (grown in place by ``extra``), as
+        a preempted request waits: looked up step after step until it fits."""
+        if self.gone:
+            tokens = self.gone[i % len(self.gone)]
+            tokens.extend(extra)
+            self.admit(tokens)
 
 
 ops = st.lists(
@@ -112,6 +123,7 @@ ops = st.lists(
         st.tuples(st.just("grow"), st.integers(0, 9), st.lists(st.integers(0, 1), max_size=4)),
         st.tuples(st.just("fork"), st.integers(0, 9)),
         st.tuples(st.just("free"), st.integers(0, 9)),
+        st.tuples(st.just("again"), st.integers(0, 9), st.lists(st.integers(0, 1), max_size=3)),
     ),
     max_size=40,
 )
@@ -140,11 +152,26 @@ ops = st.lists(
         ("admit", [0, 0, 0, 0, 0, 0, 0]),
     ]
 )
+@example(  # a list looked up again after one of the blocks it found was reused, then grown
+    [
+        ("admit", [1, 1, 1]),
+        ("admit", [0, 0, 1, 1, 1, 0, 1]),
+        ("commit", 1, 3),
+        ("free", 1),
+        ("again", 0, []),
+        ("free", 1),
+        ("grow", 0, [1, 1, 1, 1]),
+        ("grow", 0, [1, 1, 1, 1]),
+        ("grow", 0, [1, 1, 1, 1]),
+        ("again", 0, []),
+        ("again", 0, [1, 0]),
+    ]
+)
 def test_lazy_hash_cache_equals_eager(program: list[tuple]) -> None:
     lazy, eager = World(HashPrefixCache(2)), World(EagerHashCache(2))
     for op, *args in program:
         for world in (lazy, eager):
-            if op != "admit" and not world.reqs:
+            if op not in ("admit", "again") and not world.reqs:
                 continue
             getattr(world, op)(*args)
         assert lazy.trace == eager.trace

@@ -45,6 +45,7 @@ class FakeEngine:
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.added: dict[str, tuple[list[int], float]] = {}
+        self.tokens_checked: dict[str, bool] = {}  # what the runner said of each prompt
         self.aborted: list[str] = []
         self.last_step: StepStats | None = None
         self._blocks: set[int] = set()
@@ -59,7 +60,9 @@ class FakeEngine:
         *,
         priority: int = 0,
         tier: int = 0,
+        tokens_checked: bool = False,
     ) -> _Req:
+        self.tokens_checked[request_id] = tokens_checked
         if len(prompt_token_ids) > self.max_len:
             raise ValueError(
                 f"prompt of {len(prompt_token_ids)} tokens exceeds max_model_len {self.max_len}"

@@ -161,6 +161,33 @@ def test_rejected_request_is_recorded_and_the_run_continues() -> None:
     assert (s["completed"], s["failed"]) == (5, 1)
 
 
+def test_prompt_tokens_are_checked_once_per_trace_and_bad_ones_still_rejected() -> None:
+    """Drawn prompts and a trace's valid given ids skip the engine's per-request token
+    check; a trace with a bad given id leaves every given prompt to the engine, which
+    rejects the bad one as before; a later turn's prompt (with output) is always checked."""
+    drawn = [TraceRequest(request_id=f"d{i}", prompt_len=20, output_len=3) for i in range(3)]
+    given = [TraceRequest(request_id="g0", prompt_len=3, output_len=3, prompt_token_ids=(5, 6, 7))]
+    engine, _ = _run(Trace(name="t", requests=(*drawn, *given)), ArrivalSpec(rate=10))
+    assert engine.tokens_checked == {"d0": True, "d1": True, "d2": True, "g0": True}
+
+    bad = TraceRequest(request_id="b0", prompt_len=2, output_len=3, prompt_token_ids=(1, -2))
+    trace = Trace(name="t", requests=(*drawn, *given, bad))
+    assert trace.prompts_checked() == [True, True, True, False, False]
+    from slotune.engine.config import EngineConfig
+    from slotune.workloads import run_simulated
+
+    res = run_simulated(EngineConfig(num_gpu_blocks=64), trace, arrivals=ArrivalSpec(rate=10))
+    df = res.requests.set_index("request_id")
+    assert "non-negative integers" in df.loc["b0", "error"]
+    assert df.drop(index="b0")["error"].isna().all()
+
+    turns = agent_sessions(AgentParams(num_sessions=2, turns=(3, 3)))
+    engine, _ = _run(turns, ArrivalSpec(rate=10), FakeEngine(max_len=1 << 16))
+    later = {r.request_id for r in turns.requests if r.parent_id is not None}
+    assert later and not any(engine.tokens_checked[rid] for rid in later)
+    assert all(v for rid, v in engine.tokens_checked.items() if rid not in later)
+
+
 def test_timestamps_with_time_scale() -> None:
     reqs = tuple(
         TraceRequest(request_id=f"r{i}", prompt_len=10, output_len=2, arrival_time=10.0 + i)

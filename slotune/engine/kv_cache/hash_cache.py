@@ -24,6 +24,8 @@ logged: nothing in the group could win a key that a reused block gave up.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
+from typing import cast
 
 from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
@@ -48,6 +50,9 @@ class _Group:
 
 HashState = list[int | _Group]
 """A request's chained block hashes; a dormant group's request holds the group instead."""
+
+
+_hash_of = attrgetter("block_hash")
 
 
 def _first_key(token_ids: list[int], bs: int) -> Key:
@@ -77,6 +82,12 @@ class HashPrefixCache:
         self._blocks: dict[int, KVCacheBlock] = {}  # hash of the key -> its block
         self._dormant: dict[int, _Group] = {}  # hash of a first block's key -> its group
         self._eager: set[int] = set()  # first-block hashes of replayed groups
+        # the last token list looked up: its blocks' hashes and keys as far as known, and
+        # the cached blocks that lookup found
+        self._memo_ids: list[int] | None = None
+        self._memo_hashes: list[int] = []
+        self._memo_keys: list[Key] = []
+        self._memo_found: list[KVCacheBlock] = []
 
     def __len__(self) -> int:
         for group in list(self._dormant.values()):
@@ -103,14 +114,40 @@ class HashPrefixCache:
         return first_hash in self._blocks or first_hash in self._dormant
 
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], HashState]:
+        """The longest cached prefix of ``token_ids`` (at most ``max_blocks`` blocks).
+
+        A waiting head that does not fit is looked up again every step, so the last list
+        looked up keeps its blocks' keys (a request's token list only grows) and the blocks
+        found: one still cached under its hash is found again without hashing its tokens.
+        """
+        if self._memo_ids is not token_ids:
+            self._memo_ids = token_ids
+            self._memo_hashes = []
+            self._memo_keys = []
+            self._memo_found = []
+        hashes = self._memo_hashes
+        keys = self._memo_keys
+        found = self._memo_found[:max_blocks]
+        blocks = found  # still cached under the same hash: found again
+        if found and list(map(_hash_of, found)) != hashes[: len(found)]:
+            blocks = []
+            for cached, h in zip(found, hashes, strict=False):
+                if cached.block_hash != h:
+                    break
+                blocks.append(cached)
         bs = self.block_size
         lookup = self._blocks.get
-        blocks: list[KVCacheBlock] = []
-        hashes: HashState = []
-        parent: object = None
-        for i in range(max_blocks):
-            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            h = hash(key)
+        known = len(hashes)
+        i = len(blocks)
+        parent: object = hashes[i - 1] if i else None
+        while i < max_blocks:
+            if i < known:
+                h, key = hashes[i], keys[i]
+            else:
+                key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+                h = hash(key)
+                hashes.append(h)
+                keys.append(key)
             if i == 0 and self._dormant:
                 group = self._dormant.get(h)
                 if group is not None:
@@ -120,8 +157,9 @@ class HashPrefixCache:
                 break
             blocks.append(block)
             parent = h
-            hashes.append(h)
-        return blocks, hashes
+            i += 1
+        self._memo_found = blocks
+        return list(blocks), cast(HashState, hashes[:i])
 
     def commit(
         self,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
+from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request
 
 Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
@@ -97,3 +99,27 @@ class StretchPlan:
         self.requests.append(PlannedRequest(request, 0))
         self._index = None
         return len(self.requests) - 1
+
+
+class WaitingView:
+    """The scheduler's waiting queue at the start of a stretch, then the requests arriving
+    during it, read in place: a stretch reads only the first few, so its cost does not
+    grow with the queue's depth (the queue is not changed until the stretch is applied)."""
+
+    __slots__ = ("_arrived", "_depth", "_queue")
+
+    def __init__(self, queue: deque[Request] | PriorityWaiting) -> None:
+        self._queue = queue
+        self._depth = len(queue)
+        self._arrived: list[Request] = []
+
+    def __len__(self) -> int:
+        return self._depth + len(self._arrived)
+
+    def __getitem__(self, index: int) -> Request:
+        if index < self._depth:
+            return self._queue[index]
+        return self._arrived[index - self._depth]
+
+    def extend(self, requests: list[Request]) -> None:
+        self._arrived.extend(requests)

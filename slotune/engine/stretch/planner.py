@@ -26,7 +26,7 @@ from slotune.engine.rules import (
 )
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import batch_totals
-from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan
+from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan, WaitingView
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -138,7 +138,7 @@ class StretchPlanner:
         self.free_exact = True  # False once a finish frees blocks still shared
         self.stop_at_finish = stop_at_finish
         self.ended = False
-        self.waiting: list[Request] = list(scheduler.waiting)
+        self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
         self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
         self.unknown_first_block = False
@@ -183,8 +183,6 @@ class StretchPlanner:
         s = scheduler
         if not (s.running or s.waiting) or s.kv_cache.cow_pending or s.pending_outputs:
             return None
-        if refusal(s) is not None:
-            return None
         head = s.waiting[0] if s.waiting else None
         # a head that is tried (it has a seat; prefill-first tries it first) but whose
         # admission cannot be planned: don't plan a failing step
@@ -194,6 +192,8 @@ class StretchPlanner:
             and s.has_seat_for(head, len(s.running))
             and (s.prefill_first or _budget_left_estimate(s) > 0)
         ):
+            return None
+        if refusal(s) is not None:  # after the head: it walks every running request
             return None
         planner = cls(s, stop_at_finish)
         return planner if planner.plan_step() else None

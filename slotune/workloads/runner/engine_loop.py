@@ -246,6 +246,11 @@ def drive_engine(
     rec = Recorder(trace, client_latency_s)
     keep_output = disp.has_children
     classes = [(r.priority, r.tier) for r in trace.requests]
+    # a first turn's prompt is the trace's own, checked once for the whole trace
+    checked = [
+        ok and r.parent_id is None
+        for ok, r in zip(trace.prompts_checked(), trace.requests, strict=True)
+    ]
     # a finish may release a turn or a capped flow: a stretch must not run past it
     stop_at_finish = any(keep_output) or arrivals.concurrency is not None
     outputs: dict[int, list[int]] = {}
@@ -289,6 +294,7 @@ def drive_engine(
                         arrival_time=rel.arrival_time,
                         priority=classes[i][0],
                         tier=classes[i][1],
+                        tokens_checked=checked[i],
                     )
                 )
             except ValueError as exc:
