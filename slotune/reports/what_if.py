@@ -40,9 +40,14 @@ def what_if_sentence(data: dict[str, Any]) -> str:
     top = max(ran, key=gain)
     s = top["scores"]
     points = _points(s.get("slo_attainment"), base.get("slo_attainment"))
+    lead = f"{data.get('target')} does not run {len(ran)} of slotune's scheduling policies. "
+    if gain(top) <= 0:
+        return (
+            lead + "None of them would raise the recommended configuration's SLO attainment "
+            f"({fmt.pct(base.get('slo_attainment'))}) at this load (simulated)."
+        )
     return (
-        f"{data.get('target')} does not run {len(ran)} of slotune's scheduling policies. "
-        f"With {top['name']}, the recommended configuration would reach "
+        lead + f"With {top['name']}, the recommended configuration would reach "
         f"{fmt.pct(s.get('slo_attainment'))} SLO attainment instead of "
         f"{fmt.pct(base.get('slo_attainment'))} ({points}), "
         f"TPOT p99 {fmt.ms(s.get('tpot_p99_ms'))} instead of {fmt.ms(base.get('tpot_p99_ms'))} "
