@@ -389,3 +389,54 @@ def test_stretches_equal_single_steps_under_recompute_preemption_with_cached_blo
             single = drive(w, cfg, "single")
             assert drive(w, cfg, "until") == single, (seed, block_size)
             assert drive(w, cfg, "feed") == single, (seed, block_size)
+
+
+def _drive_cut(w: Workload, cfg: tuple, cut_seed: int | None) -> tuple:
+    """Run ``w`` through ``Engine.run_stretch`` with stretches cut after 1–4 steps (drawn
+    from ``cut_seed``), or step by step (``None``); each output's tokens and the step that
+    sampled its first one, counted over the whole run."""
+    config = workload_config(w, *cfg)
+    need = largest_request_blocks(w, config.block_size)
+    executor = PlannableExecutor(
+        need + w.extra_blocks * 2, w.cpu_blocks, check_kv=False, step_duration_s=1.0
+    )
+    engine = Engine(config, executor, check_stretches=False)
+    cuts = random.Random(cut_seed)
+    pending = sorted(w.jobs, key=lambda j: j.arrive)
+    samples: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0].arrive <= step:
+            j = pending.pop(0)
+            params = SamplingParams(max_tokens=j.max_tokens, n=j.n, ignore_eos=True)
+            engine.add_request(j.rid, j.prompt, params)
+        until = pending[0].arrive - 0.5 if pending else None
+        stretch = None
+        if cut_seed is not None:
+            stretch = engine.run_stretch(step, until, max_steps=cuts.randint(1, 4))
+        if stretch is None:
+            outs = [(o, 0) for o in engine.step()] if engine.has_unfinished_requests() else []
+            num_steps = 1
+        else:
+            outs, num_steps = stretch, len(engine.last_steps)
+        for out, first in outs:
+            got = samples.setdefault((out.request_id, out.index), [])
+            got += [(step + first + k, t) for k, t in enumerate(out.new_token_ids)]
+        step += num_steps
+    return samples, engine.stats()["num_preemptions"]
+
+
+def test_stretches_cut_anywhere_report_each_first_sample_at_its_step() -> None:
+    """A stretch may end at any step (``max_steps``), also right after a recomputed
+    request's last prompt chunk, before the step that samples its next token: each output
+    still comes with the step that sampled it, as single steps give."""
+    preempted = 0
+    for seed in range(24, 40):
+        w = _preempting_workload(seed)
+        for block_size in (4, 16):
+            cfg = ("chunked", "recompute", "hash", block_size)
+            single, num_preemptions = _drive_cut(w, cfg, None)
+            preempted += num_preemptions
+            for cut_seed in range(3):
+                assert _drive_cut(w, cfg, cut_seed)[0] == single, (seed, block_size, cut_seed)
+    assert preempted > 0

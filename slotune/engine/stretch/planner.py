@@ -525,7 +525,9 @@ class StretchPlanner:
         plan = self.plan
         last = plan.num_steps - 1
         for member in plan.requests:
-            if member.last_sample < 0 and member.first_sample >= 0:
+            if member.first_sample > last:  # joined the decoders for a step not planned
+                member.first_sample = -1
+            elif member.last_sample < 0 and member.first_sample >= 0:
                 member.last_sample = last
                 s = member.agg_start
                 if s:
