@@ -136,12 +136,16 @@ class StretchPlanner:
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
         self.free = kv.num_free_blocks
         self.free_exact = True  # False once a finish frees blocks still shared
+        self.num_allocated = 0  # blocks the planned steps take from the free queue
         self.stop_at_finish = stop_at_finish
         self.ended = False
         self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
         self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
         self.unknown_first_block = False
+        # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
+        self.hit_of: Request | None = None
+        self.hit_lasts: list[int] | None = None
         running = scheduler.running
         self.plan = StretchPlan(list(running))
         num = len(running)
@@ -175,6 +179,7 @@ class StretchPlanner:
         self.step_blocks = 0  # blocks it allocates so far
         self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
         self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
+        self.step_retry: tuple[int, int] | None = None  # a preempted head tried: see PlannedStep
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -243,6 +248,7 @@ class StretchPlanner:
         if stepped:  # cleared, not replaced: a new list every step shows in the counts
             stepped.clear()
             self.admitted.clear()
+        self.step_retry = None
         try:
             left = self.sched.run_passes(self, self.budget)
         except _Unsure:
@@ -264,6 +270,7 @@ class StretchPlanner:
             num_decodes = context = 0
             chunks = []
         self.free -= self.step_blocks
+        self.num_allocated += self.step_blocks
         step = PlannedStep(
             num_tokens,
             prefill,
@@ -278,6 +285,7 @@ class StretchPlanner:
             [],
             [],
             [],
+            self.step_retry,
         )
         plan.steps.append(step)
         if self.admitted:
@@ -473,6 +481,8 @@ class StretchPlanner:
             if need > free_left and seated and self.free_exact:
                 return HeadWaits.STAYS  # tried, fails, changes nothing
             return HeadWaits.UNSURE
+        if head.status is RequestStatus.PREEMPTED:
+            return self._preempted_head(head, budget, seated, free_left)
         if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
             return HeadWaits.UNSURE
         n = s.chunk(head, 0, budget)
@@ -480,18 +490,45 @@ class StretchPlanner:
             return HeadWaits.UNSURE
         blocks = self.kv.blocks_needed(n)
         if blocks > free_left:
-            if self.cache is None and seated and self.free_exact:
-                return HeadWaits.STAYS  # no lookup; the allocation fails, changing nothing
-            return HeadWaits.UNSURE
+            if not (seated and self.free_exact):
+                return HeadWaits.UNSURE
+            if self.cache is not None:  # its lookup commits filled blocks: apply repeats it
+                self.step_retry = (0, n)
+            return HeadWaits.STAYS  # the allocation fails, changing nothing
         return Admission(n, blocks)
 
-    def _certain_miss(self, head: Request) -> bool:
-        """Whether the head's prefix lookup surely finds nothing (and so changes nothing
-        beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
+    def _preempted_head(self, head: Request, budget: int, seated: int, free_left: int) -> HeadWaits:
+        """A recompute-preempted head (under the chunked policy): STAYS when trying it
+        surely fails, noting its lookup (``PlannedStep.retry``) for ``apply_stretch`` to
+        repeat. Its blocks are still cached, so its lookup may hit; the hit cannot grow
+        (no running request can commit into its chain: ``_chain_closed``) and shrinks only
+        as the planned allocations hand its free blocks out (``hit_lifetimes``), so its
+        length in this step is known, and so is what its first chunk would take."""
+        if not (seated and self.free_exact):
+            return HeadWaits.UNSURE  # alone it would be finished; or the free count is low
+        if self.hit_of is not head:
+            self.hit_of = head
+            self.hit_lasts = self.kv.hit_lifetimes(head) if self._chain_closed(head) else None
+        lasts = self.hit_lasts
+        if lasts is None:
+            return HeadWaits.UNSURE
+        allocated = self.num_allocated + self.step_blocks
+        num_hit = len(lasts)
+        while num_hit and lasts[num_hit - 1] < allocated:  # the prefix minima only fall
+            num_hit -= 1
+        hit_tokens = num_hit * self.bs
+        n = self.sched.chunk(head, hit_tokens, budget)
+        if n is None or self.kv.admission_takes(hit_tokens + n, num_hit, num_hit) <= free_left:
+            return HeadWaits.UNSURE  # it may be admitted
+        self.step_retry = (hit_tokens, n)
+        return HeadWaits.STAYS
+
+    def _chain_closed(self, head: Request) -> bool:
+        """Whether no running or admitted request can commit a block that a lookup of
+        ``head`` would find (none shares its first block), under a hash cache or none."""
         if self.cache is None:
             return True
-        cache = self.hash_cache
-        if cache is None:
+        if self.hash_cache is None:
             return False
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
@@ -502,8 +539,18 @@ class StretchPlanner:
                 self._note_first_block(member.request)
         if self.unknown_first_block:
             return False
-        h0 = cache.first_block_hash(tokens)
-        return h0 not in self.first_hashes and not cache.may_hit(h0)
+        return self.hash_cache.first_block_hash(tokens) not in self.first_hashes
+
+    def _certain_miss(self, head: Request) -> bool:
+        """Whether the head's prefix lookup surely finds nothing (and so changes nothing
+        beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
+        if not self._chain_closed(head):
+            return False
+        cache = self.hash_cache
+        tokens = head.all_token_ids
+        if cache is None or len(tokens) <= self.bs:
+            return True  # no cache, or no full block to look up
+        return not cache.may_hit(cache.first_block_hash(tokens))
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup."""
@@ -538,20 +585,23 @@ class _Unsure(Exception):
 
 
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
-    """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
-    or a new request without stop tokens, fork or logprobs, under the chunked policy, with
-    no prefix cache or one whose missing lookups change nothing (hash, not radix)."""
+    """Whether trying ``head`` could be planned at all: a swapped head (it may stay out);
+    under the chunked policy, with no prefix cache or a hash cache (not radix: a lookup
+    touches the tree), a recompute-preempted head (it may stay out) or a new request
+    without stop tokens, fork or logprobs (its missing lookups change nothing)."""
     if head.status is RequestStatus.SWAPPED:
         return True
     cache = s.kv_cache.cache
+    if s.prefill_first or not (cache is None or isinstance(cache, HashPrefixCache)):
+        return False
+    if head.status is RequestStatus.PREEMPTED:
+        return True
     return (
         head.status is RequestStatus.WAITING
         and not head.num_external_tokens
-        and not s.prefill_first
         and head.sampling_params.n == 1
         and not head.sampling_params.logprobs
         and not head.stop_ids
-        and (cache is None or isinstance(cache, HashPrefixCache))
     )
 
 
