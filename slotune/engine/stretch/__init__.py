@@ -7,9 +7,9 @@ request finishes. Nothing in such a step needs the scheduler's general machinery
 ``StretchPlanner`` works out step after step with integer bookkeeping only: what each
 step schedules (the numbers an executor's cost model reads), which requests it admits,
 which blocks it allocates in which order, which requests fill blocks, which sample and
-which finish. ``apply_stretch`` then
-applies the planned steps: tokens appended in bulk, admissions, block allocations, prefix
-commits and frees in exactly the order single steps make them. The state afterwards
+which finish. ``apply_stretch`` then applies the planned steps: tokens appended in bulk,
+admissions, block allocations, prefix commits and frees in exactly the order single
+steps make them. The state afterwards
 (block ids, free-queue order and prefix-cache contents included) is the one that many
 rounds of ``schedule`` and ``update_from_output`` leave.
 
