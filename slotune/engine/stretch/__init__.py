@@ -9,9 +9,9 @@ step schedules (the numbers an executor's cost model reads), which requests it a
 which blocks it allocates in which order, which requests fill blocks, which sample and
 which finish. ``apply_stretch`` then applies the planned steps: tokens appended in bulk,
 admissions, block allocations, prefix commits and frees in exactly the order single
-steps make them. The state afterwards
-(block ids, free-queue order and prefix-cache contents included) is the one that many
-rounds of ``schedule`` and ``update_from_output`` leave.
+steps make them. The state afterwards (block ids, free-queue order and prefix-cache
+contents included) is the one that many rounds of ``schedule`` and
+``update_from_output`` leave.
 
 Decoders in front of the running list (in running order, before the first request that is
 still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
