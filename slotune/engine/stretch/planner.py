@@ -146,6 +146,7 @@ class StretchPlanner:
         # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
         self.hit_of: Request | None = None
         self.hit_lasts: list[int] | None = None
+        self.hit_len = 0  # its hit in the step being planned
         running = scheduler.running
         self.plan = StretchPlan(list(running))
         num = len(running)
@@ -504,18 +505,22 @@ class StretchPlanner:
         (no running request can commit into its chain: ``_chain_closed``) and shrinks only
         as the planned allocations hand its free blocks out (``hit_lifetimes``), so its
         length in this step is known, and so is what its first chunk would take."""
-        if not (seated and self.free_exact):
-            return HeadWaits.UNSURE  # alone it would be finished; or the free count is low
+        if not (seated and self.free_exact) or self.sched.prefill_first:
+            # alone it would be finished; the free count is only a lower bound; or
+            # (prefill-first) it is tried before the running requests allocate
+            return HeadWaits.UNSURE
         if self.hit_of is not head:
             self.hit_of = head
             self.hit_lasts = self.kv.hit_lifetimes(head) if self._chain_closed(head) else None
+            self.hit_len = len(self.hit_lasts or ())
         lasts = self.hit_lasts
         if lasts is None:
             return HeadWaits.UNSURE
-        allocated = self.num_allocated + self.step_blocks
-        num_hit = len(lasts)
+        allocated = self.num_allocated + self.step_blocks  # only grows
+        num_hit = self.hit_len
         while num_hit and lasts[num_hit - 1] < allocated:  # the prefix minima only fall
             num_hit -= 1
+        self.hit_len = num_hit
         hit_tokens = num_hit * self.bs
         n = self.sched.chunk(head, hit_tokens, budget)
         if n is None or self.kv.admission_takes(hit_tokens + n, num_hit, num_hit) <= free_left:
