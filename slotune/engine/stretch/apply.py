@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
-from slotune.engine.kv_cache.manager import ComputedBlocks
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.scheduler import Scheduler, take_token
@@ -72,7 +72,7 @@ def apply_stretch(
         for i, n in step.allocs:
             pending.append((ids[i], n))
             num_pending += n
-        if pending and (step.admits or step.finishes or step.retry):
+        if pending and (step.admits or step.finishes or (step.retry and uncommitted)):
             kv.grow(pending)
             pending = []
             num_pending = 0
@@ -84,8 +84,8 @@ def apply_stretch(
                     take(i)
                 num_running += 1
             in_use = pool.num_used_blocks
-        if step.retry:  # after the step's admissions, as the scheduler tries the next
-            _retry_head(scheduler, plan, step.retry, j)
+        if step.retry and uncommitted:  # its lookup commits them (after the admissions)
+            _commit_filled(scheduler, plan, j)
         used.append(in_use + num_pending)
         for i in step.fills:
             uncommitted[ids[i]] = requests[i]
@@ -133,7 +133,8 @@ def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: i
     if not scheduler.waiting or scheduler.waiting[0] is not req:
         raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
     kv = scheduler.kv_cache
-    hit = _look_up(scheduler, plan, req, j)
+    _set_computed(kv.uncommitted.values(), plan, j)  # the lookup commits them
+    hit = kv.get_computed_blocks(req)
     if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
         raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
     req.num_computed_tokens = 0
@@ -141,25 +142,16 @@ def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: i
     scheduler.seat_head()
 
 
-def _retry_head(scheduler: Scheduler, plan: StretchPlan, retry: tuple[int, int], j: int) -> None:
-    """Try the waiting head in step ``j`` as ``Scheduler.schedule`` does when it does not
-    fit: its lookup (finding ``retry[0]`` tokens) and a failed allocation of
-    ``retry[1]`` tokens, which changes nothing."""
-    req = scheduler.waiting[0]
-    num_hit, n = retry
-    hit = _look_up(scheduler, plan, req, j)
-    if (hit.num_tokens if hit is not None else 0) != num_hit or scheduler.kv_cache.allocate_slots(
-        req, n, hit
-    ):
-        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to stay out")
+def _commit_filled(scheduler: Scheduler, plan: StretchPlan, j: int) -> None:
+    """What trying the waiting head in step ``j`` changes when it stays out (see
+    ``PlannedStep.retry``): its lookup commits the blocks filled so far. The rest of the
+    lookup and the failed allocation change nothing a step can tell."""
+    _set_computed(scheduler.kv_cache.uncommitted.values(), plan, j)
+    scheduler.kv_cache.commit_all()
 
 
-def _look_up(
-    scheduler: Scheduler, plan: StretchPlan, req: Request, j: int
-) -> ComputedBlocks | None:
-    """The waiting head's prefix lookup in step ``j``; it commits the blocks filled so
-    far, at the computed counts the steps before ``j`` leave."""
-    kv = scheduler.kv_cache
-    for r in kv.uncommitted.values():
+def _set_computed(requests: Iterable[Request], plan: StretchPlan, j: int) -> None:
+    """Give ``requests`` the computed counts the steps before ``j`` leave (a commit reads
+    them)."""
+    for r in requests:
         r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
-    return kv.get_computed_blocks(req)

@@ -136,7 +136,7 @@ class StretchPlanner:
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
         self.free = kv.num_free_blocks
         self.free_exact = True  # False once a finish frees blocks still shared
-        self.num_allocated = 0  # blocks the planned steps take from the free queue
+        self.num_freed = 0  # blocks the planned finishes give back (see _free_blocks_of)
         self.stop_at_finish = stop_at_finish
         self.ended = False
         self.waiting = WaitingView(scheduler.waiting)
@@ -180,7 +180,7 @@ class StretchPlanner:
         self.step_blocks = 0  # blocks it allocates so far
         self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
         self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
-        self.step_retry: tuple[int, int] | None = None  # a preempted head tried: see PlannedStep
+        self.step_retry: tuple[int, int] | None = None  # the head tried: PlannedStep.retry
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -249,7 +249,6 @@ class StretchPlanner:
         if stepped:  # cleared, not replaced: a new list every step shows in the counts
             stepped.clear()
             self.admitted.clear()
-        self.step_retry = None
         try:
             left = self.sched.run_passes(self, self.budget)
         except _Unsure:
@@ -271,7 +270,6 @@ class StretchPlanner:
             num_decodes = context = 0
             chunks = []
         self.free -= self.step_blocks
-        self.num_allocated += self.step_blocks
         step = PlannedStep(
             num_tokens,
             prefill,
@@ -286,8 +284,10 @@ class StretchPlanner:
             [],
             [],
             [],
-            self.step_retry,
         )
+        if self.step_retry is not None:
+            step.retry = self.step_retry
+            self.step_retry = None
         plan.steps.append(step)
         if self.admitted:
             self._seat(self.admitted, step.admits)
@@ -468,6 +468,7 @@ class StretchPlanner:
                 self.free_exact = False
             freed += alone
         self.free += freed
+        self.num_freed += freed
 
     def _admission(
         self, head: Request, budget: int, seated: int, free_left: int
@@ -516,7 +517,8 @@ class StretchPlanner:
         lasts = self.hit_lasts
         if lasts is None:
             return HeadWaits.UNSURE
-        allocated = self.num_allocated + self.step_blocks  # only grows
+        # the blocks handed out so far (only grows): the free count's fall, but for frees
+        allocated = self.kv.num_free_blocks + self.num_freed - free_left
         num_hit = self.hit_len
         while num_hit and lasts[num_hit - 1] < allocated:  # the prefix minima only fall
             num_hit -= 1
