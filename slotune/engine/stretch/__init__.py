@@ -30,7 +30,7 @@ stays out is a new request whose lookup cannot hit and whose first chunk's block
 free, or a recompute-preempted one whose cached blocks its lookup finds: no running
 request shares its first block, so the hit only shrinks, as planned allocations hand its
 free blocks out in free-queue order, and admitting it would still take more than the free
-blocks. Its lookup commits filled blocks, so ``apply_stretch`` repeats it at that step
+blocks. Its lookup commits filled blocks, so ``apply_stretch`` commits them at that step
 (``PlannedStep.retry``). A radix lookup touches the tree, so it ends a stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they

@@ -125,6 +125,44 @@ class _Other:
 class StretchPlanner:
     """Plans one step at a time (``plan_step``) so a caller can stop at its horizon."""
 
+    # slots: its attributes are read in every planned step (an instance dict of more than
+    # 30 keys loses CPython's shared keys, and every attribute read slows down)
+    __slots__ = (
+        "admitted",
+        "alive",
+        "alloc_at",
+        "base",
+        "bs",
+        "budget",
+        "cache",
+        "ended",
+        "extra",
+        "fill_at",
+        "finish_at",
+        "finish_step",
+        "first_hashes",
+        "free",
+        "free_exact",
+        "hash_cache",
+        "hit_lasts",
+        "hit_len",
+        "hit_of",
+        "kv",
+        "next_waiting",
+        "num_freed",
+        "others",
+        "plan",
+        "sched",
+        "step_allocs",
+        "step_blocks",
+        "step_retry",
+        "stepped",
+        "stop_at_finish",
+        "sum_base",
+        "unknown_first_block",
+        "waiting",
+    )
+
     def __init__(self, scheduler: Scheduler, stop_at_finish: bool) -> None:
         self.sched = scheduler
         kv = scheduler.kv_cache
@@ -533,31 +571,36 @@ class StretchPlanner:
     def _chain_closed(self, head: Request) -> bool:
         """Whether no running or admitted request can commit a block that a lookup of
         ``head`` would find (none shares its first block), under a hash cache or none."""
+        return self._lookup_start(head)[0]
+
+    def _certain_miss(self, head: Request) -> bool:
+        """Whether the head's prefix lookup surely finds nothing (and so changes nothing
+        beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
+        closed, h0 = self._lookup_start(head)
+        if not closed or h0 is None:
+            return closed
+        assert self.hash_cache is not None  # only a hash cache gives h0
+        return not self.hash_cache.may_hit(h0)
+
+    def _lookup_start(self, head: Request) -> tuple[bool, int | None]:
+        """``_chain_closed``, and the hash a lookup of ``head`` starts from (None: no
+        cache, or no full block to look up)."""
         if self.cache is None:
-            return True
-        if self.hash_cache is None:
-            return False
+            return True, None
+        cache = self.hash_cache
+        if cache is None:
+            return False, None
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
-            return True  # no full block to look up
+            return True, None  # no full block to look up
         if self.first_hashes is None:
             self.first_hashes = set()
             for member in self.plan.requests:
                 self._note_first_block(member.request)
         if self.unknown_first_block:
-            return False
-        return self.hash_cache.first_block_hash(tokens) not in self.first_hashes
-
-    def _certain_miss(self, head: Request) -> bool:
-        """Whether the head's prefix lookup surely finds nothing (and so changes nothing
-        beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
-        if not self._chain_closed(head):
-            return False
-        cache = self.hash_cache
-        tokens = head.all_token_ids
-        if cache is None or len(tokens) <= self.bs:
-            return True  # no cache, or no full block to look up
-        return not cache.may_hit(cache.first_block_hash(tokens))
+            return False, None
+        h0 = cache.first_block_hash(tokens)
+        return h0 not in self.first_hashes, h0
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup."""
