@@ -532,15 +532,15 @@ class StretchPlanner:
         if blocks > free_left:
             if not (seated and self.free_exact):
                 return HeadWaits.UNSURE
-            if self.cache is not None:  # its lookup commits filled blocks: apply repeats it
+            if self.cache is not None:  # its lookup commits filled blocks: apply does too
                 self.step_retry = (0, n)
             return HeadWaits.STAYS  # the allocation fails, changing nothing
         return Admission(n, blocks)
 
     def _preempted_head(self, head: Request, budget: int, seated: int, free_left: int) -> HeadWaits:
         """A recompute-preempted head (under the chunked policy): STAYS when trying it
-        surely fails, noting its lookup (``PlannedStep.retry``) for ``apply_stretch`` to
-        repeat. Its blocks are still cached, so its lookup may hit; the hit cannot grow
+        surely fails, noting its lookup (``PlannedStep.retry``), whose commits
+        ``apply_stretch`` makes. Its blocks are still cached, so its lookup may hit; the hit cannot grow
         (no running request can commit into its chain: ``_chain_closed``) and shrinks only
         as the planned allocations hand its free blocks out (``hit_lifetimes``), so its
         length in this step is known, and so is what its first chunk would take."""
