@@ -540,10 +540,11 @@ class StretchPlanner:
     def _preempted_head(self, head: Request, budget: int, seated: int, free_left: int) -> HeadWaits:
         """A recompute-preempted head (under the chunked policy): STAYS when trying it
         surely fails, noting its lookup (``PlannedStep.retry``), whose commits
-        ``apply_stretch`` makes. Its blocks are still cached, so its lookup may hit; the hit cannot grow
-        (no running request can commit into its chain: ``_chain_closed``) and shrinks only
-        as the planned allocations hand its free blocks out (``hit_lifetimes``), so its
-        length in this step is known, and so is what its first chunk would take."""
+        ``apply_stretch`` makes. Its blocks are still cached, so its lookup may hit; the
+        hit cannot grow (no running request can commit into its chain: ``_chain_closed``)
+        and shrinks only as the planned allocations hand its free blocks out
+        (``hit_lifetimes``), so its length in this step is known, and so is what its first
+        chunk would take."""
         if not (seated and self.free_exact) or self.sched.prefill_first:
             # alone it would be finished; the free count is only a lower bound; or
             # (prefill-first) it is tried before the running requests allocate
