@@ -182,3 +182,42 @@ def test_free_queue_matches_a_plain_list(program: list[tuple[str, int]]) -> None
             queue.extend(more)
         assert queue.blocks() == model and queue.num_free_blocks == len(model)
         assert [b in queue for b in blocks] == [b in model for b in blocks]
+
+
+@pytest.mark.parametrize("freed_order", ["tail first", "head first", "mixed"])
+def test_hit_lifetimes_tell_how_many_allocations_a_cached_prefix_survives(
+    freed_order: str,
+) -> None:
+    """Against the real thing: for each k, hand out k blocks, then look the request up."""
+    from slotune.engine.kv_cache.manager import KVCacheManager
+    from slotune.engine.request import Request
+    from slotune.engine.sampling_params import SamplingParams
+
+    def setup() -> tuple[KVCacheManager, Request]:
+        kv = KVCacheManager(12, 0, 4, "hash")
+        spare = kv.pool.get_new_blocks(3)  # free blocks ahead of the request's in the queue
+        req = Request("r", list(range(100, 121)), SamplingParams(max_tokens=1))
+        assert kv.allocate_slots(req, 21)
+        req.num_computed_tokens = 20  # five full blocks
+        kv.commit(req)
+        blocks = kv.req_blocks["r"].blocks
+        order = {"tail first": blocks[::-1], "head first": blocks, "mixed": blocks[2:] + blocks[:2]}
+        kv.pool.free_blocks(spare[:2])
+        kv.pool.free_blocks(order[freed_order])  # one reference each: all freed, in order
+        kv.pool.free_blocks(spare[2:])
+        del kv.req_blocks["r"], kv.block_tables["r"]
+        req.num_computed_tokens = 0
+        return kv, req
+
+    kv, req = setup()
+    lasts = kv.hit_lifetimes(req)
+    assert lasts is not None and len(lasts) == 5
+    for k in range(kv.num_free_blocks + 1):
+        kv, req = setup()
+        kv.pool.get_new_blocks(k)
+        hit = kv.get_computed_blocks(req)
+        assert hit is not None
+        assert len(hit.blocks) == sum(last >= k for last in lasts), (k, lasts)
+    kv, req = setup()
+    kv.pool.touch(kv.get_computed_blocks(req).blocks[:1])  # type: ignore[union-attr]
+    assert kv.hit_lifetimes(req) is None  # a hit block is held

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from dataclasses import fields, replace
 
 import pytest
@@ -440,3 +441,35 @@ def test_stretches_cut_anywhere_report_each_first_sample_at_its_step() -> None:
             for cut_seed in range(3):
                 assert _drive_cut(w, cfg, cut_seed)[0] == single, (seed, block_size, cut_seed)
     assert preempted > 0
+
+
+def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recompute-preempted head waits with its blocks cached, so its lookup hits; while
+    it cannot fit, the steps that try it are planned (its hit shrinking as allocations
+    evict its blocks), and stretches still leave what single steps leave."""
+    plans: list[StretchPlan] = []
+    apply = apply_stretch
+
+    def collect(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        return apply(scheduler, plan, tokens)
+
+    monkeypatch.setattr(sys.modules[__name__], "apply_stretch", collect)
+    tried = hits = shrunk = 0
+    for seed in range(24, 30):
+        w = _preempting_workload(seed)
+        cfg = ("chunked", "recompute", "hash", 4)
+        single = drive(w, cfg, "single")
+        plans.clear()
+        assert drive(w, cfg, "feed") == single, seed
+        retries = [[s.retry for s in p.steps] for p in plans]
+        tried += sum(r is not None for steps in retries for r in steps)
+        hits += sum(r is not None and r[0] > 0 for steps in retries for r in steps)
+        shrunk += sum(
+            a is not None and b is not None and b[0] < a[0]
+            for steps in retries
+            for a, b in itertools.pairwise(steps)
+        )
+    assert hits > 100 and shrunk > 20, (tried, hits, shrunk)

@@ -137,6 +137,25 @@ class FreeKVCacheBlockQueue:
     def __contains__(self, block: KVCacheBlock) -> bool:
         return block.next_free is not None
 
+    def positions(self, blocks: list[KVCacheBlock]) -> list[int] | None:
+        """Each block's place in the queue (0: popped next); None if one is not in it.
+        Walks the queue from the front as far as the last of them."""
+        if not all(block.next_free is not None for block in blocks):
+            return None
+        index = {id(block): i for i, block in enumerate(blocks)}
+        out = [0] * len(blocks)
+        left = len(index)
+        pos = 0
+        block = self._head.next_free
+        while left and block is not None:
+            i = index.get(id(block))
+            if i is not None:
+                out[i] = pos
+                left -= 1
+            pos += 1
+            block = block.next_free
+        return out
+
     def blocks(self) -> list[KVCacheBlock]:
         """Free blocks front (evicted first) to back; for tests and debugging."""
         out = []

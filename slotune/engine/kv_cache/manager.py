@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from slotune.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
@@ -162,9 +163,37 @@ class KVCacheManager:
             return None
         if self.uncommitted:
             self.commit_all()
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        blocks, state = cache.match(request.all_token_ids, max_blocks)
+        blocks, state = self._match(cache, request)
         return ComputedBlocks(blocks, len(blocks) * self.block_size, request.num_tokens, state)
+
+    def _match(self, cache: PrefixCache[Any], request: Request) -> tuple[list[KVCacheBlock], Any]:
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        return cache.match(request.all_token_ids, max_blocks)
+
+    def hit_lifetimes(self, request: Request) -> list[int] | None:
+        """How long the hit a lookup of ``request`` (a waiting request without blocks)
+        finds now lasts while allocations go on and no one commits into its chain: entry
+        ``i`` is how many blocks the pool may hand out before the hit is shorter than
+        ``i + 1`` blocks (the pool hands out the front of its free queue first, and a block
+        handed out leaves the cache). Blocks not committed yet are not looked at (the
+        caller knows none extends the hit). None when a hit block is held (not free), or
+        for a cache that keeps blocks outside the free queue (a tree)."""
+        cache = self.cache
+        if cache is None:
+            return []
+        if not isinstance(cache, HashPrefixCache):
+            return None
+        blocks, _ = self._match(cache, request)
+        positions = self.pool.free_queue.positions(blocks)
+        return None if positions is None else list(accumulate(positions, min))
+
+    def admission_takes(self, num_tokens: int, num_hit: int, num_free_hit: int) -> int:
+        """The free blocks admitting a request without blocks takes for room for
+        ``num_tokens`` tokens (its hit's included), when its prefix-cache hit is
+        ``num_hit`` blocks, ``num_free_hit`` of them free: new blocks, and the free hit
+        blocks it takes out of the free queue. ``allocate_slots`` fails when that is more
+        than the free blocks."""
+        return self.blocks_needed(num_tokens) - num_hit + num_free_hit
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed: ComputedBlocks | None = None

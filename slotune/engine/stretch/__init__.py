@@ -3,14 +3,15 @@
 A simulated engine mostly repeats itself: decoding requests take one token per step, a
 prompt takes its chunks, a new request is admitted when budget is left, now and then a
 request finishes. Nothing in such a step needs the scheduler's general machinery
-(preemption, copy-on-write, forks, prefix-cache hits), so ``StretchPlanner`` works out
-step after step with integer bookkeeping only: what each step schedules (the numbers an
-executor's cost model reads), which requests it admits, which blocks it allocates in which
-order, which requests fill blocks, which sample and which finish. ``apply_stretch`` then
-applies the planned steps: tokens appended in bulk, admissions, block allocations, prefix
-commits and frees in exactly the order single steps make them. The state afterwards
-(block ids, free-queue order and prefix-cache contents included) is the one that many
-rounds of ``schedule`` and ``update_from_output`` leave.
+(preemption, copy-on-write, forks, admissions with prefix-cache hits), so
+``StretchPlanner`` works out step after step with integer bookkeeping only: what each
+step schedules (the numbers an executor's cost model reads), which requests it admits,
+which blocks it allocates in which order, which requests fill blocks, which sample and
+which finish. ``apply_stretch`` then applies the planned steps: tokens appended in bulk,
+admissions, block allocations, prefix commits and frees in exactly the order single
+steps make them. The state afterwards (block ids, free-queue order and prefix-cache
+contents included) is the one that many rounds of ``schedule`` and
+``update_from_output`` leave.
 
 Decoders in front of the running list (in running order, before the first request that is
 still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
@@ -21,10 +22,16 @@ A step is planned only when it is certain to be such a step: every running alloc
 in the free blocks (frees during the stretch are counted, conservatively when blocks are
 shared), every running decoder fits in the budget, no prompt needs a fork (``n > 1``), and
 the waiting head either stays out without being tried (no budget left, no seat, or a
-swapped head whose blocks are not free) or is a new request whose admission is certain: no
-stop tokens, its first chunk's blocks are free, and its prefix lookup cannot hit (no prefix
-cache, or a hash cache that holds nothing under its first block and no running request
-that could commit one). A radix lookup touches the tree, so it ends a stretch.
+swapped head whose blocks are not free), or is tried and surely stays out, or is a new
+request whose admission is certain: no stop tokens, its first chunk's blocks are free, and
+its prefix lookup cannot hit (no prefix cache, or a hash cache that holds nothing under
+its first block and no running request that could commit one). A head that is tried and
+stays out is a new request whose lookup cannot hit and whose first chunk's blocks are not
+free, or a recompute-preempted one whose cached blocks its lookup finds: no running
+request shares its first block, so the hit only shrinks, as planned allocations hand its
+free blocks out in free-queue order, and admitting it would still take more than the free
+blocks. Its lookup commits filled blocks, so ``apply_stretch`` commits them at that step
+(``PlannedStep.retry``). A radix lookup touches the tree, so it ends a stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they
 follow. When a request finishes and the caller asks (it may send requests then), that step

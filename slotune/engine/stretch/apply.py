@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from slotune.engine.outputs import RequestOutput
@@ -71,7 +72,7 @@ def apply_stretch(
         for i, n in step.allocs:
             pending.append((ids[i], n))
             num_pending += n
-        if pending and (step.admits or step.finishes):
+        if pending and (step.admits or step.finishes or (step.retry and uncommitted)):
             kv.grow(pending)
             pending = []
             num_pending = 0
@@ -83,6 +84,8 @@ def apply_stretch(
                     take(i)
                 num_running += 1
             in_use = pool.num_used_blocks
+        if step.retry and uncommitted:  # its lookup commits them (after the admissions)
+            _commit_filled(scheduler, plan, j)
         used.append(in_use + num_pending)
         for i in step.fills:
             uncommitted[ids[i]] = requests[i]
@@ -130,11 +133,25 @@ def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: i
     if not scheduler.waiting or scheduler.waiting[0] is not req:
         raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
     kv = scheduler.kv_cache
-    for r in kv.uncommitted.values():  # the lookup commits them as before this step
-        r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
+    _set_computed(kv.uncommitted.values(), plan, j)  # the lookup commits them
     hit = kv.get_computed_blocks(req)
     if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
         raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
     req.num_computed_tokens = 0
     req.num_cached_tokens = 0
     scheduler.seat_head()
+
+
+def _commit_filled(scheduler: Scheduler, plan: StretchPlan, j: int) -> None:
+    """What trying the waiting head in step ``j`` changes when it stays out (see
+    ``PlannedStep.retry``): its lookup commits the blocks filled so far. The rest of the
+    lookup and the failed allocation change nothing a step can tell."""
+    _set_computed(scheduler.kv_cache.uncommitted.values(), plan, j)
+    scheduler.kv_cache.commit_all()
+
+
+def _set_computed(requests: Iterable[Request], plan: StretchPlan, j: int) -> None:
+    """Give ``requests`` the computed counts the steps before ``j`` leave (a commit reads
+    them)."""
+    for r in requests:
+        r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)

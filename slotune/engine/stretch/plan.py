@@ -32,6 +32,9 @@ class PlannedStep:
     fills: list[int]  # requests that filled a block
     finishes: list[int]
     arrivals: list[Request]  # requests arriving after it
+    # the waiting head tried and left out under a prefix cache: the tokens its lookup
+    # finds and those its allocation asks room for (a lookup commits filled blocks)
+    retry: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -125,6 +125,44 @@ class _Other:
 class StretchPlanner:
     """Plans one step at a time (``plan_step``) so a caller can stop at its horizon."""
 
+    # slots: its attributes are read in every planned step (an instance dict of more than
+    # 30 keys loses CPython's shared keys, and every attribute read slows down)
+    __slots__ = (
+        "admitted",
+        "alive",
+        "alloc_at",
+        "base",
+        "bs",
+        "budget",
+        "cache",
+        "ended",
+        "extra",
+        "fill_at",
+        "finish_at",
+        "finish_step",
+        "first_hashes",
+        "free",
+        "free_exact",
+        "hash_cache",
+        "hit_lasts",
+        "hit_len",
+        "hit_of",
+        "kv",
+        "next_waiting",
+        "num_freed",
+        "others",
+        "plan",
+        "sched",
+        "step_allocs",
+        "step_blocks",
+        "step_retry",
+        "stepped",
+        "stop_at_finish",
+        "sum_base",
+        "unknown_first_block",
+        "waiting",
+    )
+
     def __init__(self, scheduler: Scheduler, stop_at_finish: bool) -> None:
         self.sched = scheduler
         kv = scheduler.kv_cache
@@ -136,12 +174,17 @@ class StretchPlanner:
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
         self.free = kv.num_free_blocks
         self.free_exact = True  # False once a finish frees blocks still shared
+        self.num_freed = 0  # blocks the planned finishes give back (see _free_blocks_of)
         self.stop_at_finish = stop_at_finish
         self.ended = False
         self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
         self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
         self.unknown_first_block = False
+        # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
+        self.hit_of: Request | None = None
+        self.hit_lasts: list[int] | None = None
+        self.hit_len = 0  # its hit in the step being planned
         running = scheduler.running
         self.plan = StretchPlan(list(running))
         num = len(running)
@@ -175,6 +218,7 @@ class StretchPlanner:
         self.step_blocks = 0  # blocks it allocates so far
         self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
         self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
+        self.step_retry: tuple[int, int] | None = None  # the head tried: PlannedStep.retry
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -279,6 +323,9 @@ class StretchPlanner:
             [],
             [],
         )
+        if self.step_retry is not None:
+            step.retry = self.step_retry
+            self.step_retry = None
         plan.steps.append(step)
         if self.admitted:
             self._seat(self.admitted, step.admits)
@@ -459,6 +506,7 @@ class StretchPlanner:
                 self.free_exact = False
             freed += alone
         self.free += freed
+        self.num_freed += freed
 
     def _admission(
         self, head: Request, budget: int, seated: int, free_left: int
@@ -473,6 +521,8 @@ class StretchPlanner:
             if need > free_left and seated and self.free_exact:
                 return HeadWaits.STAYS  # tried, fails, changes nothing
             return HeadWaits.UNSURE
+        if head.status is RequestStatus.PREEMPTED:
+            return self._preempted_head(head, budget, seated, free_left)
         if not _admission_may_be_certain(s, head) or not self._certain_miss(head):
             return HeadWaits.UNSURE
         n = s.chunk(head, 0, budget)
@@ -480,30 +530,78 @@ class StretchPlanner:
             return HeadWaits.UNSURE
         blocks = self.kv.blocks_needed(n)
         if blocks > free_left:
-            if self.cache is None and seated and self.free_exact:
-                return HeadWaits.STAYS  # no lookup; the allocation fails, changing nothing
-            return HeadWaits.UNSURE
+            if not (seated and self.free_exact):
+                return HeadWaits.UNSURE
+            if self.cache is not None:  # its lookup commits filled blocks: apply does too
+                self.step_retry = (0, n)
+            return HeadWaits.STAYS  # the allocation fails, changing nothing
         return Admission(n, blocks)
+
+    def _preempted_head(self, head: Request, budget: int, seated: int, free_left: int) -> HeadWaits:
+        """A recompute-preempted head (under the chunked policy): STAYS when trying it
+        surely fails, noting its lookup (``PlannedStep.retry``), whose commits
+        ``apply_stretch`` makes. Its blocks are still cached, so its lookup may hit; the
+        hit cannot grow (no running request can commit into its chain: ``_chain_closed``)
+        and shrinks only as the planned allocations hand its free blocks out
+        (``hit_lifetimes``), so its length in this step is known, and so is what its first
+        chunk would take."""
+        if not (seated and self.free_exact) or self.sched.prefill_first:
+            # alone it would be finished; the free count is only a lower bound; or
+            # (prefill-first) it is tried before the running requests allocate
+            return HeadWaits.UNSURE
+        if self.hit_of is not head:
+            self.hit_of = head
+            self.hit_lasts = self.kv.hit_lifetimes(head) if self._chain_closed(head) else None
+            self.hit_len = len(self.hit_lasts or ())
+        lasts = self.hit_lasts
+        if lasts is None:
+            return HeadWaits.UNSURE
+        # the blocks handed out so far (only grows): the free count's fall, but for frees
+        allocated = self.kv.num_free_blocks + self.num_freed - free_left
+        num_hit = self.hit_len
+        while num_hit and lasts[num_hit - 1] < allocated:  # the prefix minima only fall
+            num_hit -= 1
+        self.hit_len = num_hit
+        hit_tokens = num_hit * self.bs
+        n = self.sched.chunk(head, hit_tokens, budget)
+        if n is None or self.kv.admission_takes(hit_tokens + n, num_hit, num_hit) <= free_left:
+            return HeadWaits.UNSURE  # it may be admitted
+        self.step_retry = (hit_tokens, n)
+        return HeadWaits.STAYS
+
+    def _chain_closed(self, head: Request) -> bool:
+        """Whether no running or admitted request can commit a block that a lookup of
+        ``head`` would find (none shares its first block), under a hash cache or none."""
+        return self._lookup_start(head)[0]
 
     def _certain_miss(self, head: Request) -> bool:
         """Whether the head's prefix lookup surely finds nothing (and so changes nothing
         beyond committing filled blocks, which ``apply_stretch`` repeats in order)."""
+        closed, h0 = self._lookup_start(head)
+        if not closed or h0 is None:
+            return closed
+        assert self.hash_cache is not None  # only a hash cache gives h0
+        return not self.hash_cache.may_hit(h0)
+
+    def _lookup_start(self, head: Request) -> tuple[bool, int | None]:
+        """``_chain_closed``, and the hash a lookup of ``head`` starts from (None: no
+        cache, or no full block to look up)."""
         if self.cache is None:
-            return True
+            return True, None
         cache = self.hash_cache
         if cache is None:
-            return False
+            return False, None
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
-            return True  # no full block to look up
+            return True, None  # no full block to look up
         if self.first_hashes is None:
             self.first_hashes = set()
             for member in self.plan.requests:
                 self._note_first_block(member.request)
         if self.unknown_first_block:
-            return False
+            return False, None
         h0 = cache.first_block_hash(tokens)
-        return h0 not in self.first_hashes and not cache.may_hit(h0)
+        return h0 not in self.first_hashes, h0
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup."""
@@ -540,20 +638,23 @@ class _Unsure(Exception):
 
 
 def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
-    """Whether trying ``head`` could be planned at all: a swapped head (it may stay out),
-    or a new request without stop tokens, fork or logprobs, under the chunked policy, with
-    no prefix cache or one whose missing lookups change nothing (hash, not radix)."""
+    """Whether trying ``head`` could be planned at all: a swapped head (it may stay out);
+    under the chunked policy, with no prefix cache or a hash cache (not radix: a lookup
+    touches the tree), a recompute-preempted head (it may stay out) or a new request
+    without stop tokens, fork or logprobs (its missing lookups change nothing)."""
     if head.status is RequestStatus.SWAPPED:
         return True
     cache = s.kv_cache.cache
+    if s.prefill_first or not (cache is None or isinstance(cache, HashPrefixCache)):
+        return False
+    if head.status is RequestStatus.PREEMPTED:
+        return True
     return (
         head.status is RequestStatus.WAITING
         and not head.num_external_tokens
-        and not s.prefill_first
         and head.sampling_params.n == 1
         and not head.sampling_params.logprobs
         and not head.stop_ids
-        and (cache is None or isinstance(cache, HashPrefixCache))
     )
 
 
