@@ -34,6 +34,7 @@ from slotune.tuner.storage import (
     open_storage,
     quiet_optuna,
     redact,
+    retrying,
     study_lock,
 )
 from slotune.tuner.worker import Identity, Worker
@@ -169,13 +170,22 @@ def _enqueue_baseline(study: Any, setup: TuneSetup, baseline: dict[str, Any]) ->
             study.enqueue_trial(neighbour)
 
 
-def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:
-    """The study, its setup and its baseline (StudyError when it is not a slotune study)."""
+def load_study(name: str, storage: Any, sampler: Any = None) -> Any:
+    """``optuna.load_study``, waiting (``retrying``) while the database is unreachable: it
+    may go down between opening the storage and this first query."""
     import optuna
 
+    return retrying(
+        lambda: optuna.load_study(study_name=name, storage=storage, sampler=sampler),
+        f"loading study {name!r}",
+    )
+
+
+def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:
+    """The study, its setup and its baseline (StudyError when it is not a slotune study)."""
     storage = open_storage(url)
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = load_study(name, storage)
     except KeyError:
         raise StudyError(f"no study named {name!r} in {redact(url)}") from None
     attrs = study.user_attrs
@@ -324,7 +334,6 @@ def run_worker(
     """Run trials of a stored study in this process until it has ``budget`` finished
     trials (reusing ``evaluator``'s loaded trace and cached runs when given). The sampler's
     seed is ``seed``, by default the study's seed plus ``worker``."""
-    import optuna
 
     from slotune.tuner.evaluate import Evaluator
     from slotune.tuner.trial import TrialObjective
@@ -334,7 +343,7 @@ def run_worker(
     storage = open_storage(url, heartbeat)
     seed = setup.seed + worker if seed is None else seed
     sampler = make_sampler(setup.sampler, seed, n_trials=budget)
-    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    study = load_study(name, storage, sampler)
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)
     objective = TrialObjective(
@@ -408,7 +417,6 @@ def run_workers(
     """Run the study up to ``budget`` finished trials on ``n_jobs`` processes: this one
     and ``n_jobs - 1`` spawned workers (sampler seeds ``seed + i``, by default the study's
     seed + i). ``on_progress(study)`` follows every trial."""
-    import optuna
 
     n_jobs = max(1, min(n_jobs, budget))
     ctx = multiprocessing.get_context("spawn")
@@ -422,7 +430,7 @@ def run_workers(
     ]
     for child in children:
         child.start()
-    watcher = optuna.load_study(study_name=name, storage=open_storage(url))
+    watcher = load_study(name, open_storage(url))
     interrupted = [False]
 
     def progress(_study: Any, _trial: Any) -> None:

@@ -101,6 +101,28 @@ def test_retrying_waits_out_an_outage_and_gives_up_after_its_patience(
     assert len(said) == 3
 
 
+def test_loading_a_study_waits_out_a_database_that_went_down_after_it_was_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker opens the storage, then the database goes away before its first query
+    (``load_study``): it waits and loads the study once the database answers."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    new_study(url, "s", trials=1, heartbeat=1)
+    monkeypatch.setattr(storages.time, "sleep", lambda _s: None)
+    real = optuna.load_study
+    outages = [_outage(), optuna.exceptions.StorageInternalError("commit")]
+    outages[1].__cause__ = _outage()
+
+    def flaky(**kwargs: object) -> optuna.Study:
+        if outages:
+            raise outages.pop(0)
+        return real(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna, "load_study", flaky)
+    study, setup, _ = load(url, "s")
+    assert not outages and study.study_name == "s" and setup.slo
+
+
 def test_journal_file_storage_runs_joins_and_reports(tmp_path: Path) -> None:
     journal = f"journal:{tmp_path / 'shared' / 'study.log'}"
     out = tmp_path / "out"
