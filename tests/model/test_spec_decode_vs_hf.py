@@ -47,14 +47,11 @@ def model_dir(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture(scope="module")
-def prompts_and_expected(model_dir: Path) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """Every prompt and transformers' greedy continuation, plus ``continues``: the first
-    prompt and most of its continuation, which the engine can take from the prefix cache."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
-    hf.eval()
+def greedy_prompts_and_expected(
+    hf: torch.nn.Module,
+) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Every prompt and ``hf``'s greedy continuation, plus ``continues``: the first prompt
+    and most of its continuation, which the engine can take from the prefix cache."""
 
     def greedy(ids: list[int]) -> list[int]:
         out = hf.generate(
@@ -71,6 +68,15 @@ def prompts_and_expected(model_dir: Path) -> tuple[dict[str, list[int]], dict[st
     prompts["continues"] = prompts["first"] + expected["first"][:35]
     expected["continues"] = greedy(prompts["continues"])
     return prompts, expected
+
+
+@pytest.fixture(scope="module")
+def prompts_and_expected(model_dir: Path) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """transformers' greedy continuations (``greedy_prompts_and_expected``)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    return greedy_prompts_and_expected(hf.eval())
 
 
 def generate(engine: Engine, prompts: dict[str, list[int]]) -> tuple[dict, dict]:

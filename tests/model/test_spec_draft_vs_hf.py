@@ -19,7 +19,7 @@ import torch
 from slotune.engine import Engine, EngineConfig
 from slotune.engine.model.draft import DraftModel
 from tests.engine.invariants import check_drained
-from tests.model.test_spec_decode_vs_hf import MAX_TOKENS, generate
+from tests.model.test_spec_decode_vs_hf import CONFIGS, generate, greedy_prompts_and_expected
 
 DRAFT = dict(prompt_lookup_min=1, prompt_lookup_max=3)  # ignored with a draft model
 
@@ -52,49 +52,7 @@ def hf_models(tiny_dir: Path, draft_dir: Path) -> tuple[torch.nn.Module, torch.n
 def prompts_and_expected(
     hf_models: tuple[torch.nn.Module, torch.nn.Module],
 ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    from tests.model.test_spec_decode_vs_hf import PROMPTS
-
-    target = hf_models[0]
-
-    def greedy(ids: list[int]) -> list[int]:
-        out = target.generate(
-            torch.tensor([ids]),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        return out[0, len(ids) :].tolist()
-
-    prompts = dict(PROMPTS)
-    expected = {rid: greedy(ids) for rid, ids in prompts.items()}
-    prompts["continues"] = prompts["first"] + expected["first"][:35]
-    expected["continues"] = greedy(prompts["continues"])
-    return prompts, expected
-
-
-CONFIGS = {
-    "k3-bs16-budget16-hash": dict(
-        block_size=16, max_num_batched_tokens=16, num_speculative_tokens=3
-    ),
-    "k5-bs32-budget64-radix": dict(
-        block_size=32, max_num_batched_tokens=64, prefix_caching="radix", num_speculative_tokens=5
-    ),
-    "k2-prefill_first-bs16": dict(
-        policy="prefill_first", block_size=16, max_num_batched_tokens=256, num_speculative_tokens=2
-    ),
-    "k4-bs16-tiny-pool-recompute": dict(
-        block_size=16, max_num_batched_tokens=32, num_gpu_blocks=11, num_speculative_tokens=4
-    ),
-    "k4-bs16-tiny-pool-swap": dict(
-        block_size=16,
-        max_num_batched_tokens=32,
-        num_gpu_blocks=11,
-        preemption_mode="swap",
-        swap_space_gb=0.01,
-        num_speculative_tokens=4,
-    ),
-}
+    return greedy_prompts_and_expected(hf_models[0])
 
 
 def _engine(target: Path, draft: Path, name: str) -> Engine:
