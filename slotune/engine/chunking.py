@@ -91,19 +91,14 @@ def _solve3(s: list[float]) -> tuple[float, float, float] | None:
     nor costs less than nothing): without the context term when it never varied or its
     slope comes out negative, through the origin when the intercept does, the mean step
     when the token slope does; None while the steps cannot tell."""
+    import numpy as np
+
     n, t, c, tt, tc, cc, y, ty, cy = s
-    m = [[n, t, c], [t, tt, tc], [c, tc, cc]]
-    r = [y, ty, cy]
-    det = _det(m)
-    if abs(det) > 1e-9 * max(1.0, abs(n * tt * cc)):
-        coef = []
-        for col in range(3):
-            mc = [row[:] for row in m]
-            for i in range(3):
-                mc[i][col] = r[i]
-            coef.append(_det(mc) / det)
-        if min(coef) >= 0:
-            return coef[0], coef[1], coef[2]
+    m = np.array([[n, t, c], [t, tt, tc], [c, tc, cc]])
+    if abs(np.linalg.det(m)) > 1e-9 * max(1.0, abs(n * tt * cc)):
+        a, b, k = np.linalg.solve(m, np.array([y, ty, cy])).tolist()
+        if min(a, b, k) >= 0:
+            return a, b, k
     det2 = n * tt - t * t
     if abs(det2) > 1e-9 * max(1.0, abs(n * tt)):
         b = (n * ty - t * y) / det2
@@ -112,11 +107,3 @@ def _solve3(s: list[float]) -> tuple[float, float, float] | None:
         a = (y - b * t) / n
         return (a, b, 0.0) if a >= 0 else (0.0, ty / tt, 0.0)
     return None
-
-
-def _det(m: list[list[float]]) -> float:
-    return (
-        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-        - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-        + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-    )
