@@ -40,7 +40,8 @@ class StepShape:
     def label(self) -> str:
         parts = [f"prefill {c}@{p}" for c, p in self.prefills]
         if self.decodes:
-            parts.append(f"decode {len(self.decodes)}x@{self.decodes[0]}")
+            mean = round(sum(self.decodes) / len(self.decodes))
+            parts.append(f"decode {len(self.decodes)}x@{mean}")
         return " + ".join(parts)
 
 
@@ -51,22 +52,41 @@ class Measurement:
     source: str = "grid"  # or "workload": a step of a recorded engine run
 
 
+CONTEXT_RATIO = 16.0
+"""A grid decode batch's longest context over its shortest, the contexts spaced evenly on
+a log scale around the batch's mean: a served batch mixes requests of many lengths (eight
+draws of prompt lengths lognormal with sigma 1 span about 17×), and an engine's attention
+may cost more for that mix than for one length at the same total (the reference backend
+runs one attention call per group of similar contexts)."""
+
+
+def spread_contexts(mean: int, batch: int) -> tuple[int, ...]:
+    """``batch`` decode contexts spanning ``CONTEXT_RATIO`` evenly in log, averaging ``mean``."""
+    if batch == 1:
+        return (mean,)
+    steps = [CONTEXT_RATIO ** (i / (batch - 1)) for i in range(batch)]
+    scale = mean * batch / sum(steps)
+    return tuple(max(1, round(scale * x)) for x in steps)
+
+
 def default_grid(max_context: int = 2048) -> list[StepShape]:
-    """Prefill tokens × context, decode batch × context, and mixed steps."""
+    """Prefill tokens × context, decode batch × mean context (contexts spread as a served
+    batch's are), and mixed steps."""
     grid = [
         StepShape(prefills=((chunk, prior),))
         for chunk in (16, 64, 256, 512)
         for prior in (0, 512, 1536)
         if chunk + prior <= max_context
     ]
+    grid += [StepShape(decodes=(ctx,)) for ctx in (32, 512, 1024) if ctx < max_context]
     grid += [
-        StepShape(decodes=(ctx,) * batch)
-        for batch in (1, 4, 16, 48)
-        for ctx in (32, 512, 1024)
-        if ctx < max_context
+        StepShape(decodes=spread_contexts(ctx, batch))
+        for batch in (4, 16, 48)
+        for ctx in (32, 256, 512)
+        if max(spread_contexts(ctx, batch)) < max_context
     ]
     grid += [
-        StepShape(prefills=((chunk, 0),), decodes=(256,) * batch)
+        StepShape(prefills=((chunk, 0),), decodes=spread_contexts(256, batch))
         for chunk in (64, 256)
         for batch in (8, 32)
     ]

@@ -72,3 +72,20 @@ def test_calibrate_rejects_a_folder_without_a_model(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["calibrate", "--model", str(tmp_path)])
     assert result.exit_code == 2
     assert "config.json" in result.output
+
+
+def test_grid_decode_batches_mix_context_lengths_as_served_batches_do() -> None:
+    """A served batch mixes lengths, and the reference attention runs one call per group of
+    similar contexts: a grid batch of one length would time a single call and price served
+    decode steps too cheap."""
+    from slotune.calibration.measure import CONTEXT_RATIO, spread_contexts
+    from slotune.engine.model.attention.torch_backend import _by_context
+
+    batches = [s.decodes for s in default_grid() if len(s.decodes) > 1]
+    assert batches
+    for ctx in batches:
+        assert max(ctx) / min(ctx) == pytest.approx(CONTEXT_RATIO, rel=0.2)
+    ctx = spread_contexts(256, 16)
+    assert sum(ctx) / len(ctx) == pytest.approx(256, rel=0.02)
+    assert len(_by_context(list(range(16)), ctx)) >= 6
+    assert len(_by_context(list(range(16)), (256,) * 16)) == 1

@@ -7,6 +7,7 @@ import pytest
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.sim import CostModel, get_model, load_profile
+from slotune.engine.sim.cost_model import allreduce_seconds
 from slotune.engine.sim.hardware import UnknownNameError
 from slotune.engine.sim.stack import (
     StackProfile,
@@ -98,6 +99,46 @@ def test_tensor_parallel_allreduce_uses_the_stack_latency() -> None:
     slow = CostModel(PROFILE, model, tp=4, stack=StackProfile(name="s", allreduce_latency_us=20))
     diff = slow.layer_ops(16)["allreduce"] - fast.layer_ops(16)["allreduce"]
     assert diff == pytest.approx(2 * 2 * (4 - 1) * 20e-6)  # two per layer, 2 (tp-1) hops each
+
+
+def _allreduce_us(gpu: str, tp: int, nbytes: float, kind: str) -> float:
+    stack = StackProfile(name=kind, allreduce=kind, allreduce_latency_us=5.0, allreduce_eff=0.5)
+    return allreduce_seconds(load_profile(gpu), tp, nbytes, stack) * 1e6
+
+
+def test_custom_allreduce_pays_one_stage_latency_whatever_the_gpu_count() -> None:
+    """vLLM's custom all-reduce on NVLink: one stage below the one-stage limit (every rank
+    reads its tp-1 peers' buffers), two stages above it, NCCL's ring above its buffer;
+    H100 SXM's NVLink at 900 GB/s both ways, so 225 GB/s a direction at efficiency 0.5."""
+    per_dir_us = 1e6 / (900e9 / 2 * 0.5)  # µs per byte over one direction
+    small = 8 * 1024  # one token of a 4096-wide model in bf16
+    for tp in (2, 4, 8):
+        expected = 5.0 + (tp - 1) * small * per_dir_us
+        assert _allreduce_us("h100", tp, small, "custom") == pytest.approx(expected)
+        ring = 2 * (tp - 1) * 5.0 + 2 * (tp - 1) / tp * small * per_dir_us
+        assert _allreduce_us("h100", tp, small, "ring") == pytest.approx(ring)
+    mid = 1024 * 1024  # above the one-stage limit of 4 GPUs, within the 8 MiB buffer
+    assert _allreduce_us("h100", 4, mid, "custom") == pytest.approx(
+        2 * 5.0 + 2 * 3 / 4 * mid * per_dir_us
+    )
+    assert _allreduce_us("h100", 2, mid, "custom") == pytest.approx(5.0 + mid * per_dir_us)
+    large = 16 * 1024 * 1024
+    assert _allreduce_us("h100", 4, large, "custom") == _allreduce_us("h100", 4, large, "ring")
+
+
+def test_custom_allreduce_needs_a_gpu_fabric_between_all_the_gpus() -> None:
+    small = 8 * 1024
+    for gpu in ("l40s", "rtx4090"):  # PCIe only: NCCL's ring
+        assert _allreduce_us(gpu, 2, small, "custom") == _allreduce_us(gpu, 2, small, "ring")
+    # An NVLink bridge joins two cards: custom at TP2, the ring at TP4.
+    assert _allreduce_us("h100-pcie", 2, small, "custom") < _allreduce_us(
+        "h100-pcie", 2, small, "ring"
+    )
+    assert _allreduce_us("h100-pcie", 4, small, "custom") == _allreduce_us(
+        "h100-pcie", 4, small, "ring"
+    )
+    with pytest.raises(ValueError, match="allreduce must be one of ring, custom"):
+        StackProfile(name="x", allreduce="tree")
 
 
 def test_small_batch_gemms_scale_with_bandwidth_on_another_card() -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from slotune.engine.kv_dtype import kv_block_bytes
+from slotune.engine.sim.hardware import GpuSpec
 from slotune.engine.sim.models import ModelSpec
 from slotune.engine.sim.moe import DEFAULT_IMBALANCE, MoECost
 from slotune.engine.sim.precision import format_gemm_seconds, gemm_bytes, gemm_rate
@@ -133,18 +134,50 @@ def kv_bytes_per_token_layer(
     return stored, stored + KV_DEQUANT_BYTES * 2 * kv_heads * head_dim
 
 
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
+"""The largest message vLLM's custom all-reduce takes (its registered buffer, ``max_size``
+in ``custom_all_reduce.py``); larger ones go to NCCL."""
+ONE_STAGE_MAX_BYTES = {2: CUSTOM_ALLREDUCE_MAX_BYTES, 4: 512 * 1024, 8: 256 * 1024}
+"""Below these, the custom all-reduce runs in one stage on up to 2, 4 and 8 GPUs (every
+rank reads every peer's buffer and sums); above, in two (reduce-scatter, all-gather), as
+``csrc/custom_all_reduce.cuh`` picks its kernel."""
+
+
+def custom_allreduce_applies(gpu: GpuSpec, tp: int) -> bool:
+    """Whether a custom (peer-to-peer) all-reduce serves ``tp`` GPUs of ``gpu``: a GPU
+    fabric (NVLink, Infinity Fabric) between them, all-to-all beyond a pair (an NVLink
+    bridge joins two cards only), at most 8 GPUs. Cards on PCIe alone use NCCL's ring."""
+    fabric = gpu.interconnect.startswith(("NVLink", "Infinity Fabric"))
+    if not fabric or tp > 8:
+        return False
+    return tp == 2 or "bridge" not in gpu.interconnect
+
+
 def allreduce_seconds(
     profile: GpuProfile, tp: int, nbytes: float, stack: StackProfile | None = None
 ) -> float:
-    """Ring all-reduce in the alpha-beta model: ``2 (tp-1)`` hops of the latency and
-    ``2 (tp-1)/tp`` of the bytes over one direction of the link, with the per-hop latency
-    and link efficiency of ``stack`` where it sets them."""
+    """One all-reduce of ``nbytes`` over ``tp`` GPUs, with the latency and link efficiency
+    of ``stack`` where it sets them. ``stack.allreduce == "custom"`` (vLLM and SGLang on a
+    GPU fabric, below ``CUSTOM_ALLREDUCE_MAX_BYTES``): one stage (one latency, every rank
+    reading ``tp − 1`` peers' buffers) below ``ONE_STAGE_MAX_BYTES``, two stages above
+    (two latencies, ``2 (tp−1)/tp`` of the bytes). Otherwise NCCL's ring in the alpha-beta
+    model: ``2 (tp−1)`` hops of the latency and ``2 (tp−1)/tp`` of the bytes, all over one
+    direction of the link."""
     if tp <= 1 or nbytes <= 0:
         return 0.0
     s = (stack or StackProfile()).on(profile.system)
-    latency, eff = float(s.allreduce_latency_us or 0.0), float(s.allreduce_eff or 1.0)
-    per_dir = profile.gpu.interconnect_gbps * 1e9 / 2
-    return 2 * (tp - 1) * latency * _US + 2 * (tp - 1) / tp * nbytes / (per_dir * eff)
+    latency = float(s.allreduce_latency_us or 0.0) * _US
+    per_dir = profile.gpu.interconnect_gbps * 1e9 / 2 * float(s.allreduce_eff or 1.0)
+    if (
+        s.allreduce == "custom"
+        and nbytes < CUSTOM_ALLREDUCE_MAX_BYTES
+        and custom_allreduce_applies(profile.gpu, tp)
+    ):
+        one_stage = next(v for k, v in ONE_STAGE_MAX_BYTES.items() if tp <= k)
+        if nbytes < one_stage:
+            return latency + (tp - 1) * nbytes / per_dir
+        return 2 * latency + 2 * (tp - 1) / tp * nbytes / per_dir
+    return 2 * (tp - 1) * latency + 2 * (tp - 1) / tp * nbytes / per_dir
 
 
 @dataclass(frozen=True)

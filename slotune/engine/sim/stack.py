@@ -23,6 +23,7 @@ from slotune.engine.sim.hardware import UnknownNameError
 from slotune.engine.sim.profile import SystemProfile
 
 STACK_DIR = Path(__file__).parent / "stacks"
+ALLREDUCE_KINDS = ("ring", "custom")
 DEFAULT_STACK = "vllm-v1"
 EAGER = "eager"
 
@@ -50,7 +51,11 @@ class StackProfile:
     step later than a synchronous loop would run it. ``decode_seq_layer_us`` is the
     engine's work per decoding request and layer beside attention's KV read (KV-cache
     write, slot and position metadata), seen in served runs but not in isolated attention
-    kernels. ``None`` host or all-reduce fields take the GPU profile's values."""
+    kernels. ``allreduce`` is how tensor-parallel GPUs sum their partial results
+    (``cost_model.allreduce_seconds``): ``ring``, NCCL's ring, or ``custom``, the engine's
+    own peer-to-peer all-reduce on a GPU fabric (one or two stages whatever the GPU
+    count, NCCL above its buffer); ``allreduce_latency_us`` is a ring hop's or a stage's
+    latency. ``None`` host or all-reduce fields take the GPU profile's values."""
 
     name: str = EAGER
     host_step_us: float | None = None
@@ -68,6 +73,7 @@ class StackProfile:
     decode_seq_layer_us: float = 0.0
     allreduce_latency_us: float | None = None
     allreduce_eff: float | None = None
+    allreduce: str = "ring"
     note: str = ""
     engine: str = ""
     provenance: str = ""
@@ -104,6 +110,11 @@ class StackProfile:
             )
         if self.graph_max_tokens < 0:
             raise ValueError(f"stack {self.name!r}: graph_max_tokens must be >= 0")
+        if self.allreduce not in ALLREDUCE_KINDS:
+            raise ValueError(
+                f"stack {self.name!r}: allreduce must be one of {', '.join(ALLREDUCE_KINDS)} "
+                f"(got {self.allreduce!r})"
+            )
 
     @property
     def request_latency_s(self) -> float:
@@ -151,7 +162,8 @@ PARAMETER_RANGES: dict[str, tuple[float, float, str]] = {
     "allreduce_latency_us": (
         1.0,
         30.0,
-        "per ring hop of one all-reduce (custom all-reduce over NVLink: 2-10 us)",
+        "per ring hop (NCCL) or per stage (custom all-reduce over NVLink: 2-10 us) of one "
+        "all-reduce",
     ),
     "gpu_time_scale": (
         0.9,
