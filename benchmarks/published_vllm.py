@@ -355,6 +355,10 @@ def _num(x: float) -> str:
     return "n/a" if np.isnan(x) else f"{x:.0f}"
 
 
+def _val(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def report(out: list[dict[str, Any]]) -> str:
     lines = [
         "| case | " + " | ".join(f"{name} meas / sim (err)" for _, name, _ in METRICS) + " |",
@@ -367,7 +371,7 @@ def report(out: list[dict[str, Any]]) -> str:
         for key, _, scale in METRICS:
             e = error(sim[key], pub[key])
             errs[key].append((e, o["label"]))
-            cells.append(f"{pub[key] * scale:.4g} / {sim[key] * scale:.4g} ({e * 100:+.0f} %)")
+            cells.append(f"{_val(pub[key] * scale)} / {_val(sim[key] * scale)} ({e * 100:+.0f} %)")
         lines.append(f"| {o['label']} | " + " | ".join(cells) + " |")
     groups = {
         "all": lambda label: True,
