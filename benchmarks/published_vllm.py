@@ -12,11 +12,14 @@ Source (numbers transcribed below, nothing downloaded at run time): GPUStack's
 - ``docs/performance-lab/qwen3-32b/a100.md`` at commit 10e9444a07c73556f2ef0d10d2b2766bbf54c9c0
 - ``docs/performance-lab/gpt-oss-20b/h100.md`` at commit 7b50d5067ddbdeba0739e7f72d6f40e53d3b9a04
 - ``docs/performance-lab/gpt-oss-20b/a100.md`` at commit 7ae332aaf05783e657560ef927c527b156e2536d
+- ``docs/performance-lab/gpt-oss-120b/h100.md`` at commit 72aee9dd195ff5c9bf3a4886add80038ce79aef8
+- ``docs/performance-lab/gpt-oss-120b/a100.md`` at commit 1f37f1b8bd79c6b424a0cb55c7abd08a5c2132dc
 
 Each page's "Baseline benchmark results" (section "Other Benchmark Cases") serve
-``vllm serve Qwen/Qwen3-14B`` (Qwen3-32B, openai/gpt-oss-20b) with vLLM v0.11.0 and its
+``vllm serve Qwen/Qwen3-14B`` (Qwen3-32B, openai/gpt-oss-20b; openai/gpt-oss-120b with
+``--max-model-len 32768``) with vLLM v0.11.0 (v0.10.2 for gpt-oss-120b on H100) and its
 defaults (one GPU: no ``--tensor-parallel-size``; the checkpoint's weights: bf16, gpt-oss's
-experts MXFP4; max_model_len the model's) and measure it with
+experts MXFP4; max_model_len the model's unless given) and measure it with
 ``vllm bench serve --dataset-name random --random-input-len L --random-output-len O
 --num-prompts N --seed 42`` (``openai-chat`` backend, no request rate: every request is
 sent at once). The random cases are 32000 in / 100 out × 100, 4000 / 200 × 500,
@@ -28,16 +31,16 @@ half of the 4000/200 case's): the simulated workload sends exactly those totals,
 evenly as whole tokens allow (the pages do not give each request's length).
 
 Simulated: each case's N requests arriving at t=0 on slotune's simulator, the page's GPU
-profile (``h100``; ``a100-80g`` for the A100 pages: gpt-oss-20b's says "A100 SXM 80GB",
-the Qwen3 ones do not say, and only an 80 GB card holds Qwen3-32B in bf16), TP 1, the
+profile (``h100``; ``a100-80g`` for the A100 pages: gpt-oss's say "A100 SXM 80GB", the
+Qwen3 ones do not say, and only an 80 GB card holds Qwen3-32B in bf16), TP 1, the
 ``vllm-0.15`` stack (the fitted release nearest 0.11; 0.11 has no stack of its own) and
 vLLM V1's serving defaults as
 ``targets.vllm.VLLM_0_15`` gives them for the card (token budget 8192 and 1024 sequences
 on H100, 2048 and 256 on A100; blocks of 16, prefix caching on, which random prompts
 never hit; gpu_memory_utilization 0.9). Qwen3-14B and Qwen3-32B are not catalogue
 models: their shapes are the public facts of their Hugging Face config.json files
-(``QWEN3_CONFIGS``), read by ``models.model_from_hf_dict``; gpt-oss-20b is the catalogue's
-(its sliding-window layers priced as full attention, as ``models`` says).
+(``QWEN3_CONFIGS``), read by ``models.model_from_hf_dict``; gpt-oss-20b and -120b are the
+catalogue's (their sliding-window layers priced as full attention, as ``models`` says).
 
 Metrics as ``vllm bench serve`` reports them: TTFT per request; TPOT per request
 ``(e2e - ttft) / (output - 1)``; the mean and median over requests; total token
@@ -66,6 +69,8 @@ COMMITS = {  # the commit of each page that was read (the index's stored version
     ("qwen3-32b", "a100"): "10e9444a07c73556f2ef0d10d2b2766bbf54c9c0",
     ("gpt-oss-20b", "h100"): "7b50d5067ddbdeba0739e7f72d6f40e53d3b9a04",
     ("gpt-oss-20b", "a100"): "7ae332aaf05783e657560ef927c527b156e2536d",
+    ("gpt-oss-120b", "h100"): "72aee9dd195ff5c9bf3a4886add80038ce79aef8",
+    ("gpt-oss-120b", "a100"): "1f37f1b8bd79c6b424a0cb55c7abd08a5c2132dc",
 }
 STACK = "vllm-0.15"
 
@@ -127,6 +132,8 @@ class Published:
     tpot_mean_ms: float
     tpot_median_ms: float
     peak_output_tps: float  # "Peak output token throughput (tok/s)": the best 1-s bucket
+    max_model_len: int = 0  # --max-model-len of the serving command (0: the model's)
+    vllm: str = "0.11.0"
 
     @property
     def label(self) -> str:
@@ -136,10 +143,10 @@ class Published:
 NA = float("nan")  # a figure the page does not print
 
 
-def _rows(model: str, gpu: str, cases: list[tuple[Any, ...]]) -> list[Published]:
+def _rows(model: str, gpu: str, cases: list[tuple[Any, ...]], **serve: Any) -> list[Published]:
     card = gpu.split("-")[0]
     page = f"docs/performance-lab/{model}/{card}.md"
-    return [Published(page, COMMITS[model, card], model, gpu, 1, *c) for c in cases]
+    return [Published(page, COMMITS[model, card], model, gpu, 1, *c, **serve) for c in cases]
 
 
 # case, N, input, output, total in, total out, duration s, total tok/s,
@@ -209,6 +216,29 @@ PUBLISHED: tuple[Published, ...] = (
             (*_128, 127755, 4000, 5.44, 24223.22, 2774.46, 1971.28, 62.10, 65.44, 932.0),
         ],
     ),
+    *_rows(  # vllm serve openai/gpt-oss-120b --max-model-len 32768, vLLM v0.10.2
+        "gpt-oss-120b",
+        "h100",
+        [  # this page prints no peak output throughput for these runs
+            (*_32K, 3200000, 9877, 198.92, 16136.57, 99444.04, 99439.56, 23.99, 23.69, NA),
+            (*_4K, 1999249, 67205, 145.04, 14247.47, 72954.68, 73023.24, 31.70, 32.02, NA),
+            (*_2K, 999120, 49197, 72.87, 14385.69, 36234.76, 35662.58, 41.35, 42.86, NA),
+            (*_128, 127755, 4000, 7.72, 17059.15, 4850.46, 4987.41, 304.80, 341.94, NA),
+        ],
+        max_model_len=32768,
+        vllm="0.10.2",
+    ),
+    *_rows(  # vllm serve openai/gpt-oss-120b --max-model-len 32768 on one of the 2 GPUs
+        "gpt-oss-120b",
+        "a100-80g",
+        [
+            (*_32K, 3200000, 9988, 740.10, 4337.21, 368856.64, 368713.30, 224.58, 228.19, 176.0),
+            (*_4K, 1999249, 67259, 269.39, 7671.00, 133561.13, 134006.62, 112.18, 114.77, 1146.0),
+            (*_2K, 999120, 48981, 123.94, 8456.65, 61328.02, 61764.97, 131.94, 138.30, 1696.0),
+            (*_128, 127755, 4000, 14.09, 9353.12, 7813.18, 7750.58, 182.75, 189.53, 273.0),
+        ],
+        max_model_len=32768,
+    ),
 )
 
 
@@ -258,11 +288,11 @@ def write_configs(folder: Path) -> dict[str, str]:
 
 def engine_config(row: Published) -> Any:
     """vLLM V1's serving defaults on the case's GPU (``targets.vllm.VLLM_0_15``); the
-    context is the model's own (vLLM's default ``max_model_len``)."""
+    context is the serving command's ``--max-model-len``, else the model's (vLLM's default)."""
     from slotune.engine.sim.hardware import get_gpu
     from slotune.targets.vllm import VLLM_0_15
 
-    context = model_spec(row.model).max_position_embeddings
+    context = row.max_model_len or model_spec(row.model).max_position_embeddings
     return VLLM_0_15.defaults(get_gpu(row.gpu), max_model_len=context)
 
 

@@ -28,7 +28,7 @@ def test_each_transcribed_block_is_consistent_with_itself(pv) -> None:
     # vllm bench serve prints total throughput = (input + generated tokens) / duration:
     # a mistyped figure breaks that (the printed values are rounded to 0.01)
     labels = [r.label for r in pv.PUBLISHED]
-    assert len(labels) == len(set(labels)) == 24
+    assert len(labels) == len(set(labels)) == 32
     for r in pv.PUBLISHED:
         tokens = r.total_input + r.total_output
         slowest, fastest = tokens / (r.duration_s + 0.005), tokens / (r.duration_s - 0.005)
@@ -39,7 +39,7 @@ def test_each_transcribed_block_is_consistent_with_itself(pv) -> None:
         assert r.page == f"docs/performance-lab/{r.model}/{r.gpu.split('-')[0]}.md"
 
 
-@pytest.mark.parametrize("index", range(24))
+@pytest.mark.parametrize("index", range(32))
 def test_workload_sends_the_pages_requests(pv, index) -> None:
     row = pv.PUBLISHED[index]
     reqs = pv.workload(row).requests
@@ -84,6 +84,8 @@ def test_engine_runs_vllms_defaults_of_the_card(pv) -> None:
         assert c.gpu_memory_utilization == 0.9 and c.max_model_len == 40960  # Qwen3's
     oss = pv.engine_config(next(r for r in pv.PUBLISHED if r.model == "gpt-oss-20b"))
     assert oss.max_model_len == 131072
+    big = pv.engine_config(next(r for r in pv.PUBLISHED if r.model == "gpt-oss-120b"))
+    assert big.max_model_len == 32768  # the page's --max-model-len
 
 
 def test_peak_output_counts_tokens_per_whole_second(pv) -> None:
