@@ -1,4 +1,4 @@
-"""The simulator against published vLLM 0.11 serving runs: a check, never a fit.
+"""The simulator against published vLLM 0.10 – 0.11 serving runs: a check, never a fit.
 
     PYTHONPATH=. .venv/bin/python benchmarks/published_vllm.py            # every case
     PYTHONPATH=. .venv/bin/python benchmarks/published_vllm.py --only 14b-h100 --json out.json
@@ -23,7 +23,7 @@ experts MXFP4; max_model_len the model's unless given) and measure it with
 ``vllm bench serve --dataset-name random --random-input-len L --random-output-len O
 --num-prompts N --seed 42`` (``openai-chat`` backend, no request rate: every request is
 sent at once). The random cases are 32000 in / 100 out × 100, 4000 / 200 × 500,
-2000 / 100 × 500 and 128 / 4 × 1000; the pages' ShareGPT case is left out (it needs the
+2000 / 100 × 500 and 128 / 4 × 1000; the pages' ShareGPT cases are left out (it needs the
 ShareGPT file, which is not downloaded here). The pages' result blocks give the token
 totals actually sent and generated (vLLM's random prompts re-tokenize to slightly fewer
 tokens than asked; some outputs stop early at an end-of-sequence token, gpt-oss's about
@@ -31,14 +31,13 @@ half of the 4000/200 case's): the simulated workload sends exactly those totals,
 evenly as whole tokens allow (the pages do not give each request's length).
 
 Simulated: each case's N requests arriving at t=0 on slotune's simulator, the page's GPU
-profile (``h100``; ``a100-80g`` for the A100 pages: gpt-oss's say "A100 SXM 80GB", the
-Qwen3 ones do not say, and only an 80 GB card holds Qwen3-32B in bf16), TP 1, the
-``vllm-0.15`` stack (the fitted release nearest 0.11; 0.11 has no stack of its own) and
-vLLM V1's serving defaults as
-``targets.vllm.VLLM_0_15`` gives them for the card (token budget 8192 and 1024 sequences
-on H100, 2048 and 256 on A100; blocks of 16, prefix caching on, which random prompts
-never hit; gpu_memory_utilization 0.9). Qwen3-14B and Qwen3-32B are not catalogue
-models: their shapes are the public facts of their Hugging Face config.json files
+profile (``h100``; ``a100-80g`` for the A100 pages: gpt-oss's say "A100 SXM 80GB", the Qwen3
+ones do not say, and only an 80 GB card holds Qwen3-32B in bf16), TP 1, the ``vllm-0.15``
+stack (the fitted release nearest 0.11; 0.10 and 0.11 have no stack of their own) and vLLM
+V1's serving defaults as ``targets.vllm.VLLM_0_15`` gives them for the card (token budget
+8192 and 1024 sequences on H100, 2048 and 256 on A100; blocks of 16, prefix caching on,
+which random prompts never hit; gpu_memory_utilization 0.9). Qwen3-14B and Qwen3-32B are not
+catalogue models: their shapes are the public facts of their Hugging Face config.json files
 (``QWEN3_CONFIGS``), read by ``models.model_from_hf_dict``; gpt-oss-20b and -120b are the
 catalogue's (their sliding-window layers priced as full attention, as ``models`` says).
 
