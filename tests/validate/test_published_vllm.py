@@ -93,7 +93,7 @@ def test_peak_output_counts_tokens_per_whole_second(pv) -> None:
     assert pv.peak_output_tps(times) == 4.0  # second 1: 1.1, 1.5, 1.7, 1.99
 
 
-def test_simulated_metrics_are_vllm_bench_s(pv, tmp_path) -> None:
+def test_simulated_metrics_follow_vllm_bench(pv, tmp_path) -> None:
     """TPOT per request from its own token times, means over requests, throughput over
     the span to the last finish: a small cut of the A100 short-prompt case."""
     from slotune.workloads.arrivals import ArrivalSpec
