@@ -1,6 +1,6 @@
 """Write the stack profiles of engine versions without measured runs from the measured one.
 
-    .venv/bin/python benchmarks/derive_stacks.py    # rewrites vllm-0.34.json, sglang-0.5.json
+    .venv/bin/python benchmarks/derive_stacks.py    # rewrites vllm-0.34/0.11.json, sglang-0.5.json
 
 ``vllm-0.15`` is fitted on the ten training runs (vLLM 0.15.1, H100). No runs of the other
 versions exist here, so their profiles take its fitted constants and change only what the
@@ -28,6 +28,21 @@ DERIVED: dict[str, dict[str, Any]] = {
         "same design; whatever the newer release changed in host work or kernels is not "
         "known here. Expect the error of vllm-0.15 plus the version's drift.",
         "changes": {},
+    },
+    "vllm-0.11": {
+        "engine": "vllm==0.11 (also 0.10)",
+        "note": "vLLM V1 engine core as 0.10 - 0.11 run it by default: no async scheduling "
+        "(the host schedules a step and processes its outputs while the GPU waits; "
+        "--async-scheduling was opt-in until vLLM PR #27614 made it the default after "
+        "0.11), CUDA graphs as 0.15, custom all-reduce, the OpenAI server in front.",
+        "provenance": "DERIVED, NOT MEASURED: no runs of this version back it. Every "
+        "constant is vllm-0.15's fit on the ten training runs (vLLM 0.15.1, H100, "
+        "inference-perf client); only async scheduling is off (host_overlap 0, no "
+        "schedule-ahead), so the host's per-step and per-request work, priors the fit "
+        "could not pin (the training runs hide them behind the GPU), is added to every "
+        "step. Checked, not fitted, against GPUStack's published 0.10 - 0.11 runs "
+        "(benchmarks/published_vllm.py).",
+        "changes": {"host_overlap": 0.0, "schedule_ahead": False},
     },
     "sglang-0.5": {
         "engine": "sglang==0.5",

@@ -295,7 +295,7 @@ def engine_config(row: Published) -> Any:
     return VLLM_0_15.defaults(get_gpu(row.gpu), max_model_len=context)
 
 
-def simulate(row: Published, model_path: str) -> dict[str, float]:
+def simulate(row: Published, model_path: str, stack: str = STACK) -> dict[str, float]:
     """The case on the simulator: the metrics ``vllm bench serve`` prints, in its units."""
     from slotune.workloads.arrivals import ArrivalSpec
     from slotune.workloads.metrics import request_metrics
@@ -309,7 +309,7 @@ def simulate(row: Published, model_path: str) -> dict[str, float]:
         gpu=row.gpu,
         model=model_path,
         tp=row.tp,
-        stack=STACK,
+        stack=stack,
         arrivals=ArrivalSpec(timestamps=True),
     )
     wall = time.perf_counter() - t0
@@ -362,6 +362,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", action="append", default=[], help="cases whose label contains this")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--stack", default=STACK, help=f"stack profile (default {STACK})")
     args = ap.parse_args()
     rows = [r for r in PUBLISHED if not args.only or any(o in r.label for o in args.only)]
     if not rows:
@@ -371,7 +372,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_configs(Path(tmp))
         for row in rows:
-            sim = simulate(row, paths[row.model])
+            sim = simulate(row, paths[row.model], args.stack)
             print(f"{row.label}: simulated in {sim['sim_wall_s']:.1f} s", file=sys.stderr)
             out.append({"published": asdict(row), "label": row.label, "simulated": sim})
     print(report(out))

@@ -211,7 +211,7 @@ def test_the_old_stack_name_is_an_alias_of_the_measured_version() -> None:
     assert old.with_values(name="vllm-0.15", source=new.source) == new
 
 
-@pytest.mark.parametrize("name", ["vllm-0.15", "vllm-0.34", "sglang-0.5"])
+@pytest.mark.parametrize("name", ["vllm-0.15", "vllm-0.34", "vllm-0.11", "sglang-0.5"])
 def test_shipped_stacks_say_where_they_come_from_and_stay_in_range(name: str) -> None:
     from slotune.engine.sim.stack import PARAMETER_RANGES
 
@@ -233,3 +233,18 @@ def test_no_host_floor_a_small_model_steps_faster_on_two_gpus() -> None:
         assert tp2.decode_step_seconds(batch, batch * 700) < 0.8 * tp1.decode_step_seconds(
             batch, batch * 700
         )
+
+
+def test_vllm_0_11_schedules_synchronously_the_host_work_adds_to_every_step() -> None:
+    """vLLM 0.10 - 0.11 ran without async scheduling by default: the step the derived
+    stack prices is 0.15's GPU and critical-path work plus the host's whole share, which
+    0.15 hides behind a longer GPU step."""
+    model = get_model("llama-3-8b")
+    sync = CostModel(PROFILE, model, 1, stack=load_stack("vllm-0.11"), max_num_seqs=256)
+    overlapped = CostModel(PROFILE, model, 1, stack=load_stack("vllm-0.15"), max_num_seqs=256)
+    assert not sync.stack.schedule_ahead and overlapped.stack.schedule_ahead
+    for batch in (8, 64, 256):
+        host = sync.host_seconds(batch, batch)
+        gpu = overlapped.decode_step_seconds(batch, batch * 700)
+        assert host > 0 and host < gpu  # 0.15 hides it all
+        assert sync.decode_step_seconds(batch, batch * 700) == pytest.approx(gpu + host)
