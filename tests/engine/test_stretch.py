@@ -473,3 +473,33 @@ def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
             for a, b in itertools.pairwise(steps)
         )
     assert hits > 100 and shrunk > 20, (tried, hits, shrunk)
+
+
+def test_a_preempted_head_that_fits_is_admitted_inside_a_stretch_with_its_hit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When a recompute-preempted head surely fits, its admission is planned: its lookup
+    finds its own cached blocks (the planned hit, shrunk by the allocations before it),
+    it starts from them, and stretches still leave what single steps leave."""
+    plans: list[StretchPlan] = []
+    apply = apply_stretch
+
+    def collect(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+        plans.append(plan)
+        return apply(scheduler, plan, tokens)
+
+    monkeypatch.setattr(sys.modules[__name__], "apply_stretch", collect)
+    readmitted = with_hit = 0
+    for seed in range(24, 40):
+        w = _preempting_workload(seed)
+        for block_size in (4, 16):
+            cfg = ("chunked", "recompute", "hash", block_size)
+            single = drive(w, cfg, "single")
+            plans.clear()
+            assert drive(w, cfg, "feed") == single, (seed, block_size)
+            for plan in plans:
+                for member in plan.requests[plan.num_start :]:
+                    if member.request.num_preemptions:
+                        readmitted += 1
+                        with_hit += member.start_computed > 0
+    assert readmitted > 50 and with_hit > 20, (readmitted, with_hit)

@@ -25,7 +25,9 @@ the waiting head either stays out without being tried (no budget left, no seat, 
 swapped head whose blocks are not free), or is tried and surely stays out, or is a new
 request whose admission is certain: no stop tokens, its first chunk's blocks are free, and
 its prefix lookup cannot hit (no prefix cache, or a hash cache that holds nothing under
-its first block and no running request that could commit one). A head that is tried and
+its first block and no running request that could commit one), or a recompute-preempted
+request without stop tokens, fork or logprobs whose known hit (below) and first chunk
+surely fit. A head that is tried and
 stays out is a new request whose lookup cannot hit and whose first chunk's blocks are not
 free, or a recompute-preempted one whose cached blocks its lookup finds: no running
 request shares its first block, so the hit only shrinks, as planned allocations hand its

@@ -128,17 +128,24 @@ def _take_run(
 
 def _admit_planned(scheduler: Scheduler, plan: StretchPlan, i: int, n: int, j: int) -> None:
     """Admit request ``i`` of the plan (the waiting head) with ``n`` tokens in step ``j``,
-    as ``Scheduler.schedule`` does when its lookup misses."""
-    req = plan.requests[i].request
+    as ``Scheduler.schedule`` does: its lookup finds the planned hit (a new request's
+    misses; a recompute-preempted one may find its own blocks still cached)."""
+    member = plan.requests[i]
+    req = member.request
     if not scheduler.waiting or scheduler.waiting[0] is not req:
         raise RuntimeError(f"apply_stretch: {req.request_id!r} is not the waiting head")
     kv = scheduler.kv_cache
     _set_computed(kv.uncommitted.values(), plan, j)  # the lookup commits them
     hit = kv.get_computed_blocks(req)
-    if (hit is not None and hit.num_tokens) or not kv.allocate_slots(req, n, hit):
-        raise RuntimeError(f"apply_stretch: {req.request_id!r} was planned to miss and fit")
-    req.num_computed_tokens = 0
-    req.num_cached_tokens = 0
+    num_hit = hit.num_tokens if hit is not None else 0
+    if num_hit != member.start_computed or not kv.allocate_slots(req, n, hit):
+        raise RuntimeError(
+            f"apply_stretch: {req.request_id!r} was planned to hit {member.start_computed} "
+            f"tokens (found {num_hit}) and fit"
+        )
+    req.num_computed_tokens = num_hit
+    if req.status is RequestStatus.WAITING:
+        req.num_cached_tokens = num_hit
     scheduler.seat_head()
 
 

@@ -97,9 +97,10 @@ class StretchPlan:
             self._index = {p.request.request_id: i for i, p in enumerate(self.requests)}
         return self._index[request_id]
 
-    def admit(self, request: Request) -> int:
-        """A request admitted during the stretch; its index."""
-        self.requests.append(PlannedRequest(request, 0))
+    def admit(self, request: Request, computed: int = 0) -> int:
+        """A request admitted during the stretch with ``computed`` tokens (its prefix-cache
+        hit); its index."""
+        self.requests.append(PlannedRequest(request, computed))
         self._index = None
         return len(self.requests) - 1
 

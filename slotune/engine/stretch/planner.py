@@ -91,10 +91,12 @@ class HeadWaits(enum.Enum):
 
 
 class Admission(NamedTuple):
-    """A certain admission of the waiting head: its first chunk and the blocks it takes."""
+    """A certain admission of the waiting head: its first chunk, the free blocks it takes
+    (its prefix-cache hit's included) and the tokens that hit holds."""
 
     tokens: int
     blocks: int
+    hit: int = 0
 
 
 class _Other:
@@ -301,7 +303,7 @@ class StretchPlanner:
             for o, n, _ in stepped:
                 if o.computed + n == o.total:
                     num_sampled += num_samples(o.has_output, o.n)
-                if counts_as_prefill(n, o.has_output):  # an admission always does
+                if o.index < 0 or counts_as_prefill(n, o.has_output):  # (re)starts do
                     prefill += n
             num_decodes, context, chunks = batch_totals([(n, o.computed) for o, n, _ in stepped])
         else:
@@ -395,8 +397,9 @@ class StretchPlanner:
                 break
             if decision is HeadWaits.UNSURE:
                 raise _Unsure
-            n, blocks = decision
+            n, blocks, hit = decision
             o = _Other(-1, head, blocks * self.bs, blocks)
+            o.computed = hit  # its hit's blocks were free: it holds all it takes
             admitted.append((o, n))
             self.stepped.append((o, n, o.slots))
             free_left -= blocks
@@ -410,7 +413,7 @@ class StretchPlanner:
         for o, n in admitted:
             req = self.waiting[self.next_waiting]
             self.next_waiting += 1
-            o.index = plan.admit(req)
+            o.index = plan.admit(req, o.computed)
             self.finish_step.append(0)
             self.base.append(0)
             self.extra.append(0)
@@ -537,14 +540,16 @@ class StretchPlanner:
             return HeadWaits.STAYS  # the allocation fails, changing nothing
         return Admission(n, blocks)
 
-    def _preempted_head(self, head: Request, budget: int, seated: int, free_left: int) -> HeadWaits:
+    def _preempted_head(
+        self, head: Request, budget: int, seated: int, free_left: int
+    ) -> Admission | HeadWaits:
         """A recompute-preempted head (under the chunked policy): STAYS when trying it
         surely fails, noting its lookup (``PlannedStep.retry``), whose commits
-        ``apply_stretch`` makes. Its blocks are still cached, so its lookup may hit; the
-        hit cannot grow (no running request can commit into its chain: ``_chain_closed``)
-        and shrinks only as the planned allocations hand its free blocks out
-        (``hit_lifetimes``), so its length in this step is known, and so is what its first
-        chunk would take."""
+        ``apply_stretch`` makes; an ``Admission`` with its hit when it surely fits. Its
+        blocks are still cached, so its lookup may hit; the hit cannot grow (no running
+        request can commit into its chain: ``_chain_closed``) and shrinks only as the
+        planned allocations hand its free blocks out (``hit_lifetimes``), so its length in
+        this step is known, and so is what its first chunk would take."""
         if not (seated and self.free_exact) or self.sched.prefill_first:
             # alone it would be finished; the free count is only a lower bound; or
             # (prefill-first) it is tried before the running requests allocate
@@ -564,10 +569,16 @@ class StretchPlanner:
         self.hit_len = num_hit
         hit_tokens = num_hit * self.bs
         n = self.sched.chunk(head, hit_tokens, budget)
-        if n is None or self.kv.admission_takes(hit_tokens + n, num_hit, num_hit) <= free_left:
-            return HeadWaits.UNSURE  # it may be admitted
-        self.step_retry = (hit_tokens, n)
-        return HeadWaits.STAYS
+        if n is None:
+            return HeadWaits.UNSURE
+        takes = self.kv.admission_takes(hit_tokens + n, num_hit, num_hit)
+        if takes > free_left:
+            self.step_retry = (hit_tokens, n)
+            return HeadWaits.STAYS
+        params = head.sampling_params
+        if params.n != 1 or params.logprobs or head.stop_ids:
+            return HeadWaits.UNSURE  # admitted, but a fork or a stop is a general step's job
+        return Admission(n, takes, hit_tokens)
 
     def _chain_closed(self, head: Request) -> bool:
         """Whether no running or admitted request can commit a block that a lookup of
