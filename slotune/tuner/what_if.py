@@ -13,8 +13,9 @@ an engine that had it would bring. Policy settings (one each, not searched):
 - adaptive chunking: the SLO's TPOT target, the budget ceiling at least 8192 tokens.
 
 Hybrid preemption and the decode budget act on preempted requests only: when the
-recommended run preempted none, their run is that run (not rerun; each rerun is
-single-stepped, a few times a trial's cost).
+recommended run preempted none, their run is that run (not rerun). The stretch planner
+plans hybrid preemption as it does the others; the decode budget, tier quotas and
+adaptive chunking rerun one step at a time, a few times a trial's cost.
 """
 
 from __future__ import annotations

@@ -185,9 +185,7 @@ def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
     assert "scheduling_policy='priority'" in (
         untested_config(EngineConfig(scheduling_policy="priority")) or ""
     )
-    assert "preemption_mode='hybrid'" in (
-        untested_config(EngineConfig(preemption_mode="hybrid")) or ""
-    )
+    assert "decode_budget_ms=50.0" in (untested_config(EngineConfig(decode_budget_ms=50.0)) or "")
     engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
     engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
     engine.step()

@@ -36,7 +36,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "block_size": None,
     "max_num_seqs": None,
     "max_model_len": None,
-    "preemption_mode": frozenset({"recompute", "swap"}),
+    # hybrid differs only in how a step preempts (swap or recompute by size), which no
+    # planned step does; its swapped and recompute-preempted heads are planned as above
+    "preemption_mode": frozenset({"recompute", "swap", "hybrid"}),
     "swap_space_gb": None,
     "prefix_caching": frozenset({"none", "hash", "radix"}),
     "policy": frozenset({"chunked", "prefill_first"}),
@@ -49,7 +51,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "speculative_model": None,  # read only with speculation, refused above
     "speculative_acceptance": None,
     "scheduling_policy": frozenset({"fcfs"}),
-    "swap_threshold_tokens": None,  # read only under preemption_mode="hybrid", refused above
+    "swap_threshold_tokens": None,  # read only when a step preempts, which no plan does
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     "decode_budget_ms": frozenset({0.0}),
