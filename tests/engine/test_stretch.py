@@ -501,3 +501,34 @@ def test_a_preempted_head_that_fits_is_admitted_inside_a_stretch_with_its_hit(
                         readmitted += 1
                         with_hit += member.start_computed > 0
     assert readmitted > 50 and with_hit > 20, (readmitted, with_hit)
+
+
+def _shared_prefix_readmissions() -> Workload:
+    """Twelve requests, nine of them on one 200-token prefix, in a pool that holds a
+    few: recompute-preempted sharers wait with the prefix's blocks cached (a case
+    hypothesis found: two such heads readmitted in one step, the first adopting blocks
+    the second's lookup then finds held)."""
+    rng = random.Random(3)
+    base = [rng.randint(2, 4) for _ in range(200)]
+    shape = [  # (prompt length, shares the prefix, max_tokens, arrival step)
+        (235, True, 313, 0), (15, False, 348, 102), (177, False, 342, 266),
+        (392, True, 148, 274), (364, True, 213, 241), (13, False, 215, 132),
+        (302, True, 316, 242), (356, True, 121, 197), (261, True, 102, 166),
+        (252, False, 252, 58), (246, True, 85, 274), (336, True, 1, 0),
+    ]  # fmt: skip
+    jobs = []
+    for i, (length, shares, max_tokens, arrive) in enumerate(shape):
+        head = base if shares else []
+        prompt = head + [rng.randint(5, 9) for _ in range(length - len(head))]
+        jobs.append(Job(f"r{i}", prompt, max_tokens, 1, arrive, None))
+    return Workload(
+        jobs=jobs, budget=55, threshold=32, max_num_seqs=4, extra_blocks=0, cpu_blocks=0
+    )
+
+
+def test_a_readmission_that_adopts_cached_blocks_ends_the_plan_of_later_lookups() -> None:
+    w = _shared_prefix_readmissions()
+    cfg = ("chunked", "recompute", "hash", 32)
+    single = drive(w, cfg, "single", LARGE_MODEL_LEN)
+    assert drive(w, cfg, "until", LARGE_MODEL_LEN) == single
+    assert drive(w, cfg, "feed", LARGE_MODEL_LEN) == single

@@ -133,6 +133,7 @@ class StretchPlanner:
     # 30 keys loses CPython's shared keys, and every attribute read slows down)
     __slots__ = (
         "admitted",
+        "adopted",
         "alive",
         "alloc_at",
         "base",
@@ -189,6 +190,9 @@ class StretchPlanner:
         self.hit_of: Request | None = None
         self.hit_lasts: list[int] | None = None
         self.hit_len = 0  # its hit in the step being planned
+        # a planned admission adopted cached blocks (taken from inside the free queue, now
+        # held): later lookups may hit them, and hit_lifetimes no longer holds
+        self.adopted = False
         running = scheduler.running
         self.plan = StretchPlan(list(running))
         num = len(running)
@@ -519,6 +523,8 @@ class StretchPlanner:
         """What trying the waiting head with ``budget`` tokens (its ``head_budget``) does
         in this step, next to ``seated`` running requests with ``free_left`` blocks."""
         s = self.sched
+        if self.adopted:
+            return HeadWaits.UNSURE
         if head.status is RequestStatus.SWAPPED:
             need = s.swap_in_need(head, budget)
             if need is None:
@@ -580,6 +586,7 @@ class StretchPlanner:
         params = head.sampling_params
         if params.n != 1 or params.logprobs or head.stop_ids:
             return HeadWaits.UNSURE  # admitted, but a fork or a stop is a general step's job
+        self.adopted = num_hit > 0
         return Admission(n, takes, hit_tokens)
 
     def _chain_closed(self, head: Request) -> bool:
