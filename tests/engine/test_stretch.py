@@ -441,12 +441,9 @@ def test_stretches_cut_anywhere_report_each_first_sample_at_its_step() -> None:
     assert preempted > 0
 
 
-def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A recompute-preempted head waits with its blocks cached, so its lookup hits; while
-    it cannot fit, the steps that try it are planned (its hit shrinking as allocations
-    evict its blocks), and stretches still leave what single steps leave."""
+@pytest.fixture
+def applied_plans(monkeypatch: pytest.MonkeyPatch) -> list[StretchPlan]:
+    """Every plan ``drive`` applies, in order."""
     plans: list[StretchPlan] = []
     apply = apply_stretch
 
@@ -455,14 +452,23 @@ def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
         return apply(scheduler, plan, tokens)
 
     monkeypatch.setattr(sys.modules[__name__], "apply_stretch", collect)
+    return plans
+
+
+def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
+    applied_plans: list[StretchPlan],
+) -> None:
+    """A recompute-preempted head waits with its blocks cached, so its lookup hits; while
+    it cannot fit, the steps that try it are planned (its hit shrinking as allocations
+    evict its blocks), and stretches still leave what single steps leave."""
     tried = hits = shrunk = 0
     for seed in range(24, 30):
         w = _preempting_workload(seed)
         cfg = ("chunked", "recompute", "hash", 4)
         single = drive(w, cfg, "single")
-        plans.clear()
+        applied_plans.clear()
         assert drive(w, cfg, "feed") == single, seed
-        retries = [[s.retry for s in p.steps] for p in plans]
+        retries = [[s.retry for s in p.steps] for p in applied_plans]
         tried += sum(r is not None for steps in retries for r in steps)
         hits += sum(r is not None and r[0] > 0 for steps in retries for r in steps)
         shrunk += sum(
@@ -474,28 +480,20 @@ def test_steps_that_try_a_preempted_head_with_cached_blocks_are_planned(
 
 
 def test_a_preempted_head_that_fits_is_admitted_inside_a_stretch_with_its_hit(
-    monkeypatch: pytest.MonkeyPatch,
+    applied_plans: list[StretchPlan],
 ) -> None:
     """When a recompute-preempted head surely fits, its admission is planned: its lookup
     finds its own cached blocks (the planned hit, shrunk by the allocations before it),
     it starts from them, and stretches still leave what single steps leave."""
-    plans: list[StretchPlan] = []
-    apply = apply_stretch
-
-    def collect(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
-        plans.append(plan)
-        return apply(scheduler, plan, tokens)
-
-    monkeypatch.setattr(sys.modules[__name__], "apply_stretch", collect)
     readmitted = with_hit = 0
     for seed in range(24, 40):
         w = _preempting_workload(seed)
         for block_size in (4, 16):
             cfg = ("chunked", "recompute", "hash", block_size)
             single = drive(w, cfg, "single")
-            plans.clear()
+            applied_plans.clear()
             assert drive(w, cfg, "feed") == single, (seed, block_size)
-            for plan in plans:
+            for plan in applied_plans:
                 for member in plan.requests[plan.num_start :]:
                     if member.request.num_preemptions:
                         readmitted += 1

@@ -405,7 +405,7 @@ class StretchPlanner:
                 raise _Unsure
             n, blocks, hit = decision
             o = _Other(-1, head, blocks * self.bs, blocks)
-            o.computed = hit  # its hit's blocks were free: it holds all it takes
+            o.computed = hit  # a readmission starts from its hit (all of whose blocks it takes)
             admitted.append((o, n))
             self.stepped.append((o, n, o.slots))
             free_left -= blocks
