@@ -13,7 +13,8 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 
-from slotune.engine.request import Request
+from slotune.engine.request import Request, RequestStatus
+from slotune.engine.rules import earns_priority
 
 
 class PriorityWaiting:
@@ -50,6 +51,20 @@ class PriorityWaiting:
                 return
         raise ValueError("PriorityWaiting.remove: request not waiting")
 
+    def requeue(self, reqs: list[Request], change: Callable[[Request], None]) -> None:
+        """Take ``reqs`` out, ``change`` each and append it again, in queue order (as
+        removing and appending them one by one in that order does): one pass over the
+        queue for all of them."""
+        taken = set(reqs)
+        moved = sorted((e for e in self._heap if e[3] in taken), key=lambda e: e[:3])
+        if len(moved) != len(taken):
+            raise ValueError("PriorityWaiting.requeue: request not waiting")
+        self._heap = [e for e in self._heap if e[3] not in taken]
+        heapq.heapify(self._heap)
+        for entry in moved:
+            change(entry[3])
+            self.append(entry[3])
+
     def __len__(self) -> int:
         return len(self._heap)
 
@@ -59,3 +74,33 @@ class PriorityWaiting:
     def __iter__(self) -> Iterator[Request]:
         """The requests in queue order."""
         return iter([entry[3] for entry in sorted(self._heap, key=lambda e: e[:3])])
+
+
+_WAITS = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED})
+
+
+class BudgetWatch:
+    """Decode budget: the waiting requests that may earn priority (``rules.earns_priority``),
+    by when they were preempted, so that a step finds those that just earned it without
+    walking the waiting queue. A request is added when it joins the queue with output;
+    entries of requests admitted again (or preempted again since: a later entry) are
+    dropped when due."""
+
+    __slots__ = ("_counter", "_heap")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request]] = []
+        self._counter = itertools.count()
+
+    def add(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.preempted_at, next(self._counter), req))
+
+    def due(self, now: float, budget_s: float) -> list[Request]:
+        """The waiting requests that earn priority at ``now``."""
+        heap = self._heap
+        due = []
+        while heap and now - heap[0][0] > budget_s:
+            req = heapq.heappop(heap)[2]
+            if req.status in _WAITS and earns_priority(req, now, budget_s):
+                due.append(req)
+        return due

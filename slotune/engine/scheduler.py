@@ -30,11 +30,10 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
 from slotune.engine.kv_cache.manager import KVCacheManager
 from slotune.engine.outputs import RequestOutput
-from slotune.engine.queues import PriorityWaiting
+from slotune.engine.queues import BudgetWatch, PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     counts_as_prefill,
-    earns_priority,
     fills_block,
     first_chunk,
     has_seat,
@@ -157,6 +156,7 @@ class Scheduler:
             config.scheduling_policy == "priority", config.tiered, self.budget_s is not None
         )
         self.clock = 0.0  # seconds of steps run (``advance``), for the decode budget
+        self.budget_watch = BudgetWatch()
         self.lower_budget = config.lower_tier_token_budget if config.tiered else None
         self.threshold = config.chunk_cap
         self.waiting: deque[Request] | PriorityWaiting = (
@@ -194,6 +194,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if self.budget_s is not None and request.output_token_ids:
+            self.budget_watch.add(request)
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -409,14 +411,15 @@ class Scheduler:
         budget_s = self.budget_s
         if budget_s is None:
             return
-        now = self.clock
-        for req in [r for r in self.waiting if earns_priority(r, now, budget_s)]:
-            self.waiting.remove(req)
-            req.boosted = True
-            self.waiting.append(req)
+        due = self.budget_watch.due(self.clock, budget_s)
+        if due:
+            assert isinstance(self.waiting, PriorityWaiting)  # a budget orders the queue
+            self.waiting.requeue(due, _boost)
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         victim.preempted_at = self.clock
+        if self.budget_s is not None:
+            self.budget_watch.add(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_request_ids.append(victim.request_id)
@@ -736,3 +739,7 @@ class _StepPasses:
     @property
     def preempted(self) -> bool:
         return bool(self.out.preempted_request_ids)
+
+
+def _boost(req: Request) -> None:
+    req.boosted = True

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from slotune.engine import Engine, EngineConfig, SamplingParams
-from slotune.engine.queues import PriorityWaiting
-from slotune.engine.request import Request
-from slotune.engine.rules import queue_key
+from slotune.engine.queues import BudgetWatch, PriorityWaiting
+from slotune.engine.request import Request, RequestStatus
+from slotune.engine.rules import earns_priority, queue_key
 from tests.engine.deterministic import DeterministicExecutor
 from tests.engine.invariants import check_all, check_drained
 
@@ -47,6 +47,55 @@ def test_priority_queue_matches_a_sorted_reference() -> None:
         reference.sort(key=lambda e: (e[0], e[1]))
         assert len(queue) == len(reference)
         assert list(queue) == [e[2] for e in reference]
+
+
+def _budget_scenario(seed: int, watched: bool) -> list[tuple[str, bool]]:
+    """A decode-budget queue through random arrivals, preemptions and admissions; between
+    steps the requests that earned priority move ahead, found by ``BudgetWatch`` or (the
+    reference) by walking the whole queue. Returns what leaves the queue, in order."""
+    rng = random.Random(seed)
+    budget_s = 0.05
+    queue = PriorityWaiting(queue_key(by_priority=True, tiered=False, budgeted=True))  # type: ignore[arg-type]
+    watch = BudgetWatch()
+    running: list[Request] = []
+    left: list[tuple[str, bool]] = []
+    now = 0.0
+    for step in range(1_500):
+        op = rng.random()
+        if op < 0.3:
+            req = _req(f"r{step}", rng.randint(0, 2), now)
+            if rng.random() < 0.1:  # joins with output (a resumed request)
+                req.append_output_token(5)
+            queue.append(req)
+            if req.output_token_ids:
+                watch.add(req)
+        elif op < 0.55 and running:
+            victim = running.pop(rng.randrange(len(running)))
+            victim.preempted_at = now
+            victim.status = RequestStatus.PREEMPTED
+            if rng.random() < 0.8:
+                victim.append_output_token(7)
+            queue.appendleft(victim)
+            watch.add(victim)
+        elif queue:
+            req = queue.popleft()
+            req.status = RequestStatus.RUNNING
+            running.append(req)
+            left.append((req.request_id, req.boosted))
+        now += rng.choice((0.004, 0.02, 0.05))
+        if watched:
+            due = watch.due(now, budget_s)
+        else:
+            due = [r for r in queue if earns_priority(r, now, budget_s)]
+        queue.requeue(due, lambda r: setattr(r, "boosted", True))
+    return left
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_budget_watch_boosts_what_walking_the_queue_boosts(seed: int) -> None:
+    left = _budget_scenario(seed, watched=True)
+    assert sum(boosted for _, boosted in left) > 20  # the budget acts in this scenario
+    assert left == _budget_scenario(seed, watched=False)
 
 
 def _engine(
