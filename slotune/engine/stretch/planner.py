@@ -155,6 +155,7 @@ class StretchPlanner:
         "kv",
         "next_waiting",
         "num_freed",
+        "open_firsts",
         "others",
         "plan",
         "sched",
@@ -164,7 +165,6 @@ class StretchPlanner:
         "stepped",
         "stop_at_finish",
         "sum_base",
-        "unknown_first_block",
         "waiting",
     )
 
@@ -185,7 +185,7 @@ class StretchPlanner:
         self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
         self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
-        self.unknown_first_block = False
+        self.open_firsts: list[list[int]] = []  # see _note_first_block
         # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
         self.hit_of: Request | None = None
         self.hit_lasts: list[int] | None = None
@@ -523,8 +523,6 @@ class StretchPlanner:
         """What trying the waiting head with ``budget`` tokens (its ``head_budget``) does
         in this step, next to ``seated`` running requests with ``free_left`` blocks."""
         s = self.sched
-        if self.adopted:
-            return HeadWaits.UNSURE
         if head.status is RequestStatus.SWAPPED:
             need = s.swap_in_need(head, budget)
             if need is None:
@@ -558,7 +556,7 @@ class StretchPlanner:
         request can commit into its chain: ``_chain_closed``) and shrinks only as the
         planned allocations hand its free blocks out (``hit_lifetimes``), so its length in
         this step is known, and so is what its first chunk would take."""
-        if not (seated and self.free_exact) or self.sched.prefill_first:
+        if self.adopted or not (seated and self.free_exact) or self.sched.prefill_first:
             # alone it would be finished; the free count is only a lower bound; or
             # (prefill-first) it is tried before the running requests allocate
             return HeadWaits.UNSURE
@@ -618,19 +616,23 @@ class StretchPlanner:
             self.first_hashes = set()
             for member in self.plan.requests:
                 self._note_first_block(member.request)
-        if self.unknown_first_block:
-            return False, None
+        for known in self.open_firsts:
+            if tokens[: len(known)] == known:
+                return False, None  # it may share that first block
         h0 = cache.first_block_hash(tokens)
         return h0 not in self.first_hashes, h0
 
     def _note_first_block(self, req: Request) -> None:
-        """A running request may commit its first block before a later lookup."""
+        """A running request may commit its first block before a later lookup. One whose
+        first block is still open (it will hold tokens not sampled yet) can only be shared
+        by a lookup that starts with all of its tokens so far (a different first block
+        hashes differently)."""
         tokens = req.all_token_ids
         if len(tokens) >= self.bs:
             assert self.hash_cache is not None and self.first_hashes is not None
             self.first_hashes.add(self.hash_cache.first_block_hash(tokens))
         elif req.max_num_tokens >= self.bs:
-            self.unknown_first_block = True  # its first block holds tokens not sampled yet
+            self.open_firsts.append(tokens)
 
     def _end_before(self, prefix_allocs: list[int] | None, j: int) -> bool:
         if prefix_allocs is not None:
