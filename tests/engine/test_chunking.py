@@ -121,7 +121,6 @@ def test_adaptive_chunking_is_refused_where_it_cannot_run() -> None:
         EngineConfig(adaptive_chunk_ms=-1)
     with pytest.raises(ValueError, match="prefill_first"):
         EngineConfig(policy="prefill_first", adaptive_chunk_ms=30.0)
-    assert "adaptive_chunk_ms" in (untested_config(EngineConfig(adaptive_chunk_ms=30.0)) or "")
     assert untested_config(EngineConfig()) is None
 
 

@@ -17,7 +17,7 @@ from slotune.engine import engine as engine_module
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchMismatch
 from slotune.engine.stretch.planner import _TESTED_CONFIG, untested_config
-from tests.engine.deterministic import DeterministicExecutor, token_for
+from tests.engine.deterministic import DeterministicExecutor, PricedExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
 from tests.engine.test_properties import (
     ALL_CONFIGS,
@@ -35,12 +35,14 @@ from tests.engine.test_properties import (
 LARGE_MODEL_LEN = 1024
 # the configurations the planner plans for (it refuses the others: see the last test below)
 PLANNED_PREEMPTION = [m for m in PREEMPTION if m in (_TESTED_CONFIG["preemption_mode"] or ())]
+PLANNED_SCHEDULING = ("fcfs", "fcfs-adaptive")
 PLANNED_CONFIGS = [
-    c
-    for c in ALL_CONFIGS
-    if c[1] in PLANNED_PREEMPTION and c[4] in (_TESTED_CONFIG["scheduling_policy"] or ())
+    c for c in ALL_CONFIGS if c[1] in PLANNED_PREEMPTION and c[4] in PLANNED_SCHEDULING
 ]
-LARGE_CONFIGS = list(itertools.product(POLICIES, PLANNED_PREEMPTION, CACHING, (4, 16, 32)))
+LARGE_CONFIGS = [
+    *itertools.product(POLICIES, PLANNED_PREEMPTION, CACHING, (4, 16, 32)),
+    *itertools.product(("chunked",), PLANNED_PREEMPTION, CACHING, (16,), ("fcfs-adaptive",)),
+]
 
 
 @st.composite
@@ -98,6 +100,14 @@ def per_request(plan: StretchPlan, name: str) -> list:
     return [getattr(m, name) for m in plan.requests]
 
 
+class ContextPricedExecutor(PricedExecutor):
+    """Adaptive chunking's step time grows with the decodes' context and the prefill's
+    prior tokens too, so a planned step's budget depends on all of them."""
+
+    def step_time(self, d: int, ctx: int, p: int, prior: int = 0) -> float:
+        return super().step_time(d, ctx, p, prior) + 2e-6 * ctx + 1e-6 * prior
+
+
 def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN) -> tuple:
     """Run the workload stepping one by one (``single``), with stretches that end at the
     next arrival (``until``), or with stretches fed the arrivals (``feed``)."""
@@ -110,7 +120,8 @@ def drive(w: Workload, cfg: tuple, mode: str, max_model_len: int = MAX_MODEL_LEN
     need = largest_request_blocks(w, config.block_size)
     # a stretch bypasses the executor, so its model of the KV contents would fall behind
     fast = mode != "single"
-    executor = DeterministicExecutor(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)
+    kind = ContextPricedExecutor if config.adaptive_chunk_ms else DeterministicExecutor
+    executor = kind(need + w.extra_blocks * 2, w.cpu_blocks, check_kv=not fast)
     engine = Engine(config, executor, check_stretches=False)  # it applies stretches itself
     scheduler = engine.scheduler
     tokens: dict[tuple[str, int], list[int]] = {}
@@ -293,6 +304,21 @@ class PlannableExecutor(DeterministicExecutor):
             [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(n)]
             for r, n in zip(requests, counts, strict=True)
         ]
+
+
+def test_adaptive_chunking_is_planned_on_a_fixed_step_time_model_only() -> None:
+    config = EngineConfig(block_size=4, adaptive_chunk_ms=5.0)
+    learned = Engine(config, PlannableExecutor(), check_stretches=False)  # fits its steps
+    priced = Engine(config, _PlannablePriced(), check_stretches=False)
+    for engine in (learned, priced):
+        engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
+        engine.step()
+    assert learned.run_stretch(0.0, None) is None
+    assert priced.run_stretch(0.0, None) is not None
+
+
+class _PlannablePriced(PlannableExecutor, PricedExecutor):
+    pass
 
 
 def test_run_stretch_ends_a_stretch_at_an_early_stop_token() -> None:

@@ -7,6 +7,7 @@ import functools
 from dataclasses import fields
 from typing import NamedTuple
 
+from slotune.engine.chunking import MeasuredStepTime, adaptive_budget
 from slotune.engine.config import EngineConfig
 from slotune.engine.kv_cache.hash_cache import HashPrefixCache
 from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
@@ -55,7 +56,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     "decode_budget_ms": frozenset({0.0}),
-    "adaptive_chunk_ms": frozenset({0.0}),  # a stretch plans with one fixed budget
+    # each planned step takes the budget the scheduler's step_budget gives (a fixed
+    # step-time model only: see refusal)
+    "adaptive_chunk_ms": None,
 }
 _TESTED_CACHES = (type(None), HashPrefixCache, RadixPrefixCache)
 
@@ -76,12 +79,15 @@ def untested_config(config: EngineConfig) -> str | None:
 
 def refusal(scheduler: Scheduler) -> str | None:
     """Why the planner refuses to plan for ``scheduler`` now, or None: a configuration or
-    prefix cache its tests do not cover, or a running request that asks for logprobs (a
-    stretch reports none)."""
+    prefix cache its tests do not cover, a running request that asks for logprobs (a
+    stretch reports none), or adaptive chunking priced by the real engine's fit (it
+    changes with each step run)."""
     if type(scheduler.kv_cache.cache) not in _TESTED_CACHES:
         return f"prefix cache {type(scheduler.kv_cache.cache).__name__} is not covered"
     if any(r.sampling_params.logprobs for r in scheduler.running):
         return "a running request asks for logprobs"
+    if scheduler.chunk_target_s is not None and isinstance(scheduler.step_time, MeasuredStepTime):
+        return "adaptive chunking on a step-time fit that learns from every step"
     return untested_config(scheduler.config)
 
 
@@ -132,6 +138,7 @@ class StretchPlanner:
     # slots: its attributes are read in every planned step (an instance dict of more than
     # 30 keys loses CPython's shared keys, and every attribute read slows down)
     __slots__ = (
+        "adaptive",
         "admitted",
         "adopted",
         "alive",
@@ -173,7 +180,8 @@ class StretchPlanner:
         kv = scheduler.kv_cache
         self.kv = kv
         self.bs = scheduler.block_size
-        self.budget = scheduler.config.max_num_batched_tokens
+        self.budget = scheduler.config.max_num_batched_tokens  # the ceiling when adaptive
+        self.adaptive = scheduler.chunk_target_s is not None
         self.cache = kv.cache
         # the cache whose missing lookups a plan can make (see _certain_miss)
         self.hash_cache = kv.cache if isinstance(kv.cache, HashPrefixCache) else None
@@ -295,11 +303,12 @@ class StretchPlanner:
         if stepped:  # cleared, not replaced: a new list every step shows in the counts
             stepped.clear()
             self.admitted.clear()
+        budget = self._step_budget(j) if self.adaptive else self.budget
         try:
-            left = self.sched.run_passes(self, self.budget)
+            left = self.sched.run_passes(self, budget)
         except _Unsure:
             return self._end_before(prefix_allocs, j)
-        num_tokens = self.budget - left
+        num_tokens = budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
         alive = self.alive
@@ -340,6 +349,24 @@ class StretchPlanner:
         self._update(j, step, prefix_allocs, stepped)
         return True
 
+    def _step_budget(self, j: int) -> int:
+        """Adaptive chunking: step ``j``'s budget, as ``Scheduler.step_budget`` finds it
+        from the running requests (the aggregate decoders read ``base + j`` each)."""
+        s = self.sched
+        assert s.chunk_target_s is not None and s.step_time is not None
+        num_decodes = self.alive
+        context = self.sum_base + j * self.alive
+        prior = None
+        for o in self.others:
+            if is_decoding(o.total - o.computed, o.has_output):
+                num_decodes += 1
+                context += o.computed + 1
+            elif prior is None:
+                prior = o.computed
+        return adaptive_budget(
+            s.chunk_target_s, s.step_time, num_decodes, context, self.budget, prior or 0
+        )
+
     # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
     # calls in the scheduler's order with the scheduler's budget. A pass that would
     # preempt, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
@@ -364,8 +391,12 @@ class StretchPlanner:
         allocs = self.step_allocs
         stepped = self.stepped
         new_blocks = 0
-        for o in self.others:
+        for k, o in enumerate(self.others):
             if budget <= 0:
+                if any(is_decoding(r.total - r.computed, r.has_output) for r in self.others[k:]):
+                    # a decoder would go without its token (a plan's requests sample in every
+                    # step once they start): only a budget that shrinks (adaptive) does that
+                    raise _Unsure
                 break
             computed = o.computed
             n = s.running_tokens(o.total - computed, computed, budget)
@@ -683,7 +714,7 @@ def _admission_may_be_certain(s: Scheduler, head: Request) -> bool:
 def _budget_left_estimate(s: Scheduler) -> int:
     """Roughly the budget the next step leaves after the running requests, counting the
     latest admitted (still prefilling) ones exactly and the others as decoders."""
-    budget = s.config.max_num_batched_tokens
+    budget = s.step_budget()
     running = s.running
     num = len(running)
     for req in reversed(running):
