@@ -377,7 +377,9 @@ class CostModel:
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
         per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
         self._dec_per_seq = layers * per_seq_layer * time_scale * _US
-        per_ctx = decode_kv_seconds_per_token(att, self.bw, self.kv_bytes_per_token_layer, block_size)
+        per_ctx = decode_kv_seconds_per_token(
+            att, self.bw, self.kv_bytes_per_token_layer, block_size
+        )
         self._dec_per_ctx = full * per_ctx
         self._dec_per_window_ctx = sliding * per_ctx
         layer_pair = attention_flops_per_pair(self.q_heads, m.head_dim)
