@@ -123,7 +123,9 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer: ``2 × layers × kv_heads × head_dim × dtype bytes``; an MLA
-        model's one latent per layer (``layers × (kv_lora_rank + qk_rope_head_dim) × bytes``)."""
+        model's one latent per layer (``layers × (kv_lora_rank + qk_rope_head_dim) × bytes``).
+        Sliding-window layers included: a token's KV until it leaves their window (the pool
+        holds the full-attention layers': ``capacity``)."""
         heads, dim = self.kv_cache_shape(1)
         return 2 * self.num_layers * heads * dim * self.dtype_bytes
 
