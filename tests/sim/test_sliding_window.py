@@ -141,3 +141,26 @@ def test_window_pairs_count_a_chunks_query_key_pairs(chunk: int, prior: int, win
 def test_window_pairs_are_full_attentions_when_the_window_covers_everything() -> None:
     for chunk, prior in ((1, 0), (100, 0), (512, 3000), (8192, 24000)):
         assert window_pairs(chunk, prior, 10**6) == (chunk * prior, chunk * chunk / 2)
+
+
+def test_a_pipeline_stage_keeps_its_share_of_sliding_layers(tmp_path: Path) -> None:
+    from slotune.engine.sim.pipeline import stage_model
+
+    kinds = ["sliding_attention", "full_attention", "full_attention"] * 4  # 4 of 12 sliding
+    dense = {
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "sliding_window": 512,
+        "layer_types": kinds,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dense))
+    model = get_model(str(path))
+    assert (model.num_sliding_layers, model.sliding_window) == (4, 512)
+    stage = stage_model(model, 5)  # ceil(12 / 5) = 3 layers, one of them sliding
+    assert (stage.num_layers, stage.num_sliding_layers) == (3, 1)
