@@ -39,7 +39,8 @@ V1's serving defaults as ``targets.vllm.VLLM_0_15`` gives them for the card (tok
 which random prompts never hit; gpu_memory_utilization 0.9). Qwen3-14B and Qwen3-32B are not
 catalogue models: their shapes are the public facts of their Hugging Face config.json files
 (``QWEN3_CONFIGS``), read by ``models.model_from_hf_dict``; gpt-oss-20b and -120b are the
-catalogue's (their sliding-window layers priced as full attention, as ``models`` says).
+catalogue's (their sliding-window layers read and keep at most the 128-token window, as
+``models`` says).
 
 Metrics as ``vllm bench serve`` reports them: TTFT per request; TPOT per request
 ``(e2e - ttft) / (output - 1)``; the mean and median over requests; total token

@@ -116,6 +116,9 @@ class ModelConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None
+    # the layers layer_types marks "sliding_attention"; () without layer_types, where a
+    # sliding_window (Mistral v0.1's) applies to every layer
+    sliding_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     moe: MoEConfig | None = None
@@ -167,6 +170,7 @@ class ModelConfig:
                 attention_bias=_attention_bias(model_type, data),
                 mlp_bias=bool(data.get("mlp_bias", False)),
                 sliding_window=_sliding_window(data),
+                sliding_layers=_sliding_layers(data),
                 bos_token_id=data.get("bos_token_id"),
                 eos_token_ids=_token_ids(data.get("eos_token_id")),
                 moe=_moe(model_type, data, where),
@@ -421,3 +425,12 @@ def _sliding_window(data: dict[str, Any]) -> int | None:
         return None
     window = data.get("sliding_window")
     return int(window) if window else None
+
+
+def _sliding_layers(data: dict[str, Any]) -> tuple[int, ...]:
+    """The layers ``layer_types`` names ``sliding_attention`` (gpt-oss: every even one),
+    when the model has a ``sliding_window``."""
+    if _sliding_window(data) is None:
+        return ()
+    kinds = data.get("layer_types") or ()
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")

@@ -36,6 +36,8 @@ def test_a_config_file_gives_its_catalogue_entry(name: str) -> None:
         "mla",
         "weight_dtype",
         "expert_weight_dtype",
+        "num_sliding_layers",
+        "sliding_window",
     ):
         assert getattr(m, field) == getattr(c, field), field
     assert m.num_params == c.num_params and m.kv_bytes_per_token == c.kv_bytes_per_token

@@ -6,6 +6,12 @@ a fitted ``GpuProfile``. The op functions below take plain shapes, so calibratio
 evaluate them on the reference rows; ``CostModel`` precomputes what one model on one GPU
 needs, so that costing a step is a handful of arithmetic operations over aggregates of the
 batch (tokens, sampled rows, requests, decode context sum, the prefill chunks).
+
+A model's sliding-window layers (``ModelSpec.num_sliding_layers``) read at most the
+window's KV: a prefill chunk's query-key pairs and KV reads are counted exactly for its
+``(tokens, prior)`` (``window_pairs``); a step's decodes, known only by their number and
+context sum, read ``min(context_sum, decodes × window)`` tokens in those layers — exact
+when every context is at least the window, an upper bound otherwise.
 """
 
 from __future__ import annotations
@@ -91,6 +97,21 @@ def prefill_attention_seconds(
     )
     t_mem = (prior + chunk) * kv_bytes_per_token / bw
     return t_cmp if t_cmp > t_mem else t_mem
+
+
+def window_pairs(chunk: int, prior: int, window: int) -> tuple[float, float]:
+    """Query-key pairs of a prefill chunk in a layer attending to the last ``window``
+    tokens: (with the ``prior`` cached tokens, within the chunk). Counted as full
+    attention's ``chunk · prior`` and ``chunk² / 2`` are, query ``j`` of the chunk
+    (``0 ≤ j < chunk``) seeing ``min(j, window)`` of the chunk's tokens and
+    ``min(prior, max(0, window − j))`` of the prior ones; a window longer than the chunk
+    and its prior context gives exactly those."""
+    c, p, w = chunk, prior, window
+    causal = c * c / 2 if c <= w else w * c - w * w / 2
+    sees_all = min(c, max(0, w - p))  # queries whose window reaches back past the prior
+    sees_some = min(c, w)  # queries whose window reaches into the prior at all
+    prefix = p * sees_all + ((w - sees_all) ** 2 - (w - sees_some) ** 2) / 2
+    return prefix, causal
 
 
 def decode_kv_seconds_per_token(
@@ -239,8 +260,9 @@ class Shard:
 
     @property
     def block_bytes(self) -> float:
-        """One block's stored KV bytes, all layers."""
-        return self.block_size * self.kv_stored_per_token_layer * self.model.num_layers
+        """One block's stored KV bytes, all full-attention layers (a block of the pool:
+        ``capacity``)."""
+        return self.block_size * self.kv_stored_per_token_layer * self.model.num_full_layers
 
 
 @dataclass(frozen=True)
@@ -340,7 +362,9 @@ class CostModel:
         self.kv_bytes_per_token_layer = shard.kv_read_per_token_layer
         self.block_bytes = shard.block_bytes
         self._moe = MoECost(run, model, tp, ep, moe_imbalance) if model.moe else None
-        layers = m.num_layers
+        layers, full, window = m.num_layers, m.num_full_layers, m.sliding_window or 0
+        sliding = m.num_sliding_layers
+        self._window = window if sliding else 0
         att = run.attention
         time_scale = stack.gpu_time_scale
         self._eager = _Kernels.of(run, model, time_scale)
@@ -353,14 +377,20 @@ class CostModel:
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
         per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
         self._dec_per_seq = layers * per_seq_layer * time_scale * _US
-        self._dec_per_ctx = layers * decode_kv_seconds_per_token(
+        per_ctx = decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
-        per_pair = attention_flops_per_pair(self.q_heads, m.head_dim) * layers
+        self._dec_per_ctx = full * per_ctx
+        self._dec_per_window_ctx = sliding * per_ctx
+        layer_pair = attention_flops_per_pair(self.q_heads, m.head_dim)
+        per_pair = layer_pair * full
         self._q_tile = att.q_tile
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
-        self._pre_mem = layers * self.kv_bytes_per_token_layer / self.bw
+        self._pre_mem = full * self.kv_bytes_per_token_layer / self.bw
+        self._win_prefix = sliding * layer_pair / (self.peak * att.prefill_prefix_eff)
+        self._win_causal = sliding * layer_pair / (self.peak * att.prefill_causal_eff)
+        self._win_mem = sliding * self.kv_bytes_per_token_layer / self.bw
         sysp = run.system
         self._overlap = stack.host_overlap
         host = stack.on(sysp)
@@ -449,7 +479,23 @@ class CostModel:
         q_pad = -(-chunk // self._q_tile) * self._q_tile
         t_cmp = self._pre_prefix * q_pad * prior + self._pre_causal * q_pad * chunk
         t_mem = self._pre_mem * (prior + chunk)
-        return t_cmp if t_cmp > t_mem else t_mem
+        t = t_cmp if t_cmp > t_mem else t_mem
+        if self._window and chunk > 0:
+            w = self._window
+            prefix, causal = window_pairs(chunk, prior, w)
+            pad = q_pad / chunk  # padded queries, as full attention counts them
+            w_cmp = (self._win_prefix * prefix + self._win_causal * causal) * pad
+            w_mem = self._win_mem * (min(prior, w) + chunk)
+            t += w_cmp if w_cmp > w_mem else w_mem
+        return t
+
+    def window_decode_seconds(self, num_decodes: int, context_sum: int) -> float:
+        """The sliding-window layers' reads of ``num_decodes`` decodes of ``context_sum``
+        tokens together: ``min(context_sum, num_decodes × window)`` tokens (0 for a model
+        without such layers; their fixed and per-request costs are in the decode terms)."""
+        if not self._window:
+            return 0.0
+        return self._dec_per_window_ctx * min(context_sum, num_decodes * self._window)
 
     def swap_seconds(self, num_blocks: int) -> float:
         return self._swap_per_block * num_blocks
@@ -505,6 +551,8 @@ class CostModel:
                 + self._dec_per_seq * num_decodes
                 + (self._dec_per_ctx * decode_context_sum)
             )
+            if self._window:
+                t += self.window_decode_seconds(num_decodes, decode_context_sum)
         if prefill_chunks:
             t += self.kernels(num_tokens).prefill_fixed
             for chunk, prior in prefill_chunks:
@@ -554,10 +602,8 @@ class CostModel:
         if chunks:
             attention += kern.prefill_fixed + self.prefill_chunk_seconds(*chunks[0])
         if num_decodes:
-            attention += (
-                kern.decode_fixed
-                + self._dec_per_seq * num_decodes
-                + (self._dec_per_ctx * num_decodes * decode_context)
+            attention += self.decode_attention_seconds(
+                num_tokens, num_decodes, num_decodes * decode_context
             )
         per_layer["attention"] = attention / layers
         num_samples = (1 if chunks else 0) + num_decodes
@@ -594,6 +640,7 @@ class CostModel:
             self.kernels(num_tokens).decode_fixed
             + self._dec_per_seq * num_decodes
             + (self._dec_per_ctx * context_sum)
+            + self.window_decode_seconds(num_decodes, context_sum)
         )
 
     def prefill_attention_seconds(

@@ -9,9 +9,14 @@ carry a ``MoESpec``, DeepSeek's latent attention an ``MLASpec``; every model a w
 format (``precision.WEIGHT_FORMATS``) for its linear layers, bf16 unless quantized, and
 optionally another for its experts (gpt-oss's MXFP4 experts beside bf16 attention).
 
-Not modelled: gpt-oss's alternate 128-token sliding-window layers and Llama 4's chunked
-attention are priced (KV bytes and attention reads) as full attention, which overstates
-their KV use at long contexts.
+A model's sliding-window layers (gpt-oss's every other layer, attending to the last 128
+tokens; ``num_sliding_layers`` and ``sliding_window``, from a config.json's ``layer_types``)
+keep only their window's KV, as vLLM V1's hybrid KV cache manager frees the blocks behind
+it: ``capacity`` sizes the pool by the full-attention layers and sets the sliding layers'
+pages aside, and ``cost_model`` reads at most the window in them. Not modelled: Llama 4's
+chunked attention is priced (KV bytes and attention reads) as full attention, which
+overstates its KV use at long contexts; so is a window a config.json sets for every layer
+without ``layer_types`` (Mistral v0.1's 4096).
 """
 
 from __future__ import annotations
@@ -77,8 +82,17 @@ class ModelSpec:
     weight_dtype: str = "bf16"
     expert_weight_dtype: str | None = None  # None: the experts are in weight_dtype
     mla: MLASpec | None = None
+    num_sliding_layers: int = 0  # of num_layers, attending to the last sliding_window tokens
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
+        if not 0 <= self.num_sliding_layers < self.num_layers:
+            raise ValueError(
+                f"{self.name}: {self.num_sliding_layers} sliding-window layers of "
+                f"{self.num_layers}; at least one layer must attend to the full context"
+            )
+        if self.num_sliding_layers and not (self.sliding_window and self.sliding_window >= 1):
+            raise ValueError(f"{self.name}: sliding-window layers need a sliding_window >= 1")
         for field, value in (
             ("weight_dtype", self.weight_dtype),
             ("expert_weight_dtype", self.expert_weight_dtype or self.weight_dtype),
@@ -102,9 +116,16 @@ class ModelSpec:
         return self.num_layers - (self.moe.num_moe_layers if self.moe else 0)
 
     @property
+    def num_full_layers(self) -> int:
+        """Layers attending to the whole context (every layer but the sliding-window ones)."""
+        return self.num_layers - self.num_sliding_layers
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer: ``2 × layers × kv_heads × head_dim × dtype bytes``; an MLA
-        model's one latent per layer (``layers × (kv_lora_rank + qk_rope_head_dim) × bytes``)."""
+        model's one latent per layer (``layers × (kv_lora_rank + qk_rope_head_dim) × bytes``).
+        Sliding-window layers included: a token's KV until it leaves their window (the pool
+        holds the full-attention layers': ``capacity``)."""
         heads, dim = self.kv_cache_shape(1)
         return 2 * self.num_layers * heads * dim * self.dtype_bytes
 
@@ -239,6 +260,7 @@ def _llama(
     weight_dtype: str = "bf16",
     expert_weight_dtype: str | None = None,
     mla: MLASpec | None = None,
+    sliding: tuple[int, int] = (0, 0),  # (sliding-window layers, window)
 ) -> ModelSpec:
     return ModelSpec(
         name,
@@ -256,6 +278,8 @@ def _llama(
         weight_dtype=weight_dtype,
         expert_weight_dtype=expert_weight_dtype,
         mla=mla,
+        num_sliding_layers=sliding[0],
+        sliding_window=sliding[1] or None,
     )
 
 
@@ -350,7 +374,8 @@ _MOE_MODELS = (
         ),
         moe=_experts(61, 256, 8, 2048, shared=2048, first_dense=3),
     ),
-    # gpt-oss ships its experts in MXFP4, attention and routers in bf16.
+    # gpt-oss ships its experts in MXFP4, attention and routers in bf16; every other layer
+    # (from the first) attends to the last 128 tokens.
     _llama(
         "gpt-oss-20b",
         2880,
@@ -365,6 +390,7 @@ _MOE_MODELS = (
         qkv_bias=True,
         expert_weight_dtype="mxfp4",
         moe=_experts(24, 32, 4, 2880),
+        sliding=(12, 128),
     ),
     _llama(
         "gpt-oss-120b",
@@ -380,6 +406,7 @@ _MOE_MODELS = (
         qkv_bias=True,
         expert_weight_dtype="mxfp4",
         moe=_experts(36, 128, 4, 2880),
+        sliding=(18, 128),
     ),
     # Llama 4 (17B active): routed to 1 expert plus a shared one, in every layer (Scout) or
     # every second one (Maverick, whose other layers have a dense MLP of 16384).
@@ -492,7 +519,17 @@ def model_from_hf_dict(data: dict[str, Any], name: str, where: str = "config.jso
         weight_dtype="bf16" if experts_only else weights,
         expert_weight_dtype=weights if experts_only else None,
         mla=mla,
+        **_sliding(config),
     )
+
+
+def _sliding(config: ModelConfig) -> dict[str, Any]:
+    """``ModelSpec``'s sliding-window fields: the layers ``layer_types`` marks, unless it
+    marks every one (no full-attention layer to size the pool by: priced as full)."""
+    layers = len(config.sliding_layers)
+    if not layers or layers >= config.num_hidden_layers:
+        return {}
+    return {"num_sliding_layers": layers, "sliding_window": config.sliding_window}
 
 
 def _moe_spec(config: ModelConfig) -> MoESpec | None:

@@ -31,12 +31,15 @@ DTYPE_BYTES = 2  # activations in bf16
 
 
 def stage_model(model: ModelSpec, pp: int) -> ModelSpec:
-    """What one of ``pp`` stages holds: ``ceil(layers / pp)`` layers."""
+    """What one of ``pp`` stages holds: ``ceil(layers / pp)`` layers, as many of them
+    sliding-window as the model's share rounded down."""
     if pp < 1 or pp > model.num_layers:
         raise ValueError(f"pp: must be between 1 and the model's {model.num_layers} layers")
     if model.moe is not None and pp > 1:
         raise ValueError(f"pp: pipeline parallelism is priced for dense models only ({model.name})")
-    return replace(model, num_layers=math.ceil(model.num_layers / pp))
+    layers = math.ceil(model.num_layers / pp)
+    sliding = model.num_sliding_layers * layers // model.num_layers
+    return replace(model, num_layers=layers, num_sliding_layers=sliding)
 
 
 def pipeline_seconds(stage_s: float, pp: int, micro_batches: int, hop_s: float) -> float:

@@ -208,7 +208,9 @@ def step_work(
         router_bytes = moe_layers * router_scores_bytes(m, moe.num_experts)
         if ep > 1:
             link += moe_layers * 2 * alltoall_bytes(m, moe.top_k, h, ep)
-    kv_stored = shard.block_bytes / shard.block_size  # all layers, per token
+    # every layer's block over its tokens: sliding-window layers counted as full (an
+    # upper bound on what they store and read)
+    kv_stored = shard.block_size * shard.kv_stored_per_token_layer * layers / shard.block_size
     pair_flops = attention_flops_per_pair(shard.q_heads, model.head_dim) * layers
     zero = 0.0 * m  # a number or an array of zeros, like the inputs
     return {
