@@ -253,6 +253,28 @@ def test_plan_counts_frees_stops_at_block_shortage_and_admits_into_free_seats() 
     assert plan.requests[3].request.request_id == "d" and plan.requests[3].last_sample == 3
 
 
+def test_a_first_block_still_open_blocks_only_lookups_that_start_with_its_tokens() -> None:
+    """After its prompt step ``a`` holds 3 tokens (blocks of 4): its first block will hold
+    a token not sampled yet. A waiting prompt that does not start with all 3 cannot share
+    that block, so its admission is planned; one that does might, so the plan ends before
+    it is tried."""
+    config = EngineConfig(block_size=4, max_num_seqs=4, prefix_caching="hash")
+
+    def admits_of(prompt_after_a: bool) -> list[int]:
+        engine = Engine(config, DeterministicExecutor(num_gpu_blocks=40), check_stretches=False)
+        engine.add_request("a", [7, 8], SamplingParams(max_tokens=20, ignore_eos=True))
+        engine.step()
+        a_tokens = engine.scheduler.requests["a"].all_token_ids
+        assert len(a_tokens) == 3
+        head = list(a_tokens) if prompt_after_a else [7, 8, a_tokens[2] + 1]
+        engine.add_request("c", head + [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+        plan = _plan_all(engine)
+        return [j for j, step in enumerate(plan.steps) if step.admits] if plan else []
+
+    assert admits_of(prompt_after_a=False) == [0]
+    assert admits_of(prompt_after_a=True) == []
+
+
 def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     config = EngineConfig(block_size=4, max_num_batched_tokens=6, prefix_caching="hash")
     engine = Engine(config, DeterministicExecutor(check_kv=False), check_stretches=False)
