@@ -267,7 +267,7 @@ def test_a_first_block_still_open_blocks_only_lookups_that_start_with_its_tokens
         a_tokens = engine.scheduler.requests["a"].all_token_ids
         assert len(a_tokens) == 3
         head = list(a_tokens) if prompt_after_a else [7, 8, a_tokens[2] + 1]
-        engine.add_request("c", head + [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+        engine.add_request("c", [*head, 1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
         plan = _plan_all(engine)
         return [j for j, step in enumerate(plan.steps) if step.admits] if plan else []
 
