@@ -41,7 +41,7 @@ PLANNED_CONFIGS = [
 ]
 LARGE_CONFIGS = [
     *itertools.product(POLICIES, PLANNED_PREEMPTION, CACHING, (4, 16, 32)),
-    *itertools.product(("chunked",), PLANNED_PREEMPTION, CACHING, (16,), ("fcfs-adaptive",)),
+    *itertools.product(("chunked",), PLANNED_PREEMPTION, ("hash",), (16,), ("fcfs-adaptive",)),
 ]
 
 
