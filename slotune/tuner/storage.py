@@ -318,6 +318,8 @@ def is_outage(e: BaseException) -> bool:
         sqlalchemy.exc.OperationalError,
         sqlalchemy.exc.InterfaceError,
         sqlalchemy.exc.DisconnectionError,
+        # a session whose connection dropped mid-query, used again before its rollback
+        sqlalchemy.exc.PendingRollbackError,
         ConnectionError,
     )
     for module in ("psycopg", "psycopg2"):

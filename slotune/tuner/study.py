@@ -279,9 +279,16 @@ def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
 
 
 def count_finished(study: Any) -> int:
+    """The study's completed trials, waiting (``retrying``) while the database is
+    unreachable: a worker counts them as it joins and after each trial."""
     from optuna.trial import TrialState
 
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return len(
+        retrying(
+            lambda: study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+            "counting the finished trials",
+        )
+    )
 
 
 def enqueue_grid(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from slotune.cli.app import app
 from slotune.tuner import storage as storages
 from slotune.tuner.setup import TuneSetup
-from slotune.tuner.study import StudyError, load, run_worker
+from slotune.tuner.study import StudyError, count_finished, load, run_worker
 from slotune.tuner.trial import TrialObjective
 from tests.tuner.studies import SLO, new_study
 
@@ -99,6 +99,35 @@ def test_retrying_waits_out_an_outage_and_gives_up_after_its_patience(
     with pytest.raises(ValueError, match="not an outage"):
         storages.retrying(bad_query, "testing", say=said.append)
     assert len(said) == 3
+
+
+def test_counting_finished_trials_waits_out_a_connection_lost_mid_query(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database restart while a worker counts the finished trials (as it joins): the
+    query loses its connection, the session's next use says it needs a rollback, and
+    Optuna wraps that in a generic storage error. The count waits and is taken again."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    new_study(url, "s", trials=1, heartbeat=1)
+    study, _, _ = load(url, "s")
+    monkeypatch.setattr(storages.time, "sleep", lambda s: None)
+    real = study.get_trials
+    failures = [1]
+
+    def get_trials(**kwargs: object) -> list:
+        if failures.pop() if failures else 0:
+            try:
+                raise _outage()
+            except sqlalchemy.exc.OperationalError:
+                try:
+                    raise sqlalchemy.exc.PendingRollbackError("Can't reconnect until rolled back")
+                except sqlalchemy.exc.PendingRollbackError as e:
+                    raise optuna.exceptions.StorageInternalError("commit failed") from e
+        return real(**kwargs)
+
+    monkeypatch.setattr(study, "get_trials", get_trials)
+    assert count_finished(study) == 0
+    assert not failures  # it failed once and was retried
 
 
 def test_loading_a_study_waits_out_a_database_that_went_down_after_it_was_opened(
