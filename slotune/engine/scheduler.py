@@ -235,13 +235,24 @@ class Scheduler:
     def step_budget(self) -> int:
         """This step's token budget: ``max_num_batched_tokens``, or under adaptive chunking
         what the running decodes leave within the TPOT target (``adaptive_budget``)."""
-        ceiling = self.config.max_num_batched_tokens
         if self.chunk_target_s is None or self.step_time is None:
-            return ceiling
+            return self.config.max_num_batched_tokens
         decodes = [r.num_computed_tokens + 1 for r in self.running if is_decoder(r)]
         prior = next((r.num_computed_tokens for r in self.running if not is_decoder(r)), 0)
+        return self.budget_for(len(decodes), sum(decodes), prior)
+
+    def budget_for(self, num_decodes: int, context_sum: int, prior: int) -> int:
+        """Adaptive chunking's budget for a step whose running requests hold
+        ``num_decodes`` decodes reading ``context_sum`` tokens and a first prefilling one
+        ``prior`` tokens in (the stretch planner asks it of each planned step)."""
+        assert self.chunk_target_s is not None and self.step_time is not None
         return adaptive_budget(
-            self.chunk_target_s, self.step_time, len(decodes), sum(decodes), ceiling, prior
+            self.chunk_target_s,
+            self.step_time,
+            num_decodes,
+            context_sum,
+            self.config.max_num_batched_tokens,
+            prior,
         )
 
     def run_passes(self, passes: Passes, budget: int) -> int:

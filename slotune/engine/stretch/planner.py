@@ -7,7 +7,7 @@ import functools
 from dataclasses import fields
 from typing import NamedTuple
 
-from slotune.engine.chunking import MeasuredStepTime, adaptive_budget
+from slotune.engine.chunking import MeasuredStepTime
 from slotune.engine.config import EngineConfig
 from slotune.engine.kv_cache.hash_cache import HashPrefixCache
 from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
@@ -350,10 +350,9 @@ class StretchPlanner:
         return True
 
     def _step_budget(self, j: int) -> int:
-        """Adaptive chunking: step ``j``'s budget, as ``Scheduler.step_budget`` finds it
-        from the running requests (the aggregate decoders read ``base + j`` each)."""
-        s = self.sched
-        assert s.chunk_target_s is not None and s.step_time is not None
+        """Adaptive chunking: step ``j``'s budget, from the running requests as
+        ``Scheduler.step_budget`` counts them (the aggregate decoders read ``base + j``
+        each)."""
         num_decodes = self.alive
         context = self.sum_base + j * self.alive
         prior = None
@@ -363,9 +362,7 @@ class StretchPlanner:
                 context += o.computed + 1
             elif prior is None:
                 prior = o.computed
-        return adaptive_budget(
-            s.chunk_target_s, s.step_time, num_decodes, context, self.budget, prior or 0
-        )
+        return self.sched.budget_for(num_decodes, context, prior or 0)
 
     # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
     # calls in the scheduler's order with the scheduler's budget. A pass that would
