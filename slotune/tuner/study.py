@@ -188,10 +188,17 @@ def load(url: str, name: str) -> tuple[Any, TuneSetup, dict[str, Any]]:
         study = load_study(name, storage)
     except KeyError:
         raise StudyError(f"no study named {name!r} in {redact(url)}") from None
-    attrs = study.user_attrs
+    attrs = study_attrs(study)
     if SETUP_ATTR not in attrs:
         raise StudyError(f"study {name!r} in {redact(url)} was not created by slotune tune")
     return study, TuneSetup.from_dict(attrs[SETUP_ATTR]), attrs.get(BASELINE_ATTR, {})
+
+
+def study_attrs(study: Any) -> dict[str, Any]:
+    """The study's user attributes, waiting (``retrying``) while the database is
+    unreachable: a worker reads them as it joins, maybe while the server restarts."""
+    attrs: dict[str, Any] = retrying(lambda: study.user_attrs, "reading the study's attributes")
+    return attrs
 
 
 def worker_evaluator(setup: TuneSetup) -> Any:
@@ -246,14 +253,17 @@ def joiner_seed(seed: int) -> int:
 def set_budget(study: Any, trials: int) -> None:
     """Make ``trials`` the study's stored budget (what ``status`` counts against and a
     ``slotune worker`` without ``--trials`` runs to): the last worker to ask sets it."""
-    run = dict(study.user_attrs.get(RUN_ATTR) or {})
+    run = dict(study_attrs(study).get(RUN_ATTR) or {})
     if run.get("trials") != trials:
-        study.set_user_attr(RUN_ATTR, {**run, "trials": trials})
+        retrying(
+            lambda: study.set_user_attr(RUN_ATTR, {**run, "trials": trials}),
+            "storing the trial budget",
+        )
 
 
 def run_settings(study: Any) -> tuple[int | None, int]:
     """The study's stored budget (None: not stored) and heartbeat seconds."""
-    run = study.user_attrs.get(RUN_ATTR) or {}
+    run = study_attrs(study).get(RUN_ATTR) or {}
     return run.get("trials"), int(run.get("heartbeat") or DEFAULT_HEARTBEAT_S)
 
 

@@ -16,7 +16,14 @@ from typer.testing import CliRunner
 from slotune.cli.app import app
 from slotune.tuner import storage as storages
 from slotune.tuner.setup import TuneSetup
-from slotune.tuner.study import StudyError, count_finished, load, run_worker
+from slotune.tuner.study import (
+    StudyError,
+    count_finished,
+    load,
+    run_settings,
+    run_worker,
+    set_budget,
+)
 from slotune.tuner.trial import TrialObjective
 from tests.tuner.studies import SLO, new_study
 
@@ -128,6 +135,33 @@ def test_counting_finished_trials_waits_out_a_connection_lost_mid_query(
     monkeypatch.setattr(study, "get_trials", get_trials)
     assert count_finished(study) == 0
     assert not failures  # it failed once and was retried
+
+
+def test_a_joining_worker_reads_and_stores_the_budget_through_an_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other queries a worker makes as it joins (the study's attributes, the stored
+    budget) wait out a database that went away, as counting the trials does."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    new_study(url, "s", trials=1, heartbeat=1)
+    study, _, _ = load(url, "s")
+    monkeypatch.setattr(storages.time, "sleep", lambda s: None)
+    storage = study._storage
+    outages = {"get_study_user_attrs": 1, "set_study_user_attr": 1}
+    for method in outages:
+        real = getattr(storage, method)
+
+        def flaky(*args: object, _name: str = method, _real: object = real) -> object:
+            if outages[_name]:
+                outages[_name] -= 1
+                raise _outage()
+            return _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(storage, method, flaky)
+    assert run_settings(study)[0] == 1
+    set_budget(study, 3)
+    assert run_settings(study)[0] == 3
+    assert outages == {"get_study_user_attrs": 0, "set_study_user_attr": 0}
 
 
 def test_loading_a_study_waits_out_a_database_that_went_down_after_it_was_opened(
