@@ -5,7 +5,9 @@ The probe replays the bundled ShareGPT-like trace at a few closed-loop concurren
 capacity is unknown, and keeps each run in ``slotune validate``'s layout. The stack is
 then fitted to those runs as ``calibrate --from-runs`` fits it; the simulator needs the
 deployment's GPU, model, tensor parallelism and engine settings to replay them, which an
-HTTP server does not report, so the caller gives them.
+HTTP server does not report, so the caller gives them. The loads send overlapping prompts
+(one trace, one seed), and the replays start cold: the server drops its prefix cache
+before each load after the first, where it can (a warning names the loads it could not).
 """
 
 from __future__ import annotations
@@ -44,12 +46,18 @@ def probe(
     from slotune.workloads import load_trace
     from slotune.workloads.arrivals import ArrivalSpec
     from slotune.workloads.backends import HttpBackend, run
-    from slotune.workloads.server_process import served_model
+    from slotune.workloads.server_process import reset_prefix_cache, served_model
 
     backend = HttpBackend(url.rstrip("/"), served_model(url.rstrip("/")))
     dirs = []
-    for concurrency, num_requests in loads:
+    for i, (concurrency, num_requests) in enumerate(loads):
         trace = load_trace("sharegpt-like", num_requests=num_requests, seed=seed)
+        if i and reset_prefix_cache(url) is None:
+            log(
+                f"probe: warning: the server did not drop its prefix cache, so the load of "
+                f"{concurrency} may hit the prompts sent before (vLLM serves "
+                "/reset_prefix_cache with VLLM_SERVER_DEV_MODE=1)"
+            )
         log(f"probe: {num_requests} requests at concurrency {concurrency}")
         result = run(backend, trace, ArrivalSpec(concurrency=concurrency), None, seed=seed)
         where = out_dir / f"concurrency-{concurrency}"

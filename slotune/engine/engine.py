@@ -302,6 +302,15 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.scheduler.requests)
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache, so that the next requests find it cold; False (nothing
+        dropped) while requests are unfinished."""
+        if self.has_unfinished_requests() or not self.kv_cache.reset_prefix_cache():
+            return False
+        if self._checker is not None:
+            self._checker.shadow.kv_cache.reset_prefix_cache()
+        return True
+
     # -- stepping ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -6,7 +6,9 @@ with ``data: [DONE]``, one chunk per generated token, the usage in a last chunk 
 ``stream_options.include_usage``; false: one JSON body), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
 ``GET /health`` (503 when the engine loop stopped or a step has run ``stuck_step_s``),
-``GET /metrics`` (Prometheus text, vLLM's metric names). A client that
+``GET /metrics`` (Prometheus text, vLLM's metric names), ``POST /reset_prefix_cache``
+(vLLM's development endpoint: the prefix cache dropped, so that a benchmark's next run
+starts cold; 409 while requests are served; behind the API key when one is set). A client that
 disconnects aborts its request. Every error (400 bad input naming the field, 401 without the
 API key, 404 unknown path or model, 405, 408 a body too slow to arrive, 413, 415 an unknown
 ``Content-Encoding``, 503 when the queue is full) is an OpenAI error object
@@ -145,6 +147,7 @@ def create_app(
     app.router.add_get("/version", _version)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
 
 
@@ -269,7 +272,7 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
 
 def _authorized(request: web.Request) -> bool:
     key = request.app[LIMITS]["api_key"]
-    if key is None or not request.path.startswith("/v1"):
+    if key is None or not request.path.startswith(("/v1", "/reset_prefix_cache")):
         return True
     # header bytes that are not UTF-8 come as surrogate escapes: compare the raw bytes
     given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
@@ -318,6 +321,17 @@ async def _health(request: web.Request) -> web.Response:
         status = f"engine step running for {running_s:.0f} s: stuck"
         return web.json_response({"status": status}, status=503)
     return web.json_response({"status": "ok"})
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    try:
+        reset = await request.app[ASYNC_ENGINE].reset_prefix_cache()
+    except EngineError as exc:
+        return web.json_response(error_body(str(exc), type_="server_error"), status=503)
+    if not reset:
+        message = "requests are being served: the prefix cache is reset only when idle"
+        return web.json_response(error_body(message, code="engine_busy"), status=409)
+    return web.json_response({"reset": True})
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -1,9 +1,9 @@
 """The engine behind an event loop: one task steps it, requests talk to it through queues.
 
-Only the loop task touches the engine. Handlers hand it requests and aborts through an
-inbox; it adds them between steps, runs each ``step()`` in its own daemon thread (the event
-loop keeps serving meanwhile, and a step that never returns cannot keep the process from
-exiting) and puts every ``RequestOutput`` on its request's queue. With
+Only the loop task touches the engine. Handlers hand it requests, aborts and prefix-cache
+resets through an inbox; it applies them between steps, runs each ``step()`` in its own
+daemon thread (the event loop keeps serving meanwhile, and a step that never returns cannot
+keep the process from exiting) and puts every ``RequestOutput`` on its request's queue. With
 ``pace`` (a simulated engine) it releases a step's tokens only once the step's virtual
 duration has passed since the previous step ended (see ``_paced_release``), so that
 clients observe the simulated latencies. A failing step fails the requests it held, not the loop.
@@ -43,6 +43,11 @@ class _Pending:
     admitted: asyncio.Future[None]
     outputs: asyncio.Queue[RequestOutput | EngineError] = field(default_factory=asyncio.Queue)
     priority: int = 0
+
+
+@dataclass
+class _Reset:
+    done: asyncio.Future[bool]
 
 
 @dataclass
@@ -102,7 +107,7 @@ class AsyncEngine:
         self.num_aborted = 0
         self.num_step_errors = 0
         self.virtual_time_s = 0.0  # sum of the step durations the engine reported
-        self._inbox: deque[_Pending | tuple[str, bool]] = deque()  # additions and aborts
+        self._inbox: deque[_Pending | tuple[str, bool] | _Reset] = deque()
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -186,6 +191,15 @@ class AsyncEngine:
         self._wake.set()
         return admitted
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the engine's prefix cache between steps; False while it serves requests."""
+        if not self.running:
+            raise EngineError("the engine loop is not running")
+        reset = _Reset(asyncio.get_running_loop().create_future())
+        self._inbox.append(reset)
+        self._wake.set()
+        return await reset.done
+
     def abort(self, request_id: str, finished: bool = False) -> None:
         """Stop a request (all its completions); its queue gets nothing more. ``finished``:
         the request is complete for its client (a stop string ended it), not abandoned."""
@@ -250,6 +264,9 @@ class AsyncEngine:
             item = self._inbox.popleft()
             if isinstance(item, tuple):
                 self._abort(*item)
+            elif isinstance(item, _Reset):
+                if not item.done.done():
+                    item.done.set_result(self.engine.reset_prefix_cache())
             else:
                 admitted = self._admit(item) or admitted
         return admitted

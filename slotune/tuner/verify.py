@@ -3,10 +3,12 @@
 For each of the study's best ``top`` configurations and the baseline (the target's
 defaults), start the server from the user's command line with that configuration's flags,
 replay the study's trace at the load its report shows (``runs/``), ``repeats`` times, and
-stop it. The measured runs rank the candidates again with the study's own objective; the
-measured winner is the recommendation, unless it does not beat the baseline beyond the
-spread of the repeats. The runs are kept in ``slotune validate``'s layout, and a stack
-fitted to them (``calibrate --from-runs``) lets the next study start from this server.
+stop it. Each repeat starts with a cold prefix cache, as the simulation does: the server
+drops it (``reset_prefix_cache``), or is restarted when it cannot. The measured runs rank
+the candidates again with the study's own objective; the measured winner is the
+recommendation, unless it does not beat the baseline beyond the spread of the repeats. The
+runs are kept in ``slotune validate``'s layout, and a stack fitted to them (``calibrate
+--from-runs``) lets the next study start from this server.
 
 A candidate whose server does not start, or whose run fails, is a result too (its error
 and the end of its log); the others go on.
@@ -20,12 +22,15 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.evaluate import Evaluator, Measurement
 from slotune.tuner.results import write_json, write_run
 from slotune.tuner.setup import TuneSetup
+
+if TYPE_CHECKING:
+    from slotune.workloads.server_process import ServerProcess
 
 Flags = Callable[[EngineConfig], list[str]]
 VerifyLog = Callable[[str], None]
@@ -223,6 +228,8 @@ def verify(
         try:
             backend = HttpBackend(url, served_model(url))
             for r in range(options.repeats):
+                if r and config.prefix_caching != "none":
+                    _cold_cache(server, log, c.label)
                 result = evaluator.run(config, rate, backend=backend)
                 summary = evaluator.summarize(result)
                 measured = evaluator.measurement(summary, rate)
@@ -238,6 +245,15 @@ def verify(
         finally:
             server.stop()
     return _outcome(results, primary, out_dir)
+
+
+def _cold_cache(server: ServerProcess, log: VerifyLog, label: str) -> None:
+    """Empty the server's prefix cache of the previous repeat's prompts."""
+    from slotune.workloads.server_process import reset_prefix_cache
+
+    if reset_prefix_cache(server.url) is None:
+        log(f"verify {label}: the server cannot drop its prefix cache; restarting it")
+        server.restart()
 
 
 def _outcome(results: list[Verified], primary: str, out_dir: Path) -> VerifyOutcome:

@@ -4,6 +4,12 @@
 start servers the same way: in a process group of their own, the output kept in a log
 file, ready when ``GET /health`` answers 200 within a bounded wait, and stopped with the
 whole group (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``) so the port is free afterwards.
+
+Runs that repeat prompts on one server (``tune --verify``'s repeats, the probe's loads)
+first ask it to drop its prefix cache (``reset_prefix_cache``): the simulation they are
+compared with starts cold. vLLM serves that endpoint only in its development mode, which
+the servers started here get (``VLLM_SERVER_DEV_MODE=1``, as vLLM's own benchmark sweeps
+start theirs).
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from pathlib import Path
 from types import TracebackType
 
 STOP_TIMEOUT_S = 10.0
+RESET_TIMEOUT_S = 30.0
+# the prefix-cache resets a server may serve: vLLM's (and slotune's), SGLang's
+RESET_ENDPOINTS = ("/reset_prefix_cache", "/flush_cache")
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 class ServerStartError(RuntimeError):
@@ -47,6 +57,22 @@ def served_model(url: str) -> str:
     return str(data["data"][0]["id"])
 
 
+def reset_prefix_cache(url: str) -> str | None:
+    """Ask the server at ``url`` to drop its prefix cache; the endpoint that did it, or
+    None when none of ``RESET_ENDPOINTS`` answered 200 (not served, or the server busy)."""
+    for path in RESET_ENDPOINTS:
+        request = urllib.request.Request(f"{url.rstrip('/')}{path}", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=RESET_TIMEOUT_S) as response:
+                if response.status == 200:
+                    return path
+        except urllib.error.HTTPError:
+            continue
+        except (urllib.error.URLError, OSError):
+            return None
+    return None
+
+
 class ServerProcess:
     """``with ServerProcess(command, url, log=path) as server:`` runs ``command`` (a shell
     line) until the block ends; entering waits until ``url``/health answers."""
@@ -66,6 +92,13 @@ class ServerProcess:
         self.cwd = cwd
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def restart(self) -> None:
+        """Stop the server and start it again (a cold cache when it cannot drop its own)."""
+        self.stop()
+        self.restarts += 1
+        self.start()
 
     def __enter__(self) -> ServerProcess:
         self.start()
@@ -75,7 +108,7 @@ class ServerProcess:
         """Launch the command and wait until it answers ``/health`` (ServerStartError if it
         exits or stays silent; it is stopped then)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("wb") as out:
+        with self.log.open("ab" if self.restarts else "wb") as out:  # a restart appends
             self.proc = subprocess.Popen(
                 self.command,
                 shell=True,
@@ -83,6 +116,7 @@ class ServerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=os.environ | SERVER_ENV,
             )
         try:
             self._wait_healthy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def test_the_probe_measures_the_server_and_the_fit_replays_it(tmp_path: Path) ->
     assert [d.name for d in dirs] == ["concurrency-1", "concurrency-4"]
     runs = [load_run(d) for d in dirs]
     assert [len(r.trace) for r in runs] == [6, 16]
+    # the second load sends the first load's prompts again, to a server that dropped them
+    with (dirs[1] / "requests.csv").open() as f:
+        assert not any(int(row["cached_tokens"]) for row in csv.DictReader(f))
     assert all(r.settings.gpu == "h100" and r.settings.model == "llama-3-8b" for r in runs)
     fit = fit_from_runs(runs, warmup_s=0.0, window_s=60.0, max_evaluations=8)
     # the server is the same cost model behind HTTP: the replays come close to it

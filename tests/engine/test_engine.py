@@ -277,3 +277,38 @@ def test_stats_and_last_step() -> None:
         assert key in stats
     assert stats["steps"] == 4 and stats["max_step_tokens"] == 9
     assert stats["num_free_blocks"] == stats["num_total_blocks"] == 256
+
+
+def _run_one(engine: Engine, rid: str, prompt: list[int]) -> tuple[int, list[int]]:
+    """Serve one request to the end: its cached prompt tokens and its step sizes."""
+    engine.add_request(rid, prompt, IGNORE)
+    cached, steps = 0, []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            cached = max(cached, out.num_cached_tokens)
+        assert engine.last_step is not None
+        steps.append(engine.last_step.num_scheduled_tokens)
+    return cached, steps
+
+
+@pytest.mark.parametrize("caching", ["hash", "radix"])
+def test_a_reset_prefix_cache_serves_the_next_request_as_a_fresh_engine_does(
+    caching: str,
+) -> None:
+    prompt = list(range(3, 3 + 21))
+    config = EngineConfig(
+        block_size=4, max_model_len=128, prefix_caching=caching, max_num_batched_tokens=8
+    )
+    # the stretch checker's shadow scheduler follows every step: its cache is reset too
+    engine = Engine(config, DeterministicExecutor(256, 0), check_stretches=True)
+    _run_one(engine, "a", prompt)
+    assert _run_one(engine, "b", prompt)[0] == 20  # five full blocks of four hit
+    engine.add_request("busy", prompt[:5], IGNORE)
+    engine.step()
+    assert not engine.reset_prefix_cache()  # a request holds blocks: nothing dropped
+    drain(engine)
+    assert engine.reset_prefix_cache()
+    fresh = make(prefix_caching=caching, max_num_batched_tokens=8)
+    cold = _run_one(fresh, "c", prompt)
+    assert cold[0] == 0 and _run_one(engine, "c", prompt) == cold
+    assert engine.stats()["num_free_blocks"] == engine.stats()["num_total_blocks"]

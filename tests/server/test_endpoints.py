@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+from aiohttp import web
 
 import slotune
 from slotune.engine import EngineConfig
@@ -178,3 +181,82 @@ def test_slotune_serve_answers_parser_errors_as_openai_errors() -> None:
                 answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert_openai_error(int(head.split()[1]), json.loads(body), 400)
+
+
+def test_reset_prefix_cache_serves_the_next_prompt_cold_and_waits_for_idle() -> None:
+    from slotune.workloads.server_process import reset_prefix_cache
+
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100")
+    prompt = "the same long prompt " * 20
+    with ServerThread(engine, served) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+
+        def cached() -> int:
+            r = client.completions.create(model="llama-3-8b", prompt=prompt, max_tokens=2)
+            details = r.usage.prompt_tokens_details if r.usage else None
+            return details.cached_tokens if details and details.cached_tokens else 0
+
+        assert cached() == 0 and cached() > 0
+        with InnocentStream(s, max_tokens=60):
+            status, data, _ = call(s, "/reset_prefix_cache", b"")
+            assert_openai_error(status, data, 409)
+            assert "idle" in data["error"]["message"]
+        assert cached() > 0  # the refused reset dropped nothing
+        assert call(s, "/reset_prefix_cache", b"")[:2] == (200, {"reset": True})
+        assert cached() == 0
+        assert reset_prefix_cache(s.url) == "/reset_prefix_cache"
+    with ServerThread(*simulated_model(SIM_CONFIG, gpu="h100"), api_key="k") as s:
+        status, data, _ = call(s, "/reset_prefix_cache", b"")
+        assert_openai_error(status, data, 401)  # a server with a key wants it here too
+        key = {"Authorization": "Bearer k"}
+        assert call(s, "/reset_prefix_cache", b"", headers=key)[0] == 200
+
+
+def test_the_reset_client_finds_sglangs_endpoint_and_says_when_there_is_none() -> None:
+    from slotune.workloads.server_process import reset_prefix_cache
+
+    flushed: list[str] = []
+
+    async def flush(request: web.Request) -> web.Response:
+        flushed.append(request.method)
+        return web.Response(text="Cache flushed.")
+
+    sglang_like = web.Application()
+    sglang_like.router.add_post("/flush_cache", flush)
+    with BareServer(sglang_like) as url:
+        assert reset_prefix_cache(url) == "/flush_cache" and flushed == ["POST"]
+    with BareServer(web.Application()) as url:  # vLLM outside its development mode
+        assert reset_prefix_cache(url) is None
+    assert reset_prefix_cache(f"http://127.0.0.1:{_closed_port()}") is None
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BareServer:
+    """A bare aiohttp app on an ephemeral port, in a thread; the ``with`` gives its URL."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app, self.loop = app, asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        self.runner = web.AppRunner(self.app)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", 0).start())
+        self.port = self.runner.addresses[0][1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)

@@ -6,6 +6,7 @@ paced in wall-clock time, started once per configuration from the command line g
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -98,11 +99,16 @@ def test_bad_verify_options_name_the_option() -> None:
     assert VerifyOptions("slotune serve --gpu h100 {flags} --port {port}").engine() == "slotune"
 
 
-# Known systematic effects, one-sided: a measured request also pays the HTTP client and
-# server on this shared machine, which the simulation does not see (a few ms of TTFT, a
-# few tenths of a ms of TPOT measured here). Nothing makes the server faster than the
-# simulation: the prompts are text, so both count the same tokens.
+# What separates a measured run from the simulation of the same server. A request also pays
+# the HTTP client and server on this shared machine, which the simulation does not see (a
+# few ms of TTFT, a few tenths of a ms of TPOT): the server is slower by up to OVERHEAD_MS.
+# And each request reaches the engine a little after the trace says, by a varying lag:
+# requests the simulation prefilled in one step may be prefilled in two, or the reverse (at
+# 8 requests/s, three of the sixteen arrive within 3 ms), which moves a median of sixteen
+# either way by up to BATCHING_MS, the same in every repeat of a run that happens to split
+# the same way.
 OVERHEAD_MS = {"ttft_p50_ms": 5.0, "tpot_p50_ms": 0.5}
+BATCHING_MS = {"ttft_p50_ms": 5.0, "tpot_p50_ms": 0.5}
 
 
 @pytest.mark.slow
@@ -131,18 +137,26 @@ def test_tune_verify_measures_on_the_server_and_fits_a_stack(tmp_path: Path) -> 
         assert c.error is None, c.error
         assert len(c.measured) == 3 and Path(c.log or "").is_file()
         # the server runs the study's stack: the prediction lies in the repeats' noise
-        # band (widened by its own spread), or below it by at most the HTTP overhead
+        # band (widened by its own spread and the batching lag), or below it by at most
+        # the HTTP overhead more
         for key, overhead in OVERHEAD_MS.items():
             band = c.band(key)
             predicted = c.predicted[key]
             assert band is not None and predicted is not None
-            spread = band[1] - band[0]
-            assert band[0] - spread - overhead <= predicted <= band[1] + spread, (
+            slack = band[1] - band[0] + BATCHING_MS[key]
+            assert band[0] - slack - overhead <= predicted <= band[1] + slack, (
                 c.label,
                 key,
                 predicted,
                 c.values(key),
             )
+    # every repeat starts with a cold prefix cache, as the simulation does (the defaults
+    # cache prefixes, and each repeat sends the same prompts)
+    defaults = outcome.candidates[-1]
+    assert defaults.config["prefix_caching"] != "none"
+    for run_dir in defaults.runs:
+        with (Path(run_dir) / "requests.csv").open() as f:
+            assert [int(row["cached_tokens"]) for row in csv.DictReader(f)] == [0] * 16
     best = json.loads(result.best_json.read_text())
     assert best["recommended_by"] == "measured"
     assert best["config"] == outcome.winner_config

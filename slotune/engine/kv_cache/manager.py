@@ -75,6 +75,7 @@ class KVCacheManager:
         lower_tier_blocks: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self.lower_tier_blocks = lower_tier_blocks
         self.lower_held: Counter[int] = Counter()  # block id -> lower-tier holders
         self.cache: PrefixCache[Any] | None = make_prefix_cache(prefix_caching, block_size)
@@ -409,6 +410,16 @@ class KVCacheManager:
         if self.cache is not None:
             self.uncommitted[rid] = request  # its full blocks can be cached again
         return [(c, b.block_id) for c, b in zip(cpu, blocks, strict=False)]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as a fresh engine starts (vLLM's
+        ``reset_prefix_cache``); only when no request holds a block, else False."""
+        if self.req_blocks or self.swapped or self.pool.num_used_blocks:
+            return False
+        self.cache = make_prefix_cache(self.prefix_caching, self.block_size)
+        self.pool = BlockPool(self.pool.num_blocks, self.cache)
+        self.uncommitted.clear()
+        return True
 
     def can_ever_fit(self, num_tokens: int, tier: int = 0) -> bool:
         cap = self.pool.num_blocks
