@@ -243,3 +243,32 @@ def test_a_wrong_stack_is_overturned_by_the_server_and_calibrated_back(tmp_path:
     assert calibrated[-1] == small
     rho2 = spearman(calibrated, outcome.measured_order)
     assert rho2 is not None and rho2 > rho1 and rho2 >= 0.5
+
+
+HEALTH_ONLY = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    do_POST = lambda self: (self.send_response(404), self.end_headers())
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_that_cannot_drop_its_cache_is_restarted_between_repeats(
+    tmp_path: Path,
+) -> None:
+    from slotune.tuner.verify import _cold_cache
+    from slotune.workloads.server_process import ServerProcess, free_port
+
+    script = tmp_path / "health_only.py"
+    script.write_text(HEALTH_ONLY)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    logged: list[str] = []
+    with ServerProcess(f"{sys.executable} {script} {port}", url, log=tmp_path / "log") as server:
+        first = server.proc
+        _cold_cache(server, logged.append, "trial-1")
+        assert server.restarts == 1 and server.proc is not first and server.proc is not None
+        assert server.proc.poll() is None  # the new server runs
+    assert logged == ["verify trial-1: the server cannot drop its prefix cache; restarting it"]
