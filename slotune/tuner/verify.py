@@ -252,7 +252,10 @@ def _cold_cache(server: ServerProcess, log: VerifyLog, label: str) -> None:
     from slotune.workloads.server_process import reset_prefix_cache
 
     if reset_prefix_cache(server.url) is None:
-        log(f"verify {label}: the server cannot drop its prefix cache; restarting it")
+        log(
+            f"verify {label}: the server cannot drop its prefix cache; restarting it (vLLM "
+            "serves /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1 in its environment)"
+        )
         server.restart()
 
 

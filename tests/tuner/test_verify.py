@@ -271,4 +271,6 @@ def test_a_server_that_cannot_drop_its_cache_is_restarted_between_repeats(
         _cold_cache(server, logged.append, "trial-1")
         assert server.restarts == 1 and server.proc is not first and server.proc is not None
         assert server.proc.poll() is None  # the new server runs
-    assert logged == ["verify trial-1: the server cannot drop its prefix cache; restarting it"]
+    assert len(logged) == 1 and logged[0].startswith(
+        "verify trial-1: the server cannot drop its prefix cache; restarting it"
+    )
