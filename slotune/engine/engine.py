@@ -431,7 +431,7 @@ class Engine:
                 running,
                 waiting,
                 used / num_blocks,
-                0,
+                len(s.preempts or ()),
                 s.context_sum,
                 prefill_context_sum(s.chunks) if s.chunks else 0,
             )
@@ -491,7 +491,8 @@ def _early_stop_step(plan: StretchPlan, tokens: list[list[int]]) -> int | None:
     steps = None
     for member, toks in zip(plan.requests, tokens, strict=True):
         stop, start = member.request.stop_ids, member.first_sample
-        if stop and not stop.isdisjoint(toks[:-1]):
+        # a request the stretch preempts runs on after its last token: a stop ends it there
+        if stop and not stop.isdisjoint(toks if member.preempted >= 0 else toks[:-1]):
             j = next(k for k, tok in enumerate(toks) if tok in stop)
             steps = start + j + 1 if steps is None else min(steps, start + j + 1)
     return steps

@@ -175,7 +175,16 @@ def _batch(out: SchedulerOutput) -> tuple[Any, ...]:
 
 
 def _planned(step: PlannedStep) -> tuple[int, ...]:
-    return (step.num_tokens, step.num_prefill, step.num_samples, step.num_requests, 0, 0, 0)
+    num_preempted = len(step.preempts or ())
+    return (
+        step.num_tokens,
+        step.num_prefill,
+        step.num_samples,
+        step.num_requests,
+        num_preempted,
+        0,
+        0,
+    )
 
 
 def _counts(out: SchedulerOutput) -> tuple[int, ...]:

@@ -11,6 +11,9 @@ from slotune.engine.request import Request
 Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
 Alloc = tuple[int, int]  # (request index, blocks) allocated in a step, in allocation order
 Admit = tuple[int, int]  # (request index, tokens) of a request admitted in a step
+# (allocations before it, request index, computed tokens it drops) of a request a step
+# preempts (recompute): after that many of the step's allocations, before the next
+Preempt = tuple[int, int, int]
 
 
 @dataclass(slots=True)
@@ -35,6 +38,8 @@ class PlannedStep:
     # the waiting head tried and left out under a prefix cache: the tokens its lookup
     # finds and those its allocation asks room for (a lookup commits filled blocks)
     retry: tuple[int, int] | None = None
+    # the running requests it preempts, in the order the scheduler takes them (None: none)
+    preempts: list[Preempt] | None = None
 
 
 @dataclass(slots=True)
@@ -45,7 +50,9 @@ class PlannedRequest:
 
     How far it has computed: one token per step from step ``agg_start`` (1-based; 0:
     never) on, from ``agg_computed``; before that, ``progress`` as (step, computed after)
-    (None: no progress noted; the planner notes it only with a prefix cache).
+    (None: no progress noted; the planner notes it only with a prefix cache). A request
+    the stretch preempts (recompute) has none from step ``preempted`` (0-based; -1: not
+    preempted) on; it waits from then on.
     """
 
     request: Request
@@ -56,6 +63,7 @@ class PlannedRequest:
     agg_start: int = 0
     agg_computed: int = 0
     progress: list[tuple[int, int]] | None = None
+    preempted: int = -1
 
     @property
     def num_sampled(self) -> int:
@@ -63,6 +71,8 @@ class PlannedRequest:
 
     def computed_after(self, k: int) -> int:
         """Its computed tokens after the first ``k`` steps."""
+        if 0 <= self.preempted < k:
+            return 0
         s = self.agg_start
         if s and k >= s - 1:
             return self.agg_computed + k - s + 1

@@ -18,6 +18,7 @@ from slotune.engine.rules import (
     counts_as_prefill,
     fill_step,
     fills_block,
+    first_chunk,
     is_decoder,
     is_decoding,
     length_step,
@@ -27,7 +28,14 @@ from slotune.engine.rules import (
 )
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import batch_totals
-from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan, WaitingView
+from slotune.engine.stretch.plan import (
+    Admit,
+    Alloc,
+    PlannedStep,
+    Preempt,
+    StretchPlan,
+    WaitingView,
+)
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -37,8 +45,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "block_size": None,
     "max_num_seqs": None,
     "max_model_len": None,
-    # hybrid differs only in how a step preempts (swap or recompute by size), which no
-    # planned step does; its swapped and recompute-preempted heads are planned as above
+    # a step that preempts is planned under recompute only; under swap and hybrid it ends
+    # the stretch; their swapped and recompute-preempted heads are planned as above
     "preemption_mode": frozenset({"recompute", "swap", "hybrid"}),
     "swap_space_gb": None,
     "prefix_caching": frozenset({"none", "hash", "radix"}),
@@ -52,7 +60,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "speculative_model": None,  # read only with speculation, refused above
     "speculative_acceptance": None,
     "scheduling_policy": frozenset({"fcfs"}),
-    "swap_threshold_tokens": None,  # read only when a step preempts, which no plan does
+    "swap_threshold_tokens": None,  # read only when a step swaps, which no plan does
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     "decode_budget_ms": frozenset({0.0}),
@@ -165,13 +173,17 @@ class StretchPlanner:
         "open_firsts",
         "others",
         "plan",
+        "preempted",
         "sched",
         "step_allocs",
         "step_blocks",
+        "step_preempts",
         "step_retry",
         "stepped",
         "stop_at_finish",
         "sum_base",
+        "victims",
+        "victims_checked",
         "waiting",
     )
 
@@ -235,6 +247,12 @@ class StretchPlanner:
         self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
         self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
         self.step_retry: tuple[int, int] | None = None  # the head tried: PlannedStep.retry
+        self.preempted = False  # whether the step being planned preempts (Passes.preempted)
+        self.step_preempts: list[Preempt] | None = None  # its PlannedStep.preempts
+        # the requests the stretch preempted (the last is the waiting head), each with its
+        # tokens; no later step of the stretch admits one
+        self.victims: list[tuple[Request, int]] = []
+        self.victims_checked = 0  # the head was victims[victims_checked - 1]: see _try_victim
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -288,7 +306,7 @@ class StretchPlanner:
         """Plan the next step; False (and nothing planned) if it is not certain."""
         if self.ended:
             return False
-        if not (self.alive or self.others or self.next_waiting < len(self.waiting)):
+        if not (self.alive or self.others or self.victims or self.next_waiting < len(self.waiting)):
             return self._end_before(None, 0)
         plan = self.plan
         j = len(plan.steps) + 1  # 1-based, as the buckets
@@ -304,10 +322,14 @@ class StretchPlanner:
             stepped.clear()
             self.admitted.clear()
         budget = self._step_budget(j) if self.adaptive else self.budget
+        self.preempted = False
         try:
             left = self.sched.run_passes(self, budget)
         except _Unsure:
             return self._end_before(prefix_allocs, j)
+        if self.preempted and prefix_allocs:
+            kept = {i for i, _ in self.step_allocs}
+            prefix_allocs = [i for i in prefix_allocs if i in kept]
         num_tokens = budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
@@ -343,6 +365,8 @@ class StretchPlanner:
         if self.step_retry is not None:
             step.retry = self.step_retry
             self.step_retry = None
+        if self.preempted:
+            step.preempts = self.step_preempts
         plan.steps.append(step)
         if self.admitted:
             self._seat(self.admitted, step.admits)
@@ -366,10 +390,8 @@ class StretchPlanner:
 
     # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
     # calls in the scheduler's order with the scheduler's budget. A pass that would
-    # preempt, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
+    # swap, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
     # decoders take their tokens first (they lead the running list).
-
-    preempted = False  # a pass that would preempt raises _Unsure
 
     def head(self) -> Request | None:
         return self.waiting[self.next_waiting] if self.next_waiting < len(self.waiting) else None
@@ -378,11 +400,14 @@ class StretchPlanner:
         alive = self.alive
         if alive > budget:
             raise _Unsure  # some aggregate decoders would not get their token
-        budget -= alive
-        if not self.others:
-            if self.step_blocks > self.free:
-                raise _Unsure  # an aggregate decoder would preempt
-            return budget
+        left = self._serve_others(budget - alive) if self.others else budget - alive
+        if self.step_blocks > self.free:
+            return self._make_room(budget)
+        return left
+
+    def _serve_others(self, budget: int) -> int:
+        """The requests behind the decoders take their tokens in running order (their
+        allocations noted as if all fit: ``_make_room`` corrects that)."""
         s = self.sched
         bs = self.bs
         allocs = self.step_allocs
@@ -408,12 +433,118 @@ class StretchPlanner:
             budget -= n
             stepped.append((o, n, slots))
         self.step_blocks += new_blocks
-        if self.step_blocks > self.free:
-            raise _Unsure  # someone would be preempted
         return budget
+
+    def _make_room(self, budget: int) -> int:
+        """The running requests' allocations do not all fit: replay ``Scheduler._make_room``
+        in running order (victims from the tail: the requests behind the decoders, then
+        aggregate decoders) and keep only what the step then serves. What it leaves of
+        ``budget`` (the running pass's); raises ``_Unsure`` where that is not exact."""
+        s = self.sched
+        if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
+            raise _Unsure  # swaps, or a free count that is only a lower bound
+        members = self.plan.requests
+        order = self._aggregate() + [o.index for o in self.others]
+        num_agg = self.alive
+        assert len(order) == num_agg + len(self.others)
+        served = num_agg + len(self.stepped)  # what the pass visits if all fits
+        need = dict(self.step_allocs)
+        avail, exact = self.free, True
+        tail = len(order)
+        victims: list[tuple[int, int, int]] = []  # (allocations before, index, frees)
+        num_allocs = 0
+        k = 0
+        while k < min(served, tail):
+            i = order[k]
+            n = need.get(i, 0)
+            while n > avail:
+                if not exact:
+                    raise _Unsure  # a victim's blocks shared with an earlier victim
+                tail -= 1
+                v = order[tail]
+                if v == i and not tail:
+                    raise _Unsure  # alone, it finishes with "length"
+                if members[v].request.sampling_params.n != 1:
+                    raise _Unsure  # a fork's seats
+                freed, alone = self._victim_frees(v, tail - num_agg)
+                exact = exact and alone
+                victims.append((num_allocs, v, freed))
+                if v == i:
+                    break
+                avail += freed
+            if tail <= k:
+                break  # the request itself was preempted
+            if n:
+                avail -= n
+                num_allocs += 1
+            k += 1
+        self.free_exact = exact
+        self.preempted = True
+        self._preempt_victims(victims)
+        del self.stepped[max(k - num_agg, 0) :]
+        gone = {v for _, v, _ in victims}
+        kept = [(i, n) for i, n in self.step_allocs if i not in gone]
+        self.step_allocs = kept
+        self.step_blocks = sum(n for _, n in kept)
+        return budget - self.alive - sum(n for _, n, _ in self.stepped)
+
+    def _aggregate(self) -> list[int]:
+        """The aggregate decoders of the step being planned, in running order."""
+        return [
+            i
+            for i, m in enumerate(self.plan.requests)
+            if m.agg_start and m.last_sample < 0 and m.preempted < 0
+        ]
+
+    def _victim_frees(self, i: int, other: int) -> tuple[int, bool]:
+        """The blocks request ``i`` frees when preempted (``other``: its place among the
+        requests behind the decoders, negative for an aggregate decoder), and whether that
+        is all it holds (blocks shared at the start stay held: see ``_free_blocks_of``)."""
+        extra = self.others[other].extra if other >= 0 else self.extra[i]
+        if i >= self.plan.num_start:
+            return extra, True
+        alone, held = self.kv.blocks_held_alone(self.plan.requests[i].request.request_id)
+        return extra + alone, alone == held
+
+    def _preempt_victims(self, victims: list[tuple[int, int, int]]) -> None:
+        """Take the ``victims`` (allocations before each, plan index, blocks it frees; in
+        the order the scheduler takes them, from the tail) out of the running requests of
+        the step being planned and put them at the waiting front."""
+        j = len(self.plan.steps) + 1
+        members = self.plan.requests
+        others = {o.index: o for o in self.others}
+        preempts = self.step_preempts = []
+        for num_allocs, i, freed in victims:
+            member = members[i]
+            o = others.pop(i, None)
+            if o is None:  # an aggregate decoder: out of its buckets
+                computed = self.base[i] + j - 1
+                total = computed + 1
+                self.alive -= 1
+                self.sum_base -= self.base[i]
+                member.scheduled += j - member.agg_start
+                for buckets in (self.alloc_at, self.fill_at, self.finish_at):
+                    for bucket in buckets.values():
+                        if i in bucket:
+                            bucket.remove(i)
+            else:
+                computed, total = o.computed, o.total
+            member.preempted = j - 1
+            member.last_sample = j - 2
+            if member.first_sample < 0 or member.first_sample > j - 2:
+                member.first_sample = member.last_sample = -1
+            self.free += freed
+            self.num_freed += freed
+            preempts.append((num_allocs, i, computed))
+            self.victims.append((member.request, total))
+        self.others = list(others.values())
 
     def serve_waiting(self, budget: int, kinds: int) -> int:
         waiting = self.waiting
+        if self.victims:
+            if budget > 0:
+                self._try_victim(budget, kinds)
+            return budget
         if budget <= 0 or self.next_waiting >= len(waiting):
             return budget
         s = self.sched
@@ -440,6 +571,49 @@ class StretchPlanner:
             self.step_blocks += blocks
             budget -= n
         return budget
+
+    def _try_victim(self, budget: int, kinds: int) -> None:
+        """The waiting head is a request the stretch preempted: it is not tried, or
+        surely stays out (``_Unsure`` otherwise). Its lookup finds only free blocks (no
+        running request shares its first block), and admitting a hit of free blocks takes
+        at least the blocks its first chunk from token 0 would take."""
+        s = self.sched
+        head, total = self.victims[-1]
+        seated = self.alive + len(self.others)
+        avail = s.head_budget(head, kinds, budget, seated)
+        if avail <= 0:
+            return  # not tried
+        if not (seated and self.free_exact):
+            raise _Unsure  # it might fit
+        if self.victims_checked < len(self.victims):  # stays true: no admissions now
+            if not self._hits_only_free(head, total):
+                raise _Unsure  # its lookup might find held blocks
+            self.victims_checked = len(self.victims)
+        n = first_chunk(total, s.threshold, avail, s.prefill_first)
+        if n is None or self.kv.blocks_needed(n) <= self.free - self.step_blocks:
+            raise _Unsure
+        if self.cache is not None:  # its lookup commits filled blocks: apply does too
+            self.step_retry = (0, n)
+
+    def _hits_only_free(self, head: Request, total: int) -> bool:
+        """Whether a lookup of ``head`` (preempted by the stretch with ``total`` tokens)
+        finds only free blocks: no cache, or a hash cache and no running request that
+        shares (or may come to share) its first block. A tree's lookup touches the tree."""
+        if self.cache is None or total <= self.bs:
+            return True
+        if self.hash_cache is None:
+            return False
+        tokens = head.all_token_ids
+        bs = self.bs
+        if len(tokens) < bs:
+            return False  # its first block holds tokens the stretch samples
+        first = tokens[:bs]
+        members = self.plan.requests
+        for i in self._aggregate() + [o.index for o in self.others]:
+            other = members[i].request.all_token_ids
+            if other[:bs] == first[: len(other)]:
+                return False
+        return True
 
     def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
