@@ -21,6 +21,7 @@ from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import prefill_context_sum
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
+from slotune.engine.stretch.plan import sampled_runs
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -452,9 +453,7 @@ class Engine:
 
     def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]]:
         """What each request of the plan samples in its planned steps."""
-        return self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            [m.request for m in plan.requests], [m.num_sampled for m in plan.requests]
-        )
+        return sampled_runs(plan, self.executor.sampled_token_runs)  # type: ignore[attr-defined]
 
     def stats(self) -> dict[str, Any]:
         kv = self.kv_cache

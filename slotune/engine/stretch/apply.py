@@ -177,4 +177,4 @@ def _set_computed(requests: Iterable[Request], plan: StretchPlan, j: int) -> Non
     """Give ``requests`` the computed counts the steps before ``j`` leave (a commit reads
     them)."""
     for r in requests:
-        r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
+        r.num_computed_tokens = plan.requests[plan.index(r.request_id, j)].computed_after(j)

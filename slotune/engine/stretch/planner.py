@@ -140,6 +140,40 @@ class _Other:
         self.n = req.sampling_params.n
 
 
+class _Victim:
+    """A request the stretch preempted (recompute), waiting: its plan index, its tokens
+    and whether it has output; where it held all of its blocks alone, how many it freed,
+    how many of them were cached (full and computed), the free blocks before it freed
+    them and the blocks popped from the free queue's front by then (see
+    ``StretchPlanner._victim_hit``; ``cached`` -1: not known)."""
+
+    __slots__ = (
+        "blocks",
+        "cached",
+        "checked_at",
+        "free",
+        "has_output",
+        "index",
+        "only_free",
+        "popped",
+        "request",
+        "sole",
+        "total",
+    )
+
+    def __init__(self, index: int, request: Request, total: int, has_output: bool) -> None:
+        self.index = index
+        self.request = request
+        self.total = total
+        self.has_output = has_output
+        self.blocks = self.free = self.popped = 0
+        self.cached = -1
+        # _sole_chain and _hits_only_free, found when the plan had checked_at requests
+        # (only an admission adds a running request that may share its first block)
+        self.checked_at = -1
+        self.sole = self.only_free = False
+
+
 class StretchPlanner:
     """Plans one step at a time (``plan_step``) so a caller can stop at its horizon."""
 
@@ -169,6 +203,7 @@ class StretchPlanner:
         "hit_of",
         "kv",
         "next_waiting",
+        "num_adopted",
         "num_freed",
         "open_firsts",
         "others",
@@ -183,7 +218,6 @@ class StretchPlanner:
         "stop_at_finish",
         "sum_base",
         "victims",
-        "victims_checked",
         "waiting",
     )
 
@@ -251,8 +285,8 @@ class StretchPlanner:
         self.step_preempts: list[Preempt] | None = None  # its PlannedStep.preempts
         # the requests the stretch preempted (the last is the waiting head), each with its
         # tokens; no later step of the stretch admits one
-        self.victims: list[tuple[Request, int]] = []
-        self.victims_checked = 0  # the head was victims[victims_checked - 1]: see _try_victim
+        self.victims: list[_Victim] = []
+        self.num_adopted = 0  # cached blocks planned admissions took from inside the free queue
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -451,7 +485,8 @@ class StretchPlanner:
         need = dict(self.step_allocs)
         avail, exact = self.free, True
         tail = len(order)
-        victims: list[tuple[int, int, int]] = []  # (allocations before, index, frees)
+        # (allocations before it, request index, blocks it frees, all it held, free before)
+        victims: list[tuple[int, int, int, bool, int]] = []
         num_allocs = 0
         k = 0
         while k < min(served, tail):
@@ -468,7 +503,7 @@ class StretchPlanner:
                     raise _Unsure  # a fork's seats
                 freed, alone = self._victim_frees(v, tail - num_agg)
                 exact = exact and alone
-                victims.append((num_allocs, v, freed))
+                victims.append((num_allocs, v, freed, alone, avail))
                 if v == i:
                     break
                 avail += freed
@@ -482,7 +517,7 @@ class StretchPlanner:
         self.preempted = True
         self._preempt_victims(victims)
         del self.stepped[max(k - num_agg, 0) :]
-        gone = {v for _, v, _ in victims}
+        gone = {v for _, v, _, _, _ in victims}
         kept = [(i, n) for i, n in self.step_allocs if i not in gone]
         self.step_allocs = kept
         self.step_blocks = sum(n for _, n in kept)
@@ -506,20 +541,22 @@ class StretchPlanner:
         alone, held = self.kv.blocks_held_alone(self.plan.requests[i].request.request_id)
         return extra + alone, alone == held
 
-    def _preempt_victims(self, victims: list[tuple[int, int, int]]) -> None:
-        """Take the ``victims`` (allocations before each, plan index, blocks it frees; in
-        the order the scheduler takes them, from the tail) out of the running requests of
-        the step being planned and put them at the waiting front."""
+    def _preempt_victims(self, victims: list[tuple[int, int, int, bool, int]]) -> None:
+        """Take the ``victims`` (in the order the scheduler takes them, from the tail; see
+        ``_make_room``) out of the running requests of the step being planned and put them
+        at the waiting front."""
         j = len(self.plan.steps) + 1
         members = self.plan.requests
         others = {o.index: o for o in self.others}
         preempts = self.step_preempts = []
-        for num_allocs, i, freed in victims:
+        # the blocks popped from the free queue's front so far, but for the free count
+        popped = self.kv.num_free_blocks + self.num_freed - self.num_adopted
+        for num_allocs, i, freed, alone, free in victims:
             member = members[i]
             o = others.pop(i, None)
             if o is None:  # an aggregate decoder: out of its buckets
                 computed = self.base[i] + j - 1
-                total = computed + 1
+                total, has_output = computed + 1, True
                 self.alive -= 1
                 self.sum_base -= self.base[i]
                 member.scheduled += j - member.agg_start
@@ -528,36 +565,50 @@ class StretchPlanner:
                         if i in bucket:
                             bucket.remove(i)
             else:
-                computed, total = o.computed, o.total
+                computed, total, has_output = o.computed, o.total, o.has_output
             member.preempted = j - 1
             member.last_sample = j - 2
             if member.first_sample < 0 or member.first_sample > j - 2:
                 member.first_sample = member.last_sample = -1
+            preempts.append((num_allocs, i, computed))
+            victim = _Victim(i, member.request, total, has_output)
+            if alone:  # its blocks go to the free queue's tail, its first block last
+                victim.blocks = freed
+                victim.cached = min(computed // self.bs, freed)
+                victim.free = free
+                victim.popped = popped - free
             self.free += freed
             self.num_freed += freed
-            preempts.append((num_allocs, i, computed))
-            self.victims.append((member.request, total))
+            popped += freed
+            self.victims.append(victim)
         self.others = list(others.values())
 
     def serve_waiting(self, budget: int, kinds: int) -> int:
         waiting = self.waiting
-        if self.victims:
-            if budget > 0:
-                self._try_victim(budget, kinds)
-            return budget
-        if budget <= 0 or self.next_waiting >= len(waiting):
+        victims = self.victims
+        if budget <= 0 or not (victims or self.next_waiting < len(waiting)):
             return budget
         s = self.sched
         admitted = self.admitted
         free_left = self.free - self.step_blocks
         seated = self.alive + len(self.others)
-        while budget > 0 and self.next_waiting + len(admitted) < len(waiting):
-            head = waiting[self.next_waiting + len(admitted)]
-            num_seated = seated + len(admitted)
+        while budget > 0:
+            k = len(admitted)  # the heads in front: the victims (the last first), then waiting
+            victim = victims[-1 - k] if k < len(victims) else None
+            if victim is not None:
+                head = victim.request
+            elif self.next_waiting + k - len(victims) < len(waiting):
+                head = waiting[self.next_waiting + k - len(victims)]
+            else:
+                break
+            num_seated = seated + k
             avail = s.head_budget(head, kinds, budget, num_seated)
             if avail <= 0:
                 break
-            decision = self._admission(head, avail, num_seated, free_left)
+            if victim is None:
+                decision = self._admission(head, avail, num_seated, free_left)
+            else:
+                decision = self._readmission(victim, avail, num_seated, free_left)
             if decision is HeadWaits.STAYS:
                 break
             if decision is HeadWaits.UNSURE:
@@ -565,6 +616,8 @@ class StretchPlanner:
             n, blocks, hit = decision
             o = _Other(-1, head, blocks * self.bs, blocks)
             o.computed = hit  # a readmission starts from its hit (all of whose blocks it takes)
+            if victim is not None:  # the request as the stretch preempted it
+                o.total, o.has_output = victim.total, victim.has_output
             admitted.append((o, n))
             self.stepped.append((o, n, o.slots))
             free_left -= blocks
@@ -572,37 +625,103 @@ class StretchPlanner:
             budget -= n
         return budget
 
-    def _try_victim(self, budget: int, kinds: int) -> None:
-        """The waiting head is a request the stretch preempted: it is not tried, or
-        surely stays out (``_Unsure`` otherwise). Its lookup finds only free blocks (no
-        running request shares its first block), and admitting a hit of free blocks takes
-        at least the blocks its first chunk from token 0 would take."""
+    def _readmission(
+        self, victim: _Victim, budget: int, seated: int, free_left: int
+    ) -> Admission | HeadWaits:
+        """Trying a request the stretch preempted, as ``_preempted_head`` does for one
+        preempted before: its lookup finds the hit ``_victim_hit`` knows, or, where that
+        is not known but only free blocks can be found (``_hits_only_free``), at least as
+        many blocks as its first chunk from token 0 takes: then it can only stay out."""
         s = self.sched
-        head, total = self.victims[-1]
-        seated = self.alive + len(self.others)
-        avail = s.head_budget(head, kinds, budget, seated)
-        if avail <= 0:
-            return  # not tried
-        if not (seated and self.free_exact):
-            raise _Unsure  # it might fit
-        if self.victims_checked < len(self.victims):  # stays true: no admissions now
-            if not self._hits_only_free(head, total):
-                raise _Unsure  # its lookup might find held blocks
-            self.victims_checked = len(self.victims)
-        n = first_chunk(total, s.threshold, avail, s.prefill_first)
-        if n is None or self.kv.blocks_needed(n) <= self.free - self.step_blocks:
-            raise _Unsure
-        if self.cache is not None:  # its lookup commits filled blocks: apply does too
-            self.step_retry = (0, n)
+        if not seated or s.prefill_first:
+            return HeadWaits.UNSURE  # alone it would be finished if it did not fit
+        head, bs = victim.request, self.bs
+        hit = self._victim_hit(victim, free_left)
+        if hit < 0:
+            n = first_chunk(victim.total, s.threshold, budget, s.prefill_first)
+            if n is None or self.kv.blocks_needed(n) <= free_left or not self.free_exact:
+                return HeadWaits.UNSURE
+            if self.admitted:
+                return HeadWaits.UNSURE  # a request readmitted in this step may share
+            if not self._hits_only_free(victim):
+                return HeadWaits.UNSURE
+            if self.cache is not None:  # its lookup commits filled blocks: apply does too
+                self.step_retry = (0, n)
+            return HeadWaits.STAYS
+        hit_tokens = hit * bs
+        n = first_chunk(victim.total - hit_tokens, s.threshold, budget, s.prefill_first)
+        if n is None:
+            return HeadWaits.UNSURE
+        takes = self.kv.admission_takes(hit_tokens + n, hit, hit)
+        if takes > free_left:
+            if not self.free_exact:
+                return HeadWaits.UNSURE
+            if self.cache is not None:
+                self.step_retry = (hit_tokens, n)
+            return HeadWaits.STAYS
+        if head.stop_ids or head.sampling_params.logprobs:
+            return HeadWaits.UNSURE  # a stop is a general step's job (its n is 1)
+        if hit:
+            self.adopted = True
+            self.num_adopted += hit
+        return Admission(n, takes, hit_tokens)
 
-    def _hits_only_free(self, head: Request, total: int) -> bool:
-        """Whether a lookup of ``head`` (preempted by the stretch with ``total`` tokens)
-        finds only free blocks: no cache, or a hash cache and no running request that
-        shares (or may come to share) its first block. A tree's lookup touches the tree."""
+    def _victim_hit(self, victim: _Victim, free_left: int) -> int:
+        """The blocks a lookup of ``victim`` finds now (-1: not known). Under a hash cache
+        only its own blocks hold its chain's keys when it alone ever committed under its
+        first block and no lookup replayed it, and no other request of the plan shares
+        that block; they went to the free queue's tail when it was preempted, its first
+        block last, and the pool hands out the front first."""
+        total = victim.total
         if self.cache is None or total <= self.bs:
+            return 0
+        if self.hash_cache is None or victim.cached < 0:
+            return -1
+        self._check_sharing(victim)
+        if not victim.sole:
+            return -1
+        popped = self.kv.num_free_blocks + self.num_freed - free_left - self.num_adopted
+        left = victim.free + victim.blocks - (popped - victim.popped)
+        return max(0, min(victim.cached, (total - 1) // self.bs, left))
+
+    def _sole_chain(self, victim: _Victim) -> bool:
+        """Whether ``victim`` alone holds keys of its chain (see ``_victim_hit``)."""
+        assert self.hash_cache is not None
+        req = victim.request
+        tokens = req.all_token_ids
+        bs = self.bs
+        if len(tokens) < bs:
+            return False  # its first block holds tokens the stretch samples
+        held = self.kv.req_blocks.get(req.request_id)
+        if not self.hash_cache.sole_committer(tokens, held.cache_state if held else None):
+            return False
+        first = tokens[:bs]
+        for member in self.plan.requests:
+            other = member.request
+            if other is not req and other.all_token_ids[:bs] == first[: len(other.all_token_ids)]:
+                return False
+        return True
+
+    def _hits_only_free(self, victim: _Victim) -> bool:
+        """Whether a lookup of ``victim`` finds only free blocks: no cache, or a hash cache
+        and no running request that shares (or may come to share) its first block. A
+        tree's lookup touches the tree."""
+        if self.cache is None or victim.total <= self.bs:
             return True
         if self.hash_cache is None:
             return False
+        self._check_sharing(victim)
+        return victim.only_free
+
+    def _check_sharing(self, victim: _Victim) -> None:
+        """Find ``victim.sole`` and ``victim.only_free`` again if a request joined since."""
+        num = len(self.plan.requests)
+        if victim.checked_at != num:
+            victim.checked_at = num
+            victim.only_free = self._no_running_sharer(victim.request)
+            victim.sole = self.hash_cache is not None and self._sole_chain(victim)
+
+    def _no_running_sharer(self, head: Request) -> bool:
         tokens = head.all_token_ids
         bs = self.bs
         if len(tokens) < bs:
@@ -619,9 +738,15 @@ class StretchPlanner:
         """Give the requests admitted in this step their plan indices."""
         plan = self.plan
         for o, n in admitted:
-            req = self.waiting[self.next_waiting]
-            self.next_waiting += 1
+            victim = self.victims.pop() if self.victims else None
+            if victim is None:
+                req = self.waiting[self.next_waiting]
+                self.next_waiting += 1
+            else:
+                req = victim.request
             o.index = plan.admit(req, o.computed)
+            if victim is not None:
+                plan.requests[victim.index].next_stay = o.index
             self.finish_step.append(0)
             self.base.append(0)
             self.extra.append(0)
@@ -787,6 +912,7 @@ class StretchPlanner:
         if params.n != 1 or params.logprobs or head.stop_ids:
             return HeadWaits.UNSURE  # admitted, but a fork or a stop is a general step's job
         self.adopted = num_hit > 0
+        self.num_adopted += num_hit
         return Admission(n, takes, hit_tokens)
 
     def _chain_closed(self, head: Request) -> bool:
