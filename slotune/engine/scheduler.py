@@ -435,8 +435,13 @@ class Scheduler:
 
     def preempt_running(self, victim: Request) -> None:
         """Take ``victim`` out of the running requests and preempt it, as ``_make_room``
-        does (``apply_stretch`` applies a planned preemption with it)."""
-        self.running.remove(victim)
+        does (``apply_stretch`` applies a planned preemption with it). A victim is the
+        last running request: it is looked for from the end."""
+        running = self.running
+        k = len(running) - 1
+        while running[k] is not victim:
+            k -= 1
+        del running[k]
         self._leave_running(victim)
         self.preempt(victim)
 

@@ -238,8 +238,11 @@ class StretchPlanner:
         self.ended = False
         self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
-        self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
-        self.open_firsts: list[list[int]] = []  # see _note_first_block
+        # hash cache: the first-block hashes of the plan's requests, each with how many
+        # requests have it (see _certain_miss)
+        self.first_hashes: dict[int, int] | None = None
+        # see _note_first_block; by first token (a long stretch notes thousands)
+        self.open_firsts: dict[int, list[list[int]]] = {}
         # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
         self.hit_of: Request | None = None
         self.hit_lasts: list[int] | None = None
@@ -525,11 +528,7 @@ class StretchPlanner:
 
     def _aggregate(self) -> list[int]:
         """The aggregate decoders of the step being planned, in running order."""
-        return [
-            i
-            for i, m in enumerate(self.plan.requests)
-            if m.agg_start and m.last_sample < 0 and m.preempted < 0
-        ]
+        return sorted(i for bucket in self.finish_at.values() for i in bucket)
 
     def _victim_frees(self, i: int, other: int) -> tuple[int, bool]:
         """The blocks request ``i`` frees when preempted (``other``: its place among the
@@ -641,8 +640,6 @@ class StretchPlanner:
             n = first_chunk(victim.total, s.threshold, budget, s.prefill_first)
             if n is None or self.kv.blocks_needed(n) <= free_left or not self.free_exact:
                 return HeadWaits.UNSURE
-            if self.admitted:
-                return HeadWaits.UNSURE  # a request readmitted in this step may share
             if not self._hits_only_free(victim):
                 return HeadWaits.UNSURE
             if self.cache is not None:  # its lookup commits filled blocks: apply does too
@@ -688,24 +685,27 @@ class StretchPlanner:
         """Whether ``victim`` alone holds keys of its chain (see ``_victim_hit``)."""
         assert self.hash_cache is not None
         req = victim.request
-        tokens = req.all_token_ids
-        bs = self.bs
-        if len(tokens) < bs:
-            return False  # its first block holds tokens the stretch samples
         held = self.kv.req_blocks.get(req.request_id)
-        if not self.hash_cache.sole_committer(tokens, held.cache_state if held else None):
+        return self._first_block_alone(req) and self.hash_cache.sole_committer(
+            req.all_token_ids, held.cache_state if held else None
+        )
+
+    def _first_block_alone(self, req: Request) -> bool:
+        """Whether no other request of the plan has (or may come to have) the first block
+        of ``req``, under a hash cache; False when that block holds tokens the stretch
+        samples."""
+        tokens = req.all_token_ids
+        if len(tokens) < self.bs:
             return False
-        first = tokens[:bs]
-        for member in self.plan.requests:
-            other = member.request
-            if other is not req and other.all_token_ids[:bs] == first[: len(other.all_token_ids)]:
-                return False
-        return True
+        assert self.hash_cache is not None
+        if self._may_share_open_first(tokens):
+            return False
+        return self._first_hashes().get(self.hash_cache.first_block_hash(tokens), 0) <= 1
 
     def _hits_only_free(self, victim: _Victim) -> bool:
         """Whether a lookup of ``victim`` finds only free blocks: no cache, or a hash cache
-        and no running request that shares (or may come to share) its first block. A
-        tree's lookup touches the tree."""
+        and no other request of the plan (so none running) that shares (or may come to
+        share) its first block. A tree's lookup touches the tree."""
         if self.cache is None or victim.total <= self.bs:
             return True
         if self.hash_cache is None:
@@ -718,21 +718,8 @@ class StretchPlanner:
         num = len(self.plan.requests)
         if victim.checked_at != num:
             victim.checked_at = num
-            victim.only_free = self._no_running_sharer(victim.request)
-            victim.sole = self.hash_cache is not None and self._sole_chain(victim)
-
-    def _no_running_sharer(self, head: Request) -> bool:
-        tokens = head.all_token_ids
-        bs = self.bs
-        if len(tokens) < bs:
-            return False  # its first block holds tokens the stretch samples
-        first = tokens[:bs]
-        members = self.plan.requests
-        for i in self._aggregate() + [o.index for o in self.others]:
-            other = members[i].request.all_token_ids
-            if other[:bs] == first[: len(other)]:
-                return False
-        return True
+            victim.only_free = self._first_block_alone(victim.request)
+            victim.sole = victim.only_free and self._sole_chain(victim)
 
     def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
@@ -751,7 +738,7 @@ class StretchPlanner:
             self.base.append(0)
             self.extra.append(0)
             admits.append((o.index, n))
-            if self.first_hashes is not None:
+            if self.first_hashes is not None and victim is None:  # a victim's is noted
                 self._note_first_block(req)
             self.others.append(o)
 
@@ -940,15 +927,25 @@ class StretchPlanner:
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
             return True, None  # no full block to look up
-        if self.first_hashes is None:
-            self.first_hashes = set()
-            for member in self.plan.requests:
-                self._note_first_block(member.request)
-        for known in self.open_firsts:
-            if tokens[: len(known)] == known:
-                return False, None  # it may share that first block
+        if self._may_share_open_first(tokens):
+            return False, None
         h0 = cache.first_block_hash(tokens)
-        return h0 not in self.first_hashes, h0
+        return h0 not in self._first_hashes(), h0
+
+    def _first_hashes(self) -> dict[int, int]:
+        """``first_hashes``, noted on first use."""
+        if self.first_hashes is None:
+            self.first_hashes = {}
+            for req in {id(m.request): m.request for m in self.plan.requests}.values():
+                self._note_first_block(req)
+        return self.first_hashes
+
+    def _may_share_open_first(self, tokens: list[int]) -> bool:
+        """Whether a request of the plan whose first block is still open may share the
+        first block of ``tokens`` (see ``_note_first_block``)."""
+        self._first_hashes()
+        known = self.open_firsts.get(tokens[0], ()) if tokens else ()
+        return any(tokens[: len(k)] == k for k in known)
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup. One whose
@@ -958,9 +955,10 @@ class StretchPlanner:
         tokens = req.all_token_ids
         if len(tokens) >= self.bs:
             assert self.hash_cache is not None and self.first_hashes is not None
-            self.first_hashes.add(self.hash_cache.first_block_hash(tokens))
+            h0 = self.hash_cache.first_block_hash(tokens)
+            self.first_hashes[h0] = self.first_hashes.get(h0, 0) + 1
         elif req.max_num_tokens >= self.bs:
-            self.open_firsts.append(tokens)
+            self.open_firsts.setdefault(tokens[0], []).append(tokens)
 
     def _end_before(self, prefix_allocs: list[int] | None, j: int) -> bool:
         if prefix_allocs is not None:
