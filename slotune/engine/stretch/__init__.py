@@ -3,7 +3,7 @@
 A simulated engine mostly repeats itself: decoding requests take one token per step, a
 prompt takes its chunks, a new request is admitted when budget is left, now and then a
 request finishes. Nothing in such a step needs the scheduler's general machinery
-(preemption, copy-on-write, forks, admissions with prefix-cache hits), so
+(swapping, copy-on-write, forks, most lookups that may hit), so
 ``StretchPlanner`` works out step after step with integer bookkeeping only: what each
 step schedules (the numbers an executor's cost model reads), which requests it admits,
 which blocks it allocates in which order, which requests fill blocks, which sample and
@@ -42,11 +42,15 @@ tail (the requests behind the decoders, then aggregate decoders) until it fits o
 itself the victim. ``PlannedStep.preempts`` says after which allocation each victim goes;
 ``apply_stretch`` preempts it there (its filled blocks committed, its blocks freed to the
 free queue's tail, the request at the waiting front), and the step's waiting pass is
-skipped. The last victim is the waiting head for the rest of the stretch: a step that
-tries it must surely leave it out (its first chunk from token 0 takes more blocks than
-are free; under a hash cache its lookup finds only free blocks, as no running request
-shares its first block, and a hit of free blocks takes no fewer), or the stretch ends.
-Swap and hybrid preemption end the stretch.
+skipped. A victim waits at the front with its tokens and its place in the free queue (its
+blocks went to the tail, its first block last). Without a prefix cache its readmission
+starts from token 0; under a hash cache its lookup finds its own blocks not handed out
+since, known when it alone committed under its first block, no lookup replayed that
+group and no other request of the plan shares the block; otherwise a step that tries it
+must surely leave it out (a hit of free blocks takes no fewer blocks than its first chunk
+from token 0), or the stretch ends. A readmission is a new plan request
+(``PlannedRequest.next_stay``); its samples are one run over its stays. A tree's lookup
+ends the stretch here too. Swap and hybrid preemption end the stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they
 follow. When a request finishes and the caller asks (it may send requests then), that step
