@@ -21,6 +21,7 @@ from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import prefill_context_sum
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
+from slotune.engine.stretch.plan import sampled_runs
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -431,7 +432,7 @@ class Engine:
                 running,
                 waiting,
                 used / num_blocks,
-                0,
+                len(s.preempts or ()),
                 s.context_sum,
                 prefill_context_sum(s.chunks) if s.chunks else 0,
             )
@@ -452,9 +453,7 @@ class Engine:
 
     def _stretch_tokens(self, plan: StretchPlan) -> list[list[int]]:
         """What each request of the plan samples in its planned steps."""
-        return self.executor.sampled_token_runs(  # type: ignore[attr-defined]
-            [m.request for m in plan.requests], [m.num_sampled for m in plan.requests]
-        )
+        return sampled_runs(plan, self.executor.sampled_token_runs)  # type: ignore[attr-defined]
 
     def stats(self) -> dict[str, Any]:
         kv = self.kv_cache
@@ -491,7 +490,8 @@ def _early_stop_step(plan: StretchPlan, tokens: list[list[int]]) -> int | None:
     steps = None
     for member, toks in zip(plan.requests, tokens, strict=True):
         stop, start = member.request.stop_ids, member.first_sample
-        if stop and not stop.isdisjoint(toks[:-1]):
+        # a request the stretch preempts runs on after its last token: a stop ends it there
+        if stop and not stop.isdisjoint(toks if member.preempted >= 0 else toks[:-1]):
             j = next(k for k, tok in enumerate(toks) if tok in stop)
             steps = start + j + 1 if steps is None else min(steps, start + j + 1)
     return steps

@@ -15,7 +15,7 @@ The rules both follow are functions in ``slotune.engine.rules``, shared with the
 planner. So is the step itself: ``run_passes`` (the order of a step's passes, over a
 ``Passes`` object: the scheduler's own or the planner's) and the sizing the passes ask for
 (``head_budget``, ``running_tokens``, ``chunk``, ``swap_in_need``). ``seat_head``,
-``finish``, ``count_steps`` and ``drop_finished`` are what
+``finish``, ``preempt_running``, ``count_steps`` and ``drop_finished`` are what
 ``slotune.engine.stretch.apply_stretch`` uses to apply planned steps.
 """
 
@@ -28,7 +28,7 @@ from typing import Protocol
 from slotune.engine.chunking import StepTime, adaptive_budget
 from slotune.engine.config import EngineConfig
 from slotune.engine.executor import ExecutorOutput
-from slotune.engine.kv_cache.manager import KVCacheManager
+from slotune.engine.kv_cache.manager import BlockCopy, KVCacheManager
 from slotune.engine.outputs import RequestOutput
 from slotune.engine.queues import BudgetWatch, PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
@@ -428,27 +428,47 @@ class Scheduler:
             self.waiting.requeue(due, _boost)
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        out.preempted_request_ids.append(victim.request_id)
+        copies = self.preempt(victim)
+        if copies:
+            out.swap_out.extend(copies)
+
+    def preempt_running(self, victim: Request) -> None:
+        """Take ``victim`` out of the running requests and preempt it, as ``_make_room``
+        does (``apply_stretch`` applies a planned preemption with it). A victim is the
+        last running request: it is looked for from the end."""
+        running = self.running
+        k = len(running) - 1
+        while running[k] is not victim:
+            k -= 1
+        del running[k]
+        self._leave_running(victim)
+        self.preempt(victim)
+
+    def preempt(self, victim: Request) -> list[BlockCopy] | None:
+        """Preempt ``victim`` (out of the running list already): swap it out, or drop its
+        blocks to recompute it, and put it at the waiting front. The swap copies, or None
+        when it is recomputed."""
         victim.preempted_at = self.clock
         if self.budget_s is not None:
             self.budget_watch.add(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        out.preempted_request_ids.append(victim.request_id)
         computed = victim.num_computed_tokens
         if swaps(self.preemption_mode, computed, self.swap_threshold):
             copies = self.kv_cache.swap_out(victim)
             if copies is not None:
-                out.swap_out.extend(copies)
                 self.num_swap_outs += 1
                 self.num_swapped_tokens += computed
                 victim.status = SWAPPED
                 self.waiting.appendleft(victim)
-                return
+                return copies
         self.num_recomputed_tokens += computed
         self.kv_cache.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(victim)
+        return None
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, kinds: int) -> int:
         waiting = self.waiting

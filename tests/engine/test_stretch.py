@@ -16,6 +16,7 @@ from slotune.engine import Engine, EngineConfig, SamplingParams
 from slotune.engine import engine as engine_module
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchMismatch
+from slotune.engine.stretch.plan import sampled_runs
 from slotune.engine.stretch.planner import _TESTED_CONFIG, untested_config
 from tests.engine.deterministic import DeterministicExecutor, PricedExecutor, token_for
 from tests.engine.invariants import check_all, check_drained
@@ -85,10 +86,13 @@ def large_workloads(draw: st.DrawFn) -> Workload:
 
 
 def _tokens(plan: StretchPlan) -> list[list[int]]:
+    return sampled_runs(plan, _runs)
+
+
+def _runs(requests: list, counts: list[int]) -> list[list[int]]:
     return [
-        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(m.num_sampled)]
-        for m in plan.requests
-        for r in [m.request]
+        [token_for(r.parent_id, r.index, len(r.all_token_ids) + k) for k in range(n)]
+        for r, n in zip(requests, counts, strict=True)
     ]
 
 
@@ -578,3 +582,90 @@ def test_a_readmission_that_adopts_cached_blocks_ends_the_plan_of_later_lookups(
     single = drive(w, cfg, "single", LARGE_MODEL_LEN)
     assert drive(w, cfg, "until", LARGE_MODEL_LEN) == single
     assert drive(w, cfg, "feed", LARGE_MODEL_LEN) == single
+
+
+def _preemptions(plans: list[StretchPlan]) -> tuple[int, int, int, int]:
+    """Planned preemptions (of requests behind the decoders, of aggregate decoders), and
+    readmissions of the requests preempted (all, and those with a prefix-cache hit)."""
+    behind = decoders = readmitted = with_hit = 0
+    for plan in plans:
+        for step in plan.steps:
+            for _, i, _ in step.preempts or ():
+                if plan.requests[i].agg_start:
+                    decoders += 1
+                else:
+                    behind += 1
+        for member in plan.requests:
+            if member.next_stay >= 0:
+                readmitted += 1
+                with_hit += plan.requests[member.next_stay].start_computed > 0
+    return behind, decoders, readmitted, with_hit
+
+
+@pytest.mark.parametrize("caching", CACHING)
+def test_steps_that_preempt_are_planned(caching: str, applied_plans: list[StretchPlan]) -> None:
+    """A step whose running allocations do not all fit preempts from the tail, as
+    ``Scheduler._make_room`` does: the planner plans it (victims behind the decoders and
+    aggregate decoders alike; their blocks freed to the free queue's tail, they wait at
+    its front) and the readmissions of the victims (no cache: from token 0; hash: from
+    the hit of their own blocks left in the free queue; a tree's lookup ends the
+    stretch), and stretches still leave what single steps leave. Without planned
+    preemptions (each such step ends a stretch) the counts below are 0."""
+    counts = [0, 0, 0, 0]
+    for seed in range(24, 40):
+        w = _preempting_workload(seed)
+        for block_size in (4, 16):
+            cfg = ("chunked", "recompute", caching, block_size)
+            single = drive(w, cfg, "single")
+            applied_plans.clear()
+            assert drive(w, cfg, "until") == single, (seed, block_size)
+            assert drive(w, cfg, "feed") == single, (seed, block_size)
+            counts = [a + b for a, b in zip(counts, _preemptions(applied_plans), strict=True)]
+    behind, decoders, readmitted, with_hit = counts
+    assert behind > 50 and decoders > 20, counts
+    if caching != "radix":
+        assert readmitted > 100, counts
+    if caching == "hash":
+        assert with_hit > 20, counts
+
+
+def test_checking_mode_passes_planned_preemptions_with_stop_tokens() -> None:
+    """Through ``Engine.run_stretch`` in checking mode: preempting stretches replay step by
+    step, also when a request's stop token comes before its preemption (the stretch is
+    cut at the stop, which ends the request there instead)."""
+    planned = 0
+    for seed in range(24, 34):
+        w = _preempting_workload(seed)
+        config = workload_config(w, "chunked", "recompute", "hash", 4)
+        need = largest_request_blocks(w, config.block_size)
+        for fast in (False, True):
+            engine = Engine(
+                config,
+                PlannableExecutor(need + w.extra_blocks * 2, 0, check_kv=False),
+                check_stretches=fast,
+            )
+            for j in w.jobs:  # every third request stops at its 5th token
+                stop = (token_for(j.rid, 0, len(j.prompt) + 4),) if int(j.rid[1:]) % 3 == 0 else ()
+                params = SamplingParams(
+                    max_tokens=j.max_tokens, stop_token_ids=stop, ignore_eos=True
+                )
+                engine.add_request(j.rid, j.prompt, params)
+            outs: dict[str, list] = {}
+            while engine.has_unfinished_requests():
+                stretch = engine.run_stretch(0.0, None) if fast else None
+                if stretch is None:
+                    got = engine.step()
+                else:
+                    got = [o for o, _ in stretch]
+                    planned += sum(s.num_preempted for s in engine.last_steps)
+                for o in got:
+                    outs.setdefault(o.request_id, []).append((o.new_token_ids, o.finish_reason))
+            result = (
+                {k: [t for ts, _ in v for t in ts] for k, v in outs.items()},
+                {k: v[-1][1] for k, v in outs.items()},
+                engine.stats()["num_preemptions"],
+            )
+            if not fast:
+                single = result
+        assert result == single, seed
+    assert planned > 20, planned

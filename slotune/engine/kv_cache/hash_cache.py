@@ -113,6 +113,20 @@ class HashPrefixCache:
         first block, or a dormant group it would replay. False: it misses, changing nothing."""
         return first_hash in self._blocks or first_hash in self._dormant
 
+    def sole_committer(self, token_ids: list[int], state: object) -> bool:
+        """Whether the request whose state is ``state`` (None: one that holds no blocks
+        now) is the only one that committed blocks under the first block of ``token_ids``,
+        and no lookup has found that block's group yet (it is dormant, or not there): a
+        lookup of its tokens then finds only its own blocks, those not reused since."""
+        key0 = _first_key(token_ids, self.block_size)
+        h0 = hash(key0)
+        if h0 in self._eager:
+            return False
+        group = self._dormant.get(h0)
+        if group is None:
+            return h0 not in self._blocks
+        return group.key0 == key0 and all(member is state for member, _ in group.members)
+
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], HashState]:
         """The longest cached prefix of ``token_ids`` (at most ``max_blocks`` blocks).
 

@@ -3,7 +3,7 @@
 A simulated engine mostly repeats itself: decoding requests take one token per step, a
 prompt takes its chunks, a new request is admitted when budget is left, now and then a
 request finishes. Nothing in such a step needs the scheduler's general machinery
-(preemption, copy-on-write, forks, admissions with prefix-cache hits), so
+(swapping, copy-on-write, forks, most lookups that may hit), so
 ``StretchPlanner`` works out step after step with integer bookkeeping only: what each
 step schedules (the numbers an executor's cost model reads), which requests it admits,
 which blocks it allocates in which order, which requests fill blocks, which sample and
@@ -18,22 +18,39 @@ still prefilling) are kept as aggregates, bucketed by the step of their next all
 block fill and finish; a request joins them as soon as everything in front of it decodes.
 The others are stepped one by one.
 
-A step is planned only when it is certain to be such a step: every running allocation fits
-in the free blocks (frees during the stretch are counted, conservatively when blocks are
-shared), every running decoder fits in the budget, no prompt needs a fork (``n > 1``), and
-the waiting head either stays out without being tried (no budget left, no seat, or a
-swapped head whose blocks are not free), or is tried and surely stays out, or is a new
-request whose admission is certain: no stop tokens, its first chunk's blocks are free, and
-its prefix lookup cannot hit (no prefix cache, or a hash cache that holds nothing under
-its first block and no running request that could commit one), or a recompute-preempted
-request without stop tokens, fork or logprobs whose known hit (below) and first chunk
-surely fit. A head that is tried and
-stays out is a new request whose lookup cannot hit and whose first chunk's blocks are not
-free, or a recompute-preempted one whose cached blocks its lookup finds: no running
-request shares its first block, so the hit only shrinks, as planned allocations hand its
-free blocks out in free-queue order, and admitting it would still take more than the free
-blocks. Its lookup commits filled blocks, so ``apply_stretch`` commits them at that step
+A step is planned only when it is certain to be such a step: every running decoder fits in
+the budget, no prompt needs a fork (``n > 1``), every running allocation fits in the free
+blocks (frees during the stretch are counted, conservatively when blocks are shared) or
+the step surely preempts (below), and the waiting head either stays out without being
+tried (no budget left, no seat, or a swapped head whose blocks are not free), or is tried
+and surely stays out, or is a new request whose admission is certain: no stop tokens, its
+first chunk's blocks are free, and its prefix lookup cannot hit (no prefix cache, or a
+hash cache that holds nothing under its first block and no running request that could
+commit one), or a recompute-preempted request without stop tokens, fork or logprobs whose
+known hit (below) and first chunk surely fit. A head that is tried and stays out is a new
+request whose lookup cannot hit and whose first chunk's blocks are not free, or a
+recompute-preempted one whose cached blocks its lookup finds: no running request shares
+its first block, so the hit only shrinks, as planned allocations hand its free blocks out
+in free-queue order, and admitting it would still take more than the free blocks. Its
+lookup commits filled blocks, so ``apply_stretch`` commits them at that step
 (``PlannedStep.retry``). A radix lookup touches the tree, so it ends a stretch.
+
+Under recompute preemption and the chunked policy, a step whose running allocations do not
+all fit preempts as ``Scheduler._make_room`` does, while the free count is exact: in
+running order, the first request whose allocation does not fit takes victims from the
+tail (the requests behind the decoders, then aggregate decoders) until it fits or is
+itself the victim. ``PlannedStep.preempts`` says after which allocation each victim goes;
+``apply_stretch`` preempts it there (its filled blocks committed, its blocks freed to the
+free queue's tail, the request at the waiting front), and the step's waiting pass is
+skipped. A victim waits at the front with its tokens and its place in the free queue (its
+blocks went to the tail, its first block last). Without a prefix cache its readmission
+starts from token 0; under a hash cache its lookup finds its own blocks not handed out
+since, known when it alone committed under its first block, no lookup replayed that
+group and no other request of the plan shares the block; otherwise a step that tries it
+must surely leave it out (a hit of free blocks takes no fewer blocks than its first chunk
+from token 0), or the stretch ends. A readmission is a new plan request
+(``PlannedRequest.next_stay``); its samples are one run over its stays. A tree's lookup
+ends the stretch here too. Swap and hybrid preemption end the stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they
 follow. When a request finishes and the caller asks (it may send requests then), that step

@@ -56,7 +56,7 @@ def apply_stretch(
     ]
     if stopped:  # a stop token ends requests with the last step too
         steps[last].finishes = sorted(last_finishes + stopped)
-    final = [m.start_computed + m.scheduled for m in members]
+    final = [m.start_computed + m.scheduled if m.preempted < 0 else 0 for m in members]
     pool = kv.pool
     uncommitted = kv.uncommitted
     used: list[int] = []
@@ -69,7 +69,23 @@ def apply_stretch(
     num_pending = 0
     in_use = pool.num_used_blocks  # changes only where a step grows, admits or finishes
     for j, step in enumerate(steps):
-        for i, n in step.allocs:
+        allocs = step.allocs
+        if step.preempts:  # the allocations before each preemption go first
+            done = 0
+            for before, i, computed in step.preempts:
+                pending += [(ids[x], n) for x, n in allocs[done:before]]
+                done = before
+                if pending:
+                    kv.grow(pending)
+                    pending = []
+                req = requests[i]
+                req.num_computed_tokens = computed  # its filled blocks are committed
+                scheduler.preempt_running(req)
+                num_running -= 1
+            allocs = allocs[done:]
+            num_pending = 0
+            in_use = pool.num_used_blocks
+        for i, n in allocs:
             pending.append((ids[i], n))
             num_pending += n
         if pending and (step.admits or step.finishes or (step.retry and uncommitted)):
@@ -161,4 +177,4 @@ def _set_computed(requests: Iterable[Request], plan: StretchPlan, j: int) -> Non
     """Give ``requests`` the computed counts the steps before ``j`` leave (a commit reads
     them)."""
     for r in requests:
-        r.num_computed_tokens = plan.requests[plan.index(r.request_id)].computed_after(j)
+        r.num_computed_tokens = plan.requests[plan.index(r.request_id, j)].computed_after(j)

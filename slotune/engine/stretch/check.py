@@ -105,8 +105,8 @@ class StretchChecker:
             used = shadow.kv_cache.pool.num_used_blocks
             tokens_of: dict[str, list[int]] = {}
             for rid in out.num_samples:
-                member = plan.requests[plan.index(rid)]
-                tokens_of[rid] = [tokens[plan.index(rid)][j - member.first_sample]]
+                i = plan.index(rid, j)
+                tokens_of[rid] = [tokens[i][j - plan.requests[i].first_sample]]
             for o in shadow.update_from_output(out, ExecutorOutput(tokens_of, 0.0)):
                 key = (o.request_id, o.index)
                 sampled.setdefault(key, []).extend(o.new_token_ids)
@@ -116,8 +116,12 @@ class StretchChecker:
             _same(where, "(used blocks, running, waiting)", got, want)
             for req in arrivals[j]:
                 shadow.add_request(req)
-        stretch = {(o.request_id, o.index): o.new_token_ids for o in result.outputs}
-        stretch_reasons = {(o.request_id, o.index): o.finish_reason for o in result.outputs}
+        stretch: dict[tuple[str, int], list[int]] = {}
+        stretch_reasons: dict[tuple[str, int], str | None] = {}
+        for o in result.outputs:  # a request preempted and readmitted has one per stay
+            key = (o.request_id, o.index)
+            stretch.setdefault(key, []).extend(o.new_token_ids)
+            stretch_reasons[key] = o.finish_reason
         where = f"stretch {self.num_stretches}"
         _same(where, "tokens", sampled, stretch)
         _same(where, "finish reasons", reasons, stretch_reasons)
@@ -175,7 +179,16 @@ def _batch(out: SchedulerOutput) -> tuple[Any, ...]:
 
 
 def _planned(step: PlannedStep) -> tuple[int, ...]:
-    return (step.num_tokens, step.num_prefill, step.num_samples, step.num_requests, 0, 0, 0)
+    num_preempted = len(step.preempts or ())
+    return (
+        step.num_tokens,
+        step.num_prefill,
+        step.num_samples,
+        step.num_requests,
+        num_preempted,
+        0,
+        0,
+    )
 
 
 def _counts(out: SchedulerOutput) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slotune.engine.queues import PriorityWaiting
@@ -11,6 +12,9 @@ from slotune.engine.request import Request
 Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
 Alloc = tuple[int, int]  # (request index, blocks) allocated in a step, in allocation order
 Admit = tuple[int, int]  # (request index, tokens) of a request admitted in a step
+# (allocations before it, request index, computed tokens it drops) of a request a step
+# preempts (recompute): after that many of the step's allocations, before the next
+Preempt = tuple[int, int, int]
 
 
 @dataclass(slots=True)
@@ -35,6 +39,8 @@ class PlannedStep:
     # the waiting head tried and left out under a prefix cache: the tokens its lookup
     # finds and those its allocation asks room for (a lookup commits filled blocks)
     retry: tuple[int, int] | None = None
+    # the running requests it preempts, in the order the scheduler takes them (None: none)
+    preempts: list[Preempt] | None = None
 
 
 @dataclass(slots=True)
@@ -45,7 +51,10 @@ class PlannedRequest:
 
     How far it has computed: one token per step from step ``agg_start`` (1-based; 0:
     never) on, from ``agg_computed``; before that, ``progress`` as (step, computed after)
-    (None: no progress noted; the planner notes it only with a prefix cache).
+    (None: no progress noted; the planner notes it only with a prefix cache). A request
+    the stretch preempts (recompute) has none from step ``preempted`` (0-based; -1: not
+    preempted) on; it waits from then on, and if the stretch admits it again, that stay
+    is the plan's request ``next_stay``.
     """
 
     request: Request
@@ -56,6 +65,8 @@ class PlannedRequest:
     agg_start: int = 0
     agg_computed: int = 0
     progress: list[tuple[int, int]] | None = None
+    preempted: int = -1
+    next_stay: int = -1
 
     @property
     def num_sampled(self) -> int:
@@ -63,6 +74,8 @@ class PlannedRequest:
 
     def computed_after(self, k: int) -> int:
         """Its computed tokens after the first ``k`` steps."""
+        if 0 <= self.preempted < k:
+            return 0
         s = self.agg_start
         if s and k >= s - 1:
             return self.agg_computed + k - s + 1
@@ -91,11 +104,20 @@ class StretchPlan:
     def num_steps(self) -> int:
         return len(self.steps)
 
-    def index(self, request_id: str) -> int:
-        """The plan index of a request."""
+    def index(self, request_id: str, k: int = 0) -> int:
+        """The plan index of a request in the steps from step ``k`` (0-based) on, until it
+        is preempted (a request preempted and admitted again has one per stay)."""
         if self._index is None:
-            self._index = {p.request.request_id: i for i, p in enumerate(self.requests)}
-        return self._index[request_id]
+            members = self.requests
+            self._index = {
+                members[i].request.request_id: i for i in range(len(members) - 1, -1, -1)
+            }
+        i = self._index[request_id]
+        member = self.requests[i]
+        while 0 <= member.preempted < k and member.next_stay >= 0:
+            i = member.next_stay
+            member = self.requests[i]
+        return i
 
     def admit(self, request: Request, computed: int = 0) -> int:
         """A request admitted during the stretch with ``computed`` tokens (its prefix-cache
@@ -103,6 +125,32 @@ class StretchPlan:
         self.requests.append(PlannedRequest(request, computed))
         self._index = None
         return len(self.requests) - 1
+
+
+def sampled_runs(
+    plan: StretchPlan, runs_of: Callable[[list[Request], list[int]], list[list[int]]]
+) -> list[list[int]]:
+    """What each request of the plan samples in its steps, from ``runs_of`` (each
+    request's next ``count`` tokens from its length at the start): a request preempted and
+    admitted again samples one run over its stays."""
+    stays: dict[int, list[int]] = {}  # id of a request -> its plan indices
+    for i, member in enumerate(plan.requests):
+        stays.setdefault(id(member.request), []).append(i)
+    members = plan.requests
+    groups = list(stays.values())
+    counts = [sum(members[i].num_sampled for i in group) for group in groups]
+    runs = runs_of([members[group[0]].request for group in groups], counts)
+    out: list[list[int]] = [[] for _ in members]
+    for group, run in zip(groups, runs, strict=True):
+        if len(group) == 1:
+            out[group[0]] = run
+            continue
+        start = 0
+        for i in group:
+            end = start + members[i].num_sampled
+            out[i] = run[start:end]
+            start = end
+    return out
 
 
 class WaitingView:

@@ -18,6 +18,7 @@ from slotune.engine.rules import (
     counts_as_prefill,
     fill_step,
     fills_block,
+    first_chunk,
     is_decoder,
     is_decoding,
     length_step,
@@ -27,7 +28,14 @@ from slotune.engine.rules import (
 )
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import batch_totals
-from slotune.engine.stretch.plan import Admit, Alloc, PlannedStep, StretchPlan, WaitingView
+from slotune.engine.stretch.plan import (
+    Admit,
+    Alloc,
+    PlannedStep,
+    Preempt,
+    StretchPlan,
+    WaitingView,
+)
 
 # Every EngineConfig field with the values the stretch equivalence tests cover (None: any).
 # A new field, or a value not listed, makes the planner refuse until it is tested.
@@ -37,8 +45,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "block_size": None,
     "max_num_seqs": None,
     "max_model_len": None,
-    # hybrid differs only in how a step preempts (swap or recompute by size), which no
-    # planned step does; its swapped and recompute-preempted heads are planned as above
+    # a step that preempts is planned under recompute only; under swap and hybrid it ends
+    # the stretch; their swapped and recompute-preempted heads are planned as above
     "preemption_mode": frozenset({"recompute", "swap", "hybrid"}),
     "swap_space_gb": None,
     "prefix_caching": frozenset({"none", "hash", "radix"}),
@@ -52,7 +60,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "speculative_model": None,  # read only with speculation, refused above
     "speculative_acceptance": None,
     "scheduling_policy": frozenset({"fcfs"}),
-    "swap_threshold_tokens": None,  # read only when a step preempts, which no plan does
+    "swap_threshold_tokens": None,  # read only when a step swaps, which no plan does
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     "decode_budget_ms": frozenset({0.0}),
@@ -132,6 +140,40 @@ class _Other:
         self.n = req.sampling_params.n
 
 
+class _Victim:
+    """A request the stretch preempted (recompute), waiting: its plan index, its tokens
+    and whether it has output; where it held all of its blocks alone, how many it freed,
+    how many of them were cached (full and computed), the free blocks before it freed
+    them and the blocks popped from the free queue's front by then (see
+    ``StretchPlanner._victim_hit``; ``cached`` -1: not known)."""
+
+    __slots__ = (
+        "blocks",
+        "cached",
+        "checked_at",
+        "free",
+        "has_output",
+        "index",
+        "only_free",
+        "popped",
+        "request",
+        "sole",
+        "total",
+    )
+
+    def __init__(self, index: int, request: Request, total: int, has_output: bool) -> None:
+        self.index = index
+        self.request = request
+        self.total = total
+        self.has_output = has_output
+        self.blocks = self.free = self.popped = 0
+        self.cached = -1
+        # _sole_chain and _hits_only_free, found when the plan had checked_at requests
+        # (only an admission adds a running request that may share its first block)
+        self.checked_at = -1
+        self.sole = self.only_free = False
+
+
 class StretchPlanner:
     """Plans one step at a time (``plan_step``) so a caller can stop at its horizon."""
 
@@ -161,17 +203,21 @@ class StretchPlanner:
         "hit_of",
         "kv",
         "next_waiting",
+        "num_adopted",
         "num_freed",
         "open_firsts",
         "others",
         "plan",
+        "preempted",
         "sched",
         "step_allocs",
         "step_blocks",
+        "step_preempts",
         "step_retry",
         "stepped",
         "stop_at_finish",
         "sum_base",
+        "victims",
         "waiting",
     )
 
@@ -192,8 +238,11 @@ class StretchPlanner:
         self.ended = False
         self.waiting = WaitingView(scheduler.waiting)
         self.next_waiting = 0
-        self.first_hashes: set[int] | None = None  # hash cache: see _certain_miss
-        self.open_firsts: list[list[int]] = []  # see _note_first_block
+        # hash cache: the first-block hashes of the plan's requests, each with how many
+        # requests have it (see _certain_miss)
+        self.first_hashes: dict[int, int] | None = None
+        # see _note_first_block; by first token (a long stretch notes thousands)
+        self.open_firsts: dict[int, list[list[int]]] = {}
         # a preempted head's hit: the head, and its hit_lifetimes (see _preempted_head)
         self.hit_of: Request | None = None
         self.hit_lasts: list[int] | None = None
@@ -235,6 +284,12 @@ class StretchPlanner:
         self.stepped: list[tuple[_Other, int, int]] = []  # (request, tokens, slots after)
         self.admitted: list[tuple[_Other, int]] = []  # (request, tokens) in admission order
         self.step_retry: tuple[int, int] | None = None  # the head tried: PlannedStep.retry
+        self.preempted = False  # whether the step being planned preempts (Passes.preempted)
+        self.step_preempts: list[Preempt] | None = None  # its PlannedStep.preempts
+        # the requests the stretch preempted (the last is the waiting head), each with its
+        # tokens; no later step of the stretch admits one
+        self.victims: list[_Victim] = []
+        self.num_adopted = 0  # cached blocks planned admissions took from inside the free queue
 
     @classmethod
     def start(cls, scheduler: Scheduler, stop_at_finish: bool) -> StretchPlanner | None:
@@ -288,7 +343,7 @@ class StretchPlanner:
         """Plan the next step; False (and nothing planned) if it is not certain."""
         if self.ended:
             return False
-        if not (self.alive or self.others or self.next_waiting < len(self.waiting)):
+        if not (self.alive or self.others or self.victims or self.next_waiting < len(self.waiting)):
             return self._end_before(None, 0)
         plan = self.plan
         j = len(plan.steps) + 1  # 1-based, as the buckets
@@ -304,10 +359,14 @@ class StretchPlanner:
             stepped.clear()
             self.admitted.clear()
         budget = self._step_budget(j) if self.adaptive else self.budget
+        self.preempted = False
         try:
             left = self.sched.run_passes(self, budget)
         except _Unsure:
             return self._end_before(prefix_allocs, j)
+        if self.preempted and prefix_allocs:
+            kept = {i for i, _ in self.step_allocs}
+            prefix_allocs = [i for i in prefix_allocs if i in kept]
         num_tokens = budget - left
         if not num_tokens:
             return self._end_before(prefix_allocs, j)
@@ -343,6 +402,8 @@ class StretchPlanner:
         if self.step_retry is not None:
             step.retry = self.step_retry
             self.step_retry = None
+        if self.preempted:
+            step.preempts = self.step_preempts
         plan.steps.append(step)
         if self.admitted:
             self._seat(self.admitted, step.admits)
@@ -366,10 +427,8 @@ class StretchPlanner:
 
     # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
     # calls in the scheduler's order with the scheduler's budget. A pass that would
-    # preempt, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
+    # swap, fork or try the waiting head uncertainly raises ``_Unsure``; aggregate
     # decoders take their tokens first (they lead the running list).
-
-    preempted = False  # a pass that would preempt raises _Unsure
 
     def head(self) -> Request | None:
         return self.waiting[self.next_waiting] if self.next_waiting < len(self.waiting) else None
@@ -378,11 +437,14 @@ class StretchPlanner:
         alive = self.alive
         if alive > budget:
             raise _Unsure  # some aggregate decoders would not get their token
-        budget -= alive
-        if not self.others:
-            if self.step_blocks > self.free:
-                raise _Unsure  # an aggregate decoder would preempt
-            return budget
+        left = self._serve_others(budget - alive) if self.others else budget - alive
+        if self.step_blocks > self.free:
+            return self._make_room(budget)
+        return left
+
+    def _serve_others(self, budget: int) -> int:
+        """The requests behind the decoders take their tokens in running order (their
+        allocations noted as if all fit: ``_make_room`` corrects that)."""
         s = self.sched
         bs = self.bs
         allocs = self.step_allocs
@@ -408,25 +470,144 @@ class StretchPlanner:
             budget -= n
             stepped.append((o, n, slots))
         self.step_blocks += new_blocks
-        if self.step_blocks > self.free:
-            raise _Unsure  # someone would be preempted
         return budget
+
+    def _make_room(self, budget: int) -> int:
+        """The running requests' allocations do not all fit: replay ``Scheduler._make_room``
+        in running order (victims from the tail: the requests behind the decoders, then
+        aggregate decoders) and keep only what the step then serves. What it leaves of
+        ``budget`` (the running pass's); raises ``_Unsure`` where that is not exact."""
+        s = self.sched
+        if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
+            raise _Unsure  # swaps, or a free count that is only a lower bound
+        members = self.plan.requests
+        order = self._aggregate() + [o.index for o in self.others]
+        num_agg = self.alive
+        assert len(order) == num_agg + len(self.others)
+        served = num_agg + len(self.stepped)  # what the pass visits if all fits
+        need = dict(self.step_allocs)
+        avail, exact = self.free, True
+        tail = len(order)
+        # (allocations before it, request index, blocks it frees, all it held, free before)
+        victims: list[tuple[int, int, int, bool, int]] = []
+        num_allocs = 0
+        k = 0
+        while k < min(served, tail):
+            i = order[k]
+            n = need.get(i, 0)
+            while n > avail:
+                if not exact:
+                    raise _Unsure  # a victim's blocks shared with an earlier victim
+                tail -= 1
+                v = order[tail]
+                if v == i and not tail:
+                    raise _Unsure  # alone, it finishes with "length"
+                if members[v].request.sampling_params.n != 1:
+                    raise _Unsure  # a fork's seats
+                freed, alone = self._victim_frees(v, tail - num_agg)
+                exact = exact and alone
+                victims.append((num_allocs, v, freed, alone, avail))
+                if v == i:
+                    break
+                avail += freed
+            if tail <= k:
+                break  # the request itself was preempted
+            if n:
+                avail -= n
+                num_allocs += 1
+            k += 1
+        self.free_exact = exact
+        self.preempted = True
+        self._preempt_victims(victims)
+        del self.stepped[max(k - num_agg, 0) :]
+        gone = {v for _, v, _, _, _ in victims}
+        kept = [(i, n) for i, n in self.step_allocs if i not in gone]
+        self.step_allocs = kept
+        self.step_blocks = sum(n for _, n in kept)
+        return budget - self.alive - sum(n for _, n, _ in self.stepped)
+
+    def _aggregate(self) -> list[int]:
+        """The aggregate decoders of the step being planned, in running order."""
+        return sorted(i for bucket in self.finish_at.values() for i in bucket)
+
+    def _victim_frees(self, i: int, other: int) -> tuple[int, bool]:
+        """The blocks request ``i`` frees when preempted (``other``: its place among the
+        requests behind the decoders, negative for an aggregate decoder), and whether that
+        is all it holds (blocks shared at the start stay held: see ``_free_blocks_of``)."""
+        extra = self.others[other].extra if other >= 0 else self.extra[i]
+        if i >= self.plan.num_start:
+            return extra, True
+        alone, held = self.kv.blocks_held_alone(self.plan.requests[i].request.request_id)
+        return extra + alone, alone == held
+
+    def _preempt_victims(self, victims: list[tuple[int, int, int, bool, int]]) -> None:
+        """Take the ``victims`` (in the order the scheduler takes them, from the tail; see
+        ``_make_room``) out of the running requests of the step being planned and put them
+        at the waiting front."""
+        j = len(self.plan.steps) + 1
+        members = self.plan.requests
+        others = {o.index: o for o in self.others}
+        preempts = self.step_preempts = []
+        # the blocks popped from the free queue's front so far, but for the free count
+        popped = self.kv.num_free_blocks + self.num_freed - self.num_adopted
+        for num_allocs, i, freed, alone, free in victims:
+            member = members[i]
+            o = others.pop(i, None)
+            if o is None:  # an aggregate decoder: out of its buckets
+                computed = self.base[i] + j - 1
+                total, has_output = computed + 1, True
+                self.alive -= 1
+                self.sum_base -= self.base[i]
+                member.scheduled += j - member.agg_start
+                for buckets in (self.alloc_at, self.fill_at, self.finish_at):
+                    for bucket in buckets.values():
+                        if i in bucket:
+                            bucket.remove(i)
+            else:
+                computed, total, has_output = o.computed, o.total, o.has_output
+            member.preempted = j - 1
+            member.last_sample = j - 2
+            if member.first_sample < 0 or member.first_sample > j - 2:
+                member.first_sample = member.last_sample = -1
+            preempts.append((num_allocs, i, computed))
+            victim = _Victim(i, member.request, total, has_output)
+            if alone:  # its blocks go to the free queue's tail, its first block last
+                victim.blocks = freed
+                victim.cached = min(computed // self.bs, freed)
+                victim.free = free
+                victim.popped = popped - free
+            self.free += freed
+            self.num_freed += freed
+            popped += freed
+            self.victims.append(victim)
+        self.others = list(others.values())
 
     def serve_waiting(self, budget: int, kinds: int) -> int:
         waiting = self.waiting
-        if budget <= 0 or self.next_waiting >= len(waiting):
+        victims = self.victims
+        if budget <= 0 or not (victims or self.next_waiting < len(waiting)):
             return budget
         s = self.sched
         admitted = self.admitted
         free_left = self.free - self.step_blocks
         seated = self.alive + len(self.others)
-        while budget > 0 and self.next_waiting + len(admitted) < len(waiting):
-            head = waiting[self.next_waiting + len(admitted)]
-            num_seated = seated + len(admitted)
+        while budget > 0:
+            k = len(admitted)  # the heads in front: the victims (the last first), then waiting
+            victim = victims[-1 - k] if k < len(victims) else None
+            if victim is not None:
+                head = victim.request
+            elif self.next_waiting + k - len(victims) < len(waiting):
+                head = waiting[self.next_waiting + k - len(victims)]
+            else:
+                break
+            num_seated = seated + k
             avail = s.head_budget(head, kinds, budget, num_seated)
             if avail <= 0:
                 break
-            decision = self._admission(head, avail, num_seated, free_left)
+            if victim is None:
+                decision = self._admission(head, avail, num_seated, free_left)
+            else:
+                decision = self._readmission(victim, avail, num_seated, free_left)
             if decision is HeadWaits.STAYS:
                 break
             if decision is HeadWaits.UNSURE:
@@ -434,6 +615,8 @@ class StretchPlanner:
             n, blocks, hit = decision
             o = _Other(-1, head, blocks * self.bs, blocks)
             o.computed = hit  # a readmission starts from its hit (all of whose blocks it takes)
+            if victim is not None:  # the request as the stretch preempted it
+                o.total, o.has_output = victim.total, victim.has_output
             admitted.append((o, n))
             self.stepped.append((o, n, o.slots))
             free_left -= blocks
@@ -441,18 +624,121 @@ class StretchPlanner:
             budget -= n
         return budget
 
+    def _readmission(
+        self, victim: _Victim, budget: int, seated: int, free_left: int
+    ) -> Admission | HeadWaits:
+        """Trying a request the stretch preempted, as ``_preempted_head`` does for one
+        preempted before: its lookup finds the hit ``_victim_hit`` knows, or, where that
+        is not known but only free blocks can be found (``_hits_only_free``), at least as
+        many blocks as its first chunk from token 0 takes: then it can only stay out."""
+        s = self.sched
+        if not seated or s.prefill_first:
+            return HeadWaits.UNSURE  # alone it would be finished if it did not fit
+        head, bs = victim.request, self.bs
+        hit = self._victim_hit(victim, free_left)
+        if hit < 0:
+            n = first_chunk(victim.total, s.threshold, budget, s.prefill_first)
+            if n is None or self.kv.blocks_needed(n) <= free_left or not self.free_exact:
+                return HeadWaits.UNSURE
+            if not self._hits_only_free(victim):
+                return HeadWaits.UNSURE
+            if self.cache is not None:  # its lookup commits filled blocks: apply does too
+                self.step_retry = (0, n)
+            return HeadWaits.STAYS
+        hit_tokens = hit * bs
+        n = first_chunk(victim.total - hit_tokens, s.threshold, budget, s.prefill_first)
+        if n is None:
+            return HeadWaits.UNSURE
+        takes = self.kv.admission_takes(hit_tokens + n, hit, hit)
+        if takes > free_left:
+            if not self.free_exact:
+                return HeadWaits.UNSURE
+            if self.cache is not None:
+                self.step_retry = (hit_tokens, n)
+            return HeadWaits.STAYS
+        if head.stop_ids or head.sampling_params.logprobs:
+            return HeadWaits.UNSURE  # a stop is a general step's job (its n is 1)
+        if hit:
+            self.adopted = True
+            self.num_adopted += hit
+        return Admission(n, takes, hit_tokens)
+
+    def _victim_hit(self, victim: _Victim, free_left: int) -> int:
+        """The blocks a lookup of ``victim`` finds now (-1: not known). Under a hash cache
+        only its own blocks hold its chain's keys when it alone ever committed under its
+        first block and no lookup replayed it, and no other request of the plan shares
+        that block; they went to the free queue's tail when it was preempted, its first
+        block last, and the pool hands out the front first."""
+        total = victim.total
+        if self.cache is None or total <= self.bs:
+            return 0
+        if self.hash_cache is None or victim.cached < 0:
+            return -1
+        self._check_sharing(victim)
+        if not victim.sole:
+            return -1
+        popped = self.kv.num_free_blocks + self.num_freed - free_left - self.num_adopted
+        left = victim.free + victim.blocks - (popped - victim.popped)
+        return max(0, min(victim.cached, (total - 1) // self.bs, left))
+
+    def _sole_chain(self, victim: _Victim) -> bool:
+        """Whether ``victim`` alone holds keys of its chain (see ``_victim_hit``)."""
+        assert self.hash_cache is not None
+        req = victim.request
+        held = self.kv.req_blocks.get(req.request_id)
+        return self._first_block_alone(req) and self.hash_cache.sole_committer(
+            req.all_token_ids, held.cache_state if held else None
+        )
+
+    def _first_block_alone(self, req: Request) -> bool:
+        """Whether no other request of the plan has (or may come to have) the first block
+        of ``req``, under a hash cache; False when that block holds tokens the stretch
+        samples."""
+        tokens = req.all_token_ids
+        if len(tokens) < self.bs:
+            return False
+        assert self.hash_cache is not None
+        if self._may_share_open_first(tokens):
+            return False
+        return self._first_hashes().get(self.hash_cache.first_block_hash(tokens), 0) <= 1
+
+    def _hits_only_free(self, victim: _Victim) -> bool:
+        """Whether a lookup of ``victim`` finds only free blocks: no cache, or a hash cache
+        and no other request of the plan (so none running) that shares (or may come to
+        share) its first block. A tree's lookup touches the tree."""
+        if self.cache is None or victim.total <= self.bs:
+            return True
+        if self.hash_cache is None:
+            return False
+        self._check_sharing(victim)
+        return victim.only_free
+
+    def _check_sharing(self, victim: _Victim) -> None:
+        """Find ``victim.sole`` and ``victim.only_free`` again if a request joined since."""
+        num = len(self.plan.requests)
+        if victim.checked_at != num:
+            victim.checked_at = num
+            victim.only_free = self._first_block_alone(victim.request)
+            victim.sole = victim.only_free and self._sole_chain(victim)
+
     def _seat(self, admitted: list[tuple[_Other, int]], admits: list[Admit]) -> None:
         """Give the requests admitted in this step their plan indices."""
         plan = self.plan
         for o, n in admitted:
-            req = self.waiting[self.next_waiting]
-            self.next_waiting += 1
+            victim = self.victims.pop() if self.victims else None
+            if victim is None:
+                req = self.waiting[self.next_waiting]
+                self.next_waiting += 1
+            else:
+                req = victim.request
             o.index = plan.admit(req, o.computed)
+            if victim is not None:
+                plan.requests[victim.index].next_stay = o.index
             self.finish_step.append(0)
             self.base.append(0)
             self.extra.append(0)
             admits.append((o.index, n))
-            if self.first_hashes is not None:
+            if self.first_hashes is not None and victim is None:  # a victim's is noted
                 self._note_first_block(req)
             self.others.append(o)
 
@@ -613,6 +899,7 @@ class StretchPlanner:
         if params.n != 1 or params.logprobs or head.stop_ids:
             return HeadWaits.UNSURE  # admitted, but a fork or a stop is a general step's job
         self.adopted = num_hit > 0
+        self.num_adopted += num_hit
         return Admission(n, takes, hit_tokens)
 
     def _chain_closed(self, head: Request) -> bool:
@@ -640,15 +927,25 @@ class StretchPlanner:
         tokens = head.all_token_ids
         if len(tokens) <= self.bs:
             return True, None  # no full block to look up
-        if self.first_hashes is None:
-            self.first_hashes = set()
-            for member in self.plan.requests:
-                self._note_first_block(member.request)
-        for known in self.open_firsts:
-            if tokens[: len(known)] == known:
-                return False, None  # it may share that first block
+        if self._may_share_open_first(tokens):
+            return False, None
         h0 = cache.first_block_hash(tokens)
-        return h0 not in self.first_hashes, h0
+        return h0 not in self._first_hashes(), h0
+
+    def _first_hashes(self) -> dict[int, int]:
+        """``first_hashes``, noted on first use."""
+        if self.first_hashes is None:
+            self.first_hashes = {}
+            for req in {id(m.request): m.request for m in self.plan.requests}.values():
+                self._note_first_block(req)
+        return self.first_hashes
+
+    def _may_share_open_first(self, tokens: list[int]) -> bool:
+        """Whether a request of the plan whose first block is still open may share the
+        first block of ``tokens`` (see ``_note_first_block``)."""
+        self._first_hashes()
+        known = self.open_firsts.get(tokens[0], ()) if tokens else ()
+        return any(tokens[: len(k)] == k for k in known)
 
     def _note_first_block(self, req: Request) -> None:
         """A running request may commit its first block before a later lookup. One whose
@@ -658,9 +955,10 @@ class StretchPlanner:
         tokens = req.all_token_ids
         if len(tokens) >= self.bs:
             assert self.hash_cache is not None and self.first_hashes is not None
-            self.first_hashes.add(self.hash_cache.first_block_hash(tokens))
+            h0 = self.hash_cache.first_block_hash(tokens)
+            self.first_hashes[h0] = self.first_hashes.get(h0, 0) + 1
         elif req.max_num_tokens >= self.bs:
-            self.open_firsts.append(tokens)
+            self.open_firsts.setdefault(tokens[0], []).append(tokens)
 
     def _end_before(self, prefix_allocs: list[int] | None, j: int) -> bool:
         if prefix_allocs is not None:
