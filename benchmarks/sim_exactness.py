@@ -50,7 +50,7 @@ def draw_config(rng: random.Random) -> list[str]:
     }
     if flags["--policy"] == "prefill_first":  # a whole prompt a step: the longest must fit
         flags["--max-num-batched-tokens"] = 16384
-    extra = rng.random()
+    extra = rng.random() if flags["--policy"] == "chunked" else 1.0  # prefill_first: neither
     if extra < 0.2:
         flags["--adaptive-chunk-ms"] = rng.choice([50, 100])
     elif extra < 0.35:
