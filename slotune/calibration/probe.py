@@ -46,7 +46,7 @@ def probe(
     from slotune.workloads import load_trace
     from slotune.workloads.arrivals import ArrivalSpec
     from slotune.workloads.backends import HttpBackend, run
-    from slotune.workloads.server_process import reset_prefix_cache, served_model
+    from slotune.workloads.server_process import RESET_HINT, reset_prefix_cache, served_model
 
     backend = HttpBackend(url.rstrip("/"), served_model(url.rstrip("/")))
     dirs = []
@@ -55,8 +55,7 @@ def probe(
         if i and reset_prefix_cache(url) is None:
             log(
                 f"probe: warning: the server did not drop its prefix cache, so the load of "
-                f"{concurrency} may hit the prompts sent before (vLLM serves "
-                "/reset_prefix_cache with VLLM_SERVER_DEV_MODE=1)"
+                f"{concurrency} may hit the prompts sent before ({RESET_HINT})"
             )
         log(f"probe: {num_requests} requests at concurrency {concurrency}")
         result = run(backend, trace, ArrivalSpec(concurrency=concurrency), None, seed=seed)

@@ -249,12 +249,11 @@ def verify(
 
 def _cold_cache(server: ServerProcess, log: VerifyLog, label: str) -> None:
     """Empty the server's prefix cache of the previous repeat's prompts."""
-    from slotune.workloads.server_process import reset_prefix_cache
+    from slotune.workloads.server_process import RESET_HINT, reset_prefix_cache
 
     if reset_prefix_cache(server.url) is None:
         log(
-            f"verify {label}: the server cannot drop its prefix cache; restarting it (vLLM "
-            "serves /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1 in its environment)"
+            f"verify {label}: the server cannot drop its prefix cache; restarting it ({RESET_HINT})"
         )
         server.restart()
 

@@ -30,6 +30,7 @@ RESET_TIMEOUT_S = 30.0
 # the prefix-cache resets a server may serve: vLLM's (and slotune's), SGLang's
 RESET_ENDPOINTS = ("/reset_prefix_cache", "/flush_cache")
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+RESET_HINT = "vLLM serves /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1 in its environment"
 
 
 class ServerStartError(RuntimeError):

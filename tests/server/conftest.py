@@ -17,6 +17,7 @@ from slotune.server.app import ASYNC_ENGINE, make_runner
 from slotune.server.async_engine import AsyncEngine
 
 T = TypeVar("T")
+A = TypeVar("A", bound="AppThread")
 
 CONFIG = EngineConfig(
     max_num_batched_tokens=64,
@@ -30,14 +31,12 @@ CONFIG = EngineConfig(
 SIM_CONFIG = EngineConfig(max_num_batched_tokens=256, max_num_seqs=16, max_model_len=2048)
 
 
-class ServerThread:
-    """Runs ``create_app(engine, served, **options)`` with its own event loop in a daemon
-    thread."""
+class AppThread:
+    """Runs an aiohttp ``app`` (with ``make_runner``) on 127.0.0.1, an ephemeral port, with
+    its own event loop in a daemon thread, for the ``with`` block."""
 
-    def __init__(self, engine: Any, served: ServedModel, **options: Any) -> None:
-        self.served = served
-        options.setdefault("drain_timeout_s", 1.0)  # what a test leaves running is cut
-        self.app = create_app(engine, served, **options)
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -46,10 +45,6 @@ class ServerThread:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def async_engine(self) -> AsyncEngine:
-        return self.app[ASYNC_ENGINE]
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the server's loop (between its awaits) and return its result."""
@@ -69,7 +64,7 @@ class ServerThread:
         self._ready.set()
         self._loop.run_forever()
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self: A) -> A:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the test server did not start")
@@ -79,6 +74,19 @@ class ServerThread:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class ServerThread(AppThread):
+    """Runs ``create_app(engine, served, **options)`` in an ``AppThread``."""
+
+    def __init__(self, engine: Any, served: ServedModel, **options: Any) -> None:
+        self.served = served
+        options.setdefault("drain_timeout_s", 1.0)  # what a test leaves running is cut
+        super().__init__(create_app(engine, served, **options))
+
+    @property
+    def async_engine(self) -> AsyncEngine:
+        return self.app[ASYNC_ENGINE]
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +19,8 @@ from aiohttp import web
 import slotune
 from slotune.engine import EngineConfig
 from slotune.server import simulated_model
-from tests.server.conftest import CONFIG, SIM_CONFIG, ServerThread
+from slotune.workloads.server_process import free_port
+from tests.server.conftest import CONFIG, SIM_CONFIG, AppThread, ServerThread
 from tests.server.helpers import InnocentStream, assert_openai_error, call
 
 
@@ -99,17 +98,11 @@ def test_a_body_over_the_limit_is_a_413() -> None:
         assert call(s, "/v1/completions", {"prompt": "x" * 10, "max_tokens": 2})[0] == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _Served:
     """A server started as a ``slotune serve --gpu h100`` process."""
 
     def __init__(self, *flags: str) -> None:
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.served = simulated_model(SIM_CONFIG)[1]  # what InnocentStream reads: the name
         cmd = [sys.executable, "-c", "from slotune.cli.app import main; main()", "serve"]
@@ -223,40 +216,8 @@ def test_the_reset_client_finds_sglangs_endpoint_and_says_when_there_is_none() -
 
     sglang_like = web.Application()
     sglang_like.router.add_post("/flush_cache", flush)
-    with BareServer(sglang_like) as url:
-        assert reset_prefix_cache(url) == "/flush_cache" and flushed == ["POST"]
-    with BareServer(web.Application()) as url:  # vLLM outside its development mode
-        assert reset_prefix_cache(url) is None
-    assert reset_prefix_cache(f"http://127.0.0.1:{_closed_port()}") is None
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class BareServer:
-    """A bare aiohttp app on an ephemeral port, in a thread; the ``with`` gives its URL."""
-
-    def __init__(self, app: web.Application) -> None:
-        self.app, self.loop = app, asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-
-    def _serve(self) -> None:
-        self.runner = web.AppRunner(self.app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", 0).start())
-        self.port = self.runner.addresses[0][1]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+    with AppThread(sglang_like) as s:
+        assert reset_prefix_cache(s.url) == "/flush_cache" and flushed == ["POST"]
+    with AppThread(web.Application()) as s:  # vLLM outside its development mode
+        assert reset_prefix_cache(s.url) is None
+    assert reset_prefix_cache(f"http://127.0.0.1:{free_port()}") is None

@@ -418,7 +418,6 @@ class KVCacheManager:
             return False
         self.cache = make_prefix_cache(self.prefix_caching, self.block_size)
         self.pool = BlockPool(self.pool.num_blocks, self.cache)
-        self.uncommitted.clear()
         return True
 
     def can_ever_fit(self, num_tokens: int, tier: int = 0) -> bool:
