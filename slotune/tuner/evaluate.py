@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
@@ -91,6 +92,10 @@ class Evaluator:
         self._cache: dict[tuple[str, float | None], Measurement] = {}
         self._repeats: dict[int, Any] = {}
         self.runs = 0
+        self._rank: Callable[[Measurement], tuple[float, ...]] | None = None
+        self._pinned: set[str] = set()
+        self._held: dict[tuple[str, float | None], Any] = {}
+        self._best_held: tuple[tuple[float, ...], tuple[str, float | None]] | None = None
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -131,6 +136,15 @@ class Evaluator:
             horizon_s=self.horizon_s if simulated else None,
         )
 
+    def same_run_at(self, seed: int) -> bool:
+        """Whether a run at ``seed`` is this evaluator's run at its own seed, for every
+        configuration and rate: a simulated run reads its seed only where it draws arrival
+        times, and this load draws none (the trace's timestamps, a constant rate, all at
+        once or a closed loop). A real engine's runs differ by themselves."""
+        if seed == self.setup.seed:
+            return True
+        return self.setup.backend == "sim" and not self.setup.load.arrivals().drawn
+
     def _repeated(self, arrivals: Any) -> Any:
         """The trace repeated to the sessions of a timed run, kept for the next run at that
         rate (trials meet at the best rate so far; the prompts' tokens are made once)."""
@@ -161,9 +175,41 @@ class Evaluator:
             rate = self.setup.load.rate
         key = (config_key(config), rate)
         if key not in self._cache:
-            summary = self.summarize(self.run(config, rate), rate)
-            self._cache[key] = self.measurement(summary, rate)
+            result = self.run(config, rate)
+            measured = self._cache[key] = self.measurement(self.summarize(result, rate), rate)
+            self._hold(key, result, measured)
         return self._cache[key]
+
+    def hold_runs(self, rank: Callable[[Measurement], tuple[float, ...]]) -> None:
+        """Keep the whole run of the best measurement so far by ``rank`` (lowest first) and
+        of every ``pin``ned configuration, for ``held_run``. Simulated runs only: they are
+        deterministic, so the tune's finish writes them instead of running them again."""
+        if self.setup.backend == "sim":
+            self._rank = rank
+
+    def pin(self, config: EngineConfig) -> None:
+        """Hold the runs of ``config`` measured from now on (the baseline)."""
+        self._pinned.add(config_key(config))
+
+    def held_run(self, config: EngineConfig, rate: float | None = None) -> Any | None:
+        """The run ``run(config, rate)`` would give, when held (a copy: None otherwise)."""
+        if rate is None:
+            rate = self.setup.load.rate
+        held = self._held.get((config_key(config), rate))
+        return None if held is None else _unpacked(held)
+
+    def _hold(self, key: tuple[str, float | None], result: Any, measured: Measurement) -> None:
+        if self._rank is None:
+            return
+        rank = self._rank(measured)
+        best = self._best_held
+        if best is None or rank < best[0]:
+            self._best_held = (rank, key)
+            if best is not None and best[1][0] not in self._pinned:
+                self._held.pop(best[1], None)
+        elif key[0] not in self._pinned:
+            return
+        self._held[key] = _packed(result)
 
     def measurement(self, summary: dict[str, Any], rate: float | None) -> Measurement:
         att = attainment(summary)
@@ -237,6 +283,23 @@ def load_setup_trace(setup: TuneSetup) -> Any:
         seed=setup.seed,
         model=setup.model,
     )
+
+
+def _packed(result: Any) -> Any:
+    """A run held for later: each request's token times as one float array (a quarter of
+    the memory of a list of Python floats)."""
+    import numpy as np
+
+    requests = result.requests.copy()
+    requests["token_times"] = [np.array(t, dtype=float) for t in requests["token_times"]]
+    return replace(result, requests=requests)
+
+
+def _unpacked(held: Any) -> Any:
+    """The run as ``run`` returned it: token times as lists of the same floats."""
+    requests = held.requests.copy()
+    requests["token_times"] = [t.tolist() for t in requests["token_times"]]
+    return replace(held, requests=requests)
 
 
 def _plain(value: Any) -> Any:

@@ -79,10 +79,13 @@ def headline(
     gain = ""
     if verdict is not None and verdict.gain is not None:
         what = "max SLO-meeting rate" if verdict.metric == "goodput_rps" else "weighted score"
-        gain = (
-            f" ({what} {100 * verdict.gain:+.1f}%, beyond the noise band of "
-            f"{100 * verdict.band:.1f}% over seeds {', '.join(map(str, verdict.seeds))})"
+        noise = (
+            "no run-to-run noise: the load draws nothing at random"
+            if verdict.same_runs
+            else f"beyond the noise band of {100 * verdict.band:.1f}% over seeds "
+            f"{', '.join(map(str, verdict.seeds))}"
         )
+        gain = f" ({what} {100 * verdict.gain:+.1f}%, {noise})"
     only = "only steadiness: " if found == ["steadiness"] else ""
     text = f"Set {_settings(changed)}{gain}. Why: {only}" + "; ".join(why[d] for d in found) + "."
     kv = changed.get("kv_cache_dtype")

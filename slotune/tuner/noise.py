@@ -7,7 +7,10 @@ objective: the goodput search (max SLO-meeting rate) for ``goodput`` and ``paret
 studies, the weighted score at the study's load for ``weighted`` ones. The gain is real
 only when every sample of the recommendation beats every sample of the baseline (the
 ranges of the two do not overlap); otherwise the recommendation is to keep the defaults.
-The noise band reported is the baseline's spread, relative to its median.
+The noise band reported is the baseline's spread, relative to its median. Where the seed
+changes nothing (a simulated run on a load that draws no arrival times, such as the trace's
+own timestamps), the other seeds' samples are the study's own runs (``Verdict.same_runs``):
+three equal samples, a band of 0, and no rerun.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Verdict:
     best: tuple[float, ...]  # the recommendation's samples, the study's seed first
     baseline: tuple[float, ...]
     seeds: tuple[int, ...]
+    same_runs: bool = False  # the seeds change nothing: one run per configuration stands for all
 
     @property
     def significant(self) -> bool:
@@ -60,6 +64,7 @@ class Verdict:
             "band": self.band,
             "gain": self.gain,
             "significant": self.significant,
+            "same_runs": self.same_runs,
         }
 
 
@@ -80,7 +85,13 @@ def judge(
     seeds = tuple(setup.seed + i for i in range(NOISE_SEEDS + 1))
     ours, theirs = [first[0]], [first[1]]
     for seed in seeds[1:]:
-        other = Evaluator(replace(setup, seed=seed), evaluator.trace)
+        # where the seed changes nothing, the study's evaluator (and the runs it holds)
+        # stands for the other seed: the samples are the same runs, not rerun
+        other = (
+            evaluator
+            if evaluator.same_run_at(seed)
+            else Evaluator(replace(setup, seed=seed), evaluator.trace)
+        )
         for config, out, start in (
             (best, ours, start_rungs[0]),
             (baseline, theirs, start_rungs[1]),
@@ -92,4 +103,5 @@ def judge(
             else:
                 out.append(other.measure(config).score)
     metric = "goodput_rps" if by_rate else "score"
-    return Verdict(metric, by_rate, tuple(ours), tuple(theirs), seeds)
+    same = all(evaluator.same_run_at(seed) for seed in seeds)
+    return Verdict(metric, by_rate, tuple(ours), tuple(theirs), seeds, same)

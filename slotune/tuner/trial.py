@@ -17,6 +17,7 @@ A configuration already measured in the study is not run again: its record is co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config_key
@@ -121,6 +122,17 @@ def constraints(setup: TuneSetup, record: dict[str, Any]) -> dict[str, float]:
         f"tier_{tier_name(t)}": floor - float(by_tier.get(str(t), 0.0))
         for t, floor in parse_tier_objective(setup.tier_objective).floors
     }
+
+
+def weighted_rank(setup: TuneSetup) -> Callable[[Measurement], tuple[float, float]]:
+    """A weighted study's order of measurements, as ``results.ranked`` orders its trials:
+    the constraints' total violation, then the score (lowest first)."""
+
+    def rank(m: Measurement) -> tuple[float, float]:
+        violation = sum(max(v, 0.0) for v in constraints(setup, _record(m)).values())
+        return violation, m.score
+
+    return rank
 
 
 def values_of(objective: str, record: dict[str, Any]) -> float | tuple[float, ...]:

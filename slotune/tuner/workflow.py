@@ -30,6 +30,7 @@ from slotune.tuner.prepare import (
     StudyPlace,
     TuneInputError,
     TuneOptions,
+    baseline_config,
     check_places,
     measure_baseline,
     place_study,
@@ -39,6 +40,7 @@ from slotune.tuner.setup import TuneSetup
 from slotune.tuner.storage import StudyError
 
 if TYPE_CHECKING:
+    from slotune.tuner.evaluate import Evaluator
     from slotune.tuner.study import Joined
 
 
@@ -177,13 +179,22 @@ class _Run:
         place: StudyPlace,
         emit: Callable[[TuneEvent], None],
     ) -> None:
-        from slotune.tuner.evaluate import Evaluator
-
         self.options = options
         self.prepared = prepared
         self.place = place
         self.emit = emit
-        self.evaluator = Evaluator(prepared.setup, prepared.trace)
+        self.evaluator = self._evaluator(prepared.setup)
+
+    def _evaluator(self, setup: TuneSetup) -> Evaluator:
+        """The study's evaluator; a weighted study's holds the best run and the baseline's,
+        which the finish writes out instead of running them again."""
+        from slotune.tuner.evaluate import Evaluator
+        from slotune.tuner.trial import weighted_rank
+
+        evaluator = Evaluator(setup, self.prepared.trace)
+        if setup.objective == "weighted":
+            evaluator.hold_runs(weighted_rank(setup))
+        return evaluator
 
     def run(self, report: ReportBuilder | None) -> TuneResult:
         from slotune.tuner import study as studies
@@ -191,10 +202,8 @@ class _Run:
         joined = self._create_or_join()
         study, setup, baseline = joined.study, joined.setup, joined.baseline
         if not joined.created:
-            from slotune.tuner.evaluate import Evaluator
-
             studies.set_budget(study, self.prepared.trials)
-            self.evaluator = Evaluator(setup, self.prepared.trace)
+            self.evaluator = self._evaluator(setup)
         budget, grid_size = self.prepared.trials, None
         if setup.sampler == "grid":
             from slotune.tuner.space import SearchSpace
@@ -228,6 +237,7 @@ class _Run:
 
         def baseline() -> tuple[TuneSetup, dict[str, Any]]:
             self.emit(StageStarted(Stage.BASELINE))
+            self.evaluator.pin(baseline_config(self.prepared))
             measured = measure_baseline(self.prepared, self.evaluator)
             self.emit(StageDone(Stage.BASELINE))
             return measured

@@ -91,6 +91,14 @@ class ArrivalSpec:
         """How long the stages send for (None without stages)."""
         return sum(s.duration_s for s in self.stages) if self.stages else None
 
+    @property
+    def drawn(self) -> bool:
+        """Whether ``arrival_times`` draws the times at random (its ``seed`` changes them):
+        a Poisson or gamma rate or stages; not the trace's timestamps, a constant rate,
+        all at once or a closed loop alone."""
+        drawn = bool(self.stages) or self.rate is not None
+        return drawn and not self.timestamps and not self.constant
+
     def __post_init__(self) -> None:
         if self.stages:
             self._check_stages()
