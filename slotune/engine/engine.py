@@ -375,12 +375,12 @@ class Engine:
         if not self._stretches:
             return None
         scheduler = self.scheduler
-        if arrivals is not None and any(r.stop_ids for r in scheduler.running):
-            # a stop token would cut the stretch short after its arrivals were handed in
-            until_time_s, arrivals = arrivals.next_time(), None
         planner = StretchPlanner.start(scheduler, stop_at_finish)
         if planner is None:
             return None
+        if arrivals is not None and any(r.stop_ids for r in scheduler.running):
+            # a stop token would cut the stretch short after its arrivals were handed in
+            until_time_s, arrivals = arrivals.next_time(), None
         executor: Any = self.executor
         seconds = executor.planned_step_seconds
         plan = planner.plan

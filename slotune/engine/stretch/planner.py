@@ -92,11 +92,14 @@ def refusal(scheduler: Scheduler) -> str | None:
     changes with each step run)."""
     if type(scheduler.kv_cache.cache) not in _TESTED_CACHES:
         return f"prefix cache {type(scheduler.kv_cache.cache).__name__} is not covered"
+    untested = untested_config(scheduler.config)  # cached: before the walk of the running
+    if untested is not None:
+        return untested
     if any(r.sampling_params.logprobs for r in scheduler.running):
         return "a running request asks for logprobs"
     if scheduler.chunk_target_s is not None and isinstance(scheduler.step_time, MeasuredStepTime):
         return "adaptive chunking on a step-time fit that learns from every step"
-    return untested_config(scheduler.config)
+    return None
 
 
 class HeadWaits(enum.Enum):
