@@ -387,6 +387,11 @@ class Engine:
         durations: list[float] = []
         t = start_time_s
         next_arrival = arrivals.next_time() if arrivals is not None else None
+        # a decode budget: the step whose end brings a watched request due ends the stretch
+        # (the scheduler's clock summed as single steps sum it)
+        budget_s = scheduler.budget_s
+        watched = scheduler.budget_watch.first_preempted_at() if budget_s is not None else None
+        clock = scheduler.clock
         while True:
             step = plan.steps[-1]
             d = seconds(
@@ -401,6 +406,10 @@ class Engine:
             t += d
             if until_time_s is not None and t >= until_time_s:
                 break
+            if watched is not None:
+                clock += d
+                if clock - watched > budget_s:
+                    break
             if arrivals is not None:
                 cut = t - d if arrivals.at_step_start else t
                 if next_arrival is not None and cut >= next_arrival:
@@ -419,9 +428,23 @@ class Engine:
             )
         checker = self._checker
         arrived = checker.copy_arrivals(plan) if checker is not None else []
+        if budget_s is not None:  # single steps move due requests up before the arrivals
+            last = plan.steps[-1]
+            late, last.arrivals = last.arrivals, []
         result = apply_stretch(scheduler, plan, tokens)
+        if budget_s is not None:
+            for d in durations:  # the last may bring watched requests due: they move up
+                scheduler.advance(d)
+            for request in late:
+                scheduler.add_request(request)
+            last.arrivals = late
+        else:
+            clock = scheduler.clock
+            for d in durations:  # summed as single steps sum it
+                clock += d
+            scheduler.clock = clock
         if checker is not None:
-            checker.replay(plan, tokens, result, arrived, scheduler)
+            checker.replay(plan, tokens, result, arrived, scheduler, durations)
         num_blocks = self.kv_cache.num_gpu_blocks
         steps = [
             StepStats(

@@ -71,6 +71,13 @@ class PriorityWaiting:
     def __bool__(self) -> bool:
         return bool(self._heap)
 
+    def in_order(self) -> Iterator[Request]:
+        """The requests in queue order, popped from a copy of the heap as far as they are
+        read (a stretch reads the first few of thousands)."""
+        heap = list(self._heap)
+        while heap:
+            yield heapq.heappop(heap)[3]
+
     def __iter__(self) -> Iterator[Request]:
         """The requests in queue order."""
         return iter([entry[3] for entry in sorted(self._heap, key=lambda e: e[:3])])
@@ -94,6 +101,20 @@ class BudgetWatch:
 
     def add(self, req: Request) -> None:
         heapq.heappush(self._heap, (req.preempted_at, next(self._counter), req))
+
+    def first_preempted_at(self) -> float | None:
+        """The earliest preemption of a watched request that may still earn priority
+        (None: none): ``due`` finds nothing until the clock is more than the budget past
+        it. Entries before it that never can (the request admitted again, boosted, without
+        output, or preempted again since: a later entry) are dropped, as ``due`` drops them."""
+        heap = self._heap
+        while heap:
+            at, _, req = heap[0]
+            live = req.status in _WAITS and not req.boosted and req.output_token_ids
+            if live and req.preempted_at == at:
+                return at
+            heapq.heappop(heap)
+        return None
 
     def due(self, now: float, budget_s: float) -> list[Request]:
         """The waiting requests that earn priority at ``now``."""

@@ -200,7 +200,8 @@ def test_the_planner_refuses_configurations_its_tests_do_not_cover() -> None:
     assert "scheduling_policy='priority'" in (
         untested_config(EngineConfig(scheduling_policy="priority")) or ""
     )
-    assert "decode_budget_ms=50.0" in (untested_config(EngineConfig(decode_budget_ms=50.0)) or "")
+    assert "top_tier_kv_share=0.2" in (untested_config(EngineConfig(top_tier_kv_share=0.2)) or "")
+    assert untested_config(EngineConfig(decode_budget_ms=50.0)) is None  # workloads' tests
     engine = Engine(EngineConfig(block_size=4), PlannableExecutor(), check_stretches=False)
     engine.add_request("a", [2] * 5, SamplingParams(max_tokens=9, ignore_eos=True))
     engine.step()

@@ -3,6 +3,8 @@ engine counter equal those of stepping one by one, to the bit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -66,6 +68,22 @@ CASES = {
         sharegpt_like(100, seed=6),
         ArrivalSpec(rate=20.0, concurrency=6),
     ),
+    # a decode budget: a waiting queue in priority order, preempted requests moving up
+    "hash-recompute-decode-budget": (
+        EngineConfig(prefix_caching="hash", num_gpu_blocks=300, decode_budget_ms=30.0),
+        sharegpt_like(150, seed=11),
+        ArrivalSpec(rate=8.0),
+    ),
+    "none-recompute-decode-budget-short": (
+        EngineConfig(
+            prefix_caching="none",
+            max_num_batched_tokens=512,
+            num_gpu_blocks=250,
+            decode_budget_ms=5.0,
+        ),
+        sharegpt_like(150, seed=12),
+        ArrivalSpec(rate=10.0),
+    ),
     "radix-recompute-agents": (
         EngineConfig(prefix_caching="radix", block_size=16, num_gpu_blocks=900),
         agent_sessions(AgentParams(num_sessions=12), seed=5),
@@ -126,3 +144,15 @@ def test_stretches_stop_at_the_horizon() -> None:
     pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
     assert runs[0].duration_s == runs[1].duration_s
     assert (runs[0].requests["error"] == "not sent").any()
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if "decode-budget" in n])
+def test_the_decode_budget_cases_preempt_and_move_requests_up(name: str) -> None:
+    """The budget cases above test what they are for: requests are preempted, and the
+    budget changes the run (the same run without it differs)."""
+    config, trace, arrivals = CASES[name]
+    on = run_simulated(config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
+    plain = replace(config, decode_budget_ms=0.0)
+    off = run_simulated(plain, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
+    assert on.engine_stats["num_preemptions"] > 10
+    assert on.requests["first_token_time"].tolist() != off.requests["first_token_time"].tolist()

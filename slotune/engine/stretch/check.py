@@ -92,8 +92,10 @@ class StretchChecker:
         result: StretchResult,
         arrivals: list[list[Request]],
         scheduler: Scheduler,
+        durations: list[float],
     ) -> None:
-        """Run the applied stretch's steps one by one on the shadow and compare."""
+        """Run the applied stretch's steps one by one (each ``durations`` long) on the
+        shadow and compare."""
         self.num_stretches += 1
         shadow = self.shadow
         sampled: dict[tuple[str, int], list[int]] = {}
@@ -114,6 +116,7 @@ class StretchChecker:
             got = (used, len(shadow.running), len(shadow.waiting))
             want = (result.used_blocks[j], result.num_running[j], result.num_waiting[j])
             _same(where, "(used blocks, running, waiting)", got, want)
+            shadow.advance(durations[j])  # the clock a decode budget reads
             for req in arrivals[j]:
                 shadow.add_request(req)
         stretch: dict[tuple[str, int], list[int]] = {}
@@ -164,6 +167,11 @@ def snapshot(s: Scheduler) -> dict[str, Any]:
         "swapped": {rid: list(ids) for rid, ids in kv.swapped.items()},
         "uncommitted": list(kv.uncommitted),
         "prefix cache": (kv.prefix_cache_queries_tokens, kv.prefix_cache_hit_tokens),
+        "clock": s.clock,
+        # a decode budget reads when each request was preempted and whether it went first
+        "budget": {rid: (r.boosted, r.preempted_at) for rid, r in s.requests.items()}
+        if s.budget_s is not None
+        else None,
     }
 
 

@@ -158,19 +158,27 @@ class WaitingView:
     during it, read in place: a stretch reads only the first few, so its cost does not
     grow with the queue's depth (the queue is not changed until the stretch is applied)."""
 
-    __slots__ = ("_arrived", "_depth", "_queue")
+    __slots__ = ("_arrived", "_depth", "_order", "_queue", "_read")
 
     def __init__(self, queue: deque[Request] | PriorityWaiting) -> None:
         self._queue = queue
         self._depth = len(queue)
         self._arrived: list[Request] = []
+        # a priority queue (a decode budget's) is read in its order, as far as read
+        self._order = queue.in_order() if isinstance(queue, PriorityWaiting) else None
+        self._read: list[Request] = []
 
     def __len__(self) -> int:
         return self._depth + len(self._arrived)
 
     def __getitem__(self, index: int) -> Request:
         if index < self._depth:
-            return self._queue[index]
+            if self._order is None:
+                return self._queue[index]
+            read = self._read
+            while len(read) <= index:
+                read.append(next(self._order))
+            return read[index]
         return self._arrived[index - self._depth]
 
     def extend(self, requests: list[Request]) -> None:

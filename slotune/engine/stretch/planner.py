@@ -63,7 +63,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "swap_threshold_tokens": None,  # read only when a step swaps, which no plan does
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
-    "decode_budget_ms": frozenset({0.0}),
+    # a decode budget: no step that preempts or readmits, the stretch ends where a watched
+    # request comes due (``Engine.run_stretch``); waiting read in its priority order
+    "decode_budget_ms": None,
     # each planned step takes the budget the scheduler's step_budget gives (a fixed
     # step-time model only: see refusal)
     "adaptive_chunk_ms": None,
@@ -205,6 +207,7 @@ class StretchPlanner:
         "hit_len",
         "hit_of",
         "kv",
+        "last_key",
         "next_waiting",
         "num_adopted",
         "num_freed",
@@ -254,6 +257,9 @@ class StretchPlanner:
         # held): later lookups may hit them, and hit_lifetimes no longer holds
         self.adopted = False
         running = scheduler.running
+        key = scheduler.key
+        # under a queue order (a decode budget), the key the last seated request sorts by
+        self.last_key = max(map(key, running), default=None) if key is not None else None
         self.plan = StretchPlan(list(running))
         num = len(running)
         # the aggregate: decoders in front of the running list
@@ -483,6 +489,8 @@ class StretchPlanner:
         s = self.sched
         if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
             raise _Unsure  # swaps, or a free count that is only a lower bound
+        if s.budget_s is not None:
+            raise _Unsure  # a victim joins the decode budget's watch at the step's time
         members = self.plan.requests
         order = self._aggregate() + [o.index for o in self.others]
         num_agg = self.alive
@@ -609,6 +617,8 @@ class StretchPlanner:
                 break
             if victim is None:
                 decision = self._admission(head, avail, num_seated, free_left)
+                if isinstance(decision, Admission) and not self._seated_last(head):
+                    raise _Unsure
             else:
                 decision = self._readmission(victim, avail, num_seated, free_left)
             if decision is HeadWaits.STAYS:
@@ -626,6 +636,22 @@ class StretchPlanner:
             self.step_blocks += blocks
             budget -= n
         return budget
+
+    def _seated_last(self, head: Request) -> bool:
+        """Whether admitting ``head`` seats it behind every running request, as the plan
+        does: always in admission order; under a decode budget (running requests in
+        ``rules.queue_key`` order) for a new request that sorts last so far (not a
+        readmission, which takes its place by arrival)."""
+        key = self.sched.key
+        if key is None:
+            return True
+        if head.status is not RequestStatus.WAITING or self.sched.budget_s is None:
+            return False
+        head_key = key(head)
+        if self.last_key is not None and head_key < self.last_key:
+            return False
+        self.last_key = head_key
+        return True
 
     def _readmission(
         self, victim: _Victim, budget: int, seated: int, free_left: int
