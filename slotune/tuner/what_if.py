@@ -14,8 +14,8 @@ an engine that had it would bring. Policy settings (one each, not searched):
 
 Hybrid preemption and the decode budget act on preempted requests only: when the
 recommended run preempted none, their run is that run (not rerun). The stretch planner
-plans hybrid preemption and adaptive chunking as it does the others; the decode budget
-and tier quotas rerun one step at a time, a few times a trial's cost.
+plans hybrid preemption, adaptive chunking and the decode budget (between preemptions);
+tier quotas rerun one step at a time, a few times a trial's cost.
 """
 
 from __future__ import annotations
