@@ -428,21 +428,7 @@ class Engine:
             )
         checker = self._checker
         arrived = checker.copy_arrivals(plan) if checker is not None else []
-        if budget_s is not None:  # single steps move due requests up before the arrivals
-            last = plan.steps[-1]
-            late, last.arrivals = last.arrivals, []
-        result = apply_stretch(scheduler, plan, tokens)
-        if budget_s is not None:
-            for d in durations:  # the last may bring watched requests due: they move up
-                scheduler.advance(d)
-            for request in late:
-                scheduler.add_request(request)
-            last.arrivals = late
-        else:
-            clock = scheduler.clock
-            for d in durations:  # summed as single steps sum it
-                clock += d
-            scheduler.clock = clock
+        result = apply_stretch(scheduler, plan, tokens, durations)
         if checker is not None:
             checker.replay(plan, tokens, result, arrived, scheduler, durations)
         num_blocks = self.kv_cache.num_gpu_blocks

@@ -136,13 +136,12 @@ class Evaluator:
             horizon_s=self.horizon_s if simulated else None,
         )
 
-    def same_run_at(self, seed: int) -> bool:
-        """Whether a run at ``seed`` is this evaluator's run at its own seed, for every
-        configuration and rate: a simulated run reads its seed only where it draws arrival
-        times, and this load draws none (the trace's timestamps, a constant rate, all at
-        once or a closed loop). A real engine's runs differ by themselves."""
-        if seed == self.setup.seed:
-            return True
+    @property
+    def seed_free(self) -> bool:
+        """Whether a run at any other seed is this evaluator's run, for every configuration
+        and rate: a simulated run reads its seed only where it draws arrival times, and
+        this load draws none (the trace's timestamps, all at once or a closed loop). A real
+        engine's runs differ by themselves."""
         return self.setup.backend == "sim" and not self.setup.load.arrivals().drawn
 
     def _repeated(self, arrivals: Any) -> Any:
@@ -171,9 +170,8 @@ class Evaluator:
         )
 
     def measure(self, config: EngineConfig, rate: float | None = None) -> Measurement:
-        if rate is None:
-            rate = self.setup.load.rate
-        key = (config_key(config), rate)
+        key = self._key(config, rate)
+        rate = key[1]
         if key not in self._cache:
             result = self.run(config, rate)
             measured = self._cache[key] = self.measurement(self.summarize(result, rate), rate)
@@ -193,10 +191,12 @@ class Evaluator:
 
     def held_run(self, config: EngineConfig, rate: float | None = None) -> Any | None:
         """The run ``run(config, rate)`` would give, when held (a copy: None otherwise)."""
-        if rate is None:
-            rate = self.setup.load.rate
-        held = self._held.get((config_key(config), rate))
+        held = self._held.get(self._key(config, rate))
         return None if held is None else _unpacked(held)
+
+    def _key(self, config: EngineConfig, rate: float | None) -> tuple[str, float | None]:
+        """A run's key: the configuration and the rate (None: the study's load)."""
+        return config_key(config), self.setup.load.rate if rate is None else rate
 
     def _hold(self, key: tuple[str, float | None], result: Any, measured: Measurement) -> None:
         if self._rank is None:

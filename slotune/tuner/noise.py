@@ -84,14 +84,11 @@ def judge(
     by_rate = setup.objective in ("goodput", "pareto") and evaluator.ladder is not None
     seeds = tuple(setup.seed + i for i in range(NOISE_SEEDS + 1))
     ours, theirs = [first[0]], [first[1]]
+    # where the seed changes nothing, the study's evaluator (and the runs it holds) stands
+    # for the other seeds: the samples are the same runs, not rerun
+    same = evaluator.seed_free
     for seed in seeds[1:]:
-        # where the seed changes nothing, the study's evaluator (and the runs it holds)
-        # stands for the other seed: the samples are the same runs, not rerun
-        other = (
-            evaluator
-            if evaluator.same_run_at(seed)
-            else Evaluator(replace(setup, seed=seed), evaluator.trace)
-        )
+        other = evaluator if same else Evaluator(replace(setup, seed=seed), evaluator.trace)
         for config, out, start in (
             (best, ours, start_rungs[0]),
             (baseline, theirs, start_rungs[1]),
@@ -103,5 +100,4 @@ def judge(
             else:
                 out.append(other.measure(config).score)
     metric = "goodput_rps" if by_rate else "score"
-    same = all(evaluator.same_run_at(seed) for seed in seeds)
     return Verdict(metric, by_rate, tuple(ours), tuple(theirs), seeds, same)

@@ -107,6 +107,12 @@ def sustained_share(summary: dict[str, Any], rate: float | None) -> float:
     return min(1.0, max(0.0, 1.0 - growth / rate))
 
 
+def total_violation(constraints: dict[str, float]) -> float:
+    """How far a trial misses its constraints in all (each is met when <= 0): what ranks
+    a weighted study's trials before their score."""
+    return sum(max(v, 0.0) for v in constraints.values())
+
+
 def attainment_violation(summary: dict[str, Any], target: float) -> float:
     """Optuna constraint value: ``target - attainment``, feasible when <= 0."""
     return target - attainment(summary)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from slotune.tuner.objectives import PENALTY_SCORE
+from slotune.tuner.objectives import PENALTY_SCORE, total_violation
 from slotune.workloads.runner.timeouts import TIMEOUT_ERROR
 
 
@@ -49,7 +49,7 @@ def _goodput(t: Any) -> float:
 
 
 def _violation(t: Any) -> float:
-    return sum(max(v, 0.0) for v in t.constraints.values())
+    return total_violation(t.constraints)
 
 
 def pareto_front(trials: list[Any]) -> list[Any]:

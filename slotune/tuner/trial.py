@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config_key
+from slotune.tuner.objectives import total_violation
 from slotune.tuner.setup import TuneSetup
 from slotune.tuner.space import SearchSpace
 
@@ -129,8 +130,7 @@ def weighted_rank(setup: TuneSetup) -> Callable[[Measurement], tuple[float, floa
     the constraints' total violation, then the score (lowest first)."""
 
     def rank(m: Measurement) -> tuple[float, float]:
-        violation = sum(max(v, 0.0) for v in constraints(setup, _record(m)).values())
-        return violation, m.score
+        return total_violation(constraints(setup, _record(m))), m.score
 
     return rank
 

@@ -393,10 +393,10 @@ def test_checking_mode_replays_each_stretch_and_passes_a_correct_one() -> None:
 def test_checking_mode_catches_a_stretch_that_differs(
     fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def faulty(scheduler, plan, tokens):  # type: ignore[no-untyped-def]
+    def faulty(scheduler, plan, tokens, durations):  # type: ignore[no-untyped-def]
         if fault == "plan":
             plan.steps[0].num_prefill += 1  # the cost model would price another batch
-        result = apply_stretch(scheduler, plan, tokens)
+        result = apply_stretch(scheduler, plan, tokens, durations)
         if fault == "state":
             scheduler.count_steps(1, 0)  # a step counted twice
         return result

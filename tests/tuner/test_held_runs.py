@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import slotune
 from slotune.engine.config import EngineConfig
-from slotune.tuner.evaluate import Evaluator, config_key
-from slotune.tuner.prepare import TuneOptions, prepare
+from tests.tuner.studies import evaluator_for, record_runs
 
 OPTIONS = {
     "gpu": "h100",
@@ -28,22 +26,14 @@ OPTIONS = {
 def test_a_weighted_tune_runs_nothing_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[tuple[str, Any, int]] = []
-    run = Evaluator.run
-
-    def counted(self: Evaluator, config: EngineConfig, rate: Any = None, backend: Any = None):  # type: ignore[no-untyped-def]
-        seen.append((config_key(config), rate, self.setup.seed))
-        return run(self, config, rate, backend)
-
-    monkeypatch.setattr(Evaluator, "run", counted)
+    seen = record_runs(monkeypatch)
     result = slotune.tune(out=str(tmp_path / "out"), **OPTIONS)
     monkeypatch.undo()
     assert len(seen) == len(set(seen)), "a configuration ran twice at one rate and seed"
     best = json.loads(result.best_json.read_text())
     assert best["noise"] is None or best["noise"]["same_runs"] is True
     # the written runs against fresh ones (nothing held): byte for byte
-    prepared = prepare(TuneOptions(**OPTIONS))  # type: ignore[arg-type]
-    fresh = Evaluator(prepared.setup, prepared.trace)
+    fresh = evaluator_for(**OPTIONS)
     for label, config in (("best", best["config"]), ("baseline", best["baseline"]["config"])):
         again = tmp_path / "again" / label
         fresh.run(EngineConfig.from_dict(config)).save(again)

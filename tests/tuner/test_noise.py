@@ -11,23 +11,21 @@ import pytest
 from slotune.engine.config import EngineConfig
 from slotune.tuner.evaluate import Evaluator
 from slotune.tuner.noise import judge
-from slotune.tuner.prepare import TuneOptions, prepare
+from tests.tuner.studies import evaluator_for, record_runs
 
 BEST = EngineConfig(max_num_batched_tokens=1024, max_num_seqs=16)
 BASELINE = EngineConfig(max_num_batched_tokens=256, max_num_seqs=4)
 
 
 def evaluator(**load: object) -> Evaluator:
-    options = TuneOptions(
+    return evaluator_for(
         gpu="h100",
         slo="ttft=500ms,tpot=30ms",
         trace="sharegpt-like",
         num_requests=40,
         objective="weighted",
-        **load,  # type: ignore[arg-type]
+        **load,
     )
-    prepared = prepare(options)
-    return Evaluator(prepared.setup, prepared.trace)
 
 
 @pytest.mark.parametrize(("load", "same"), [({"concurrency": 6}, True), ({"rate": 8.0}, False)])
@@ -36,18 +34,11 @@ def test_reruns_only_where_the_seed_draws_arrivals(
 ) -> None:
     ev = evaluator(**load)
     first = (ev.measure(BEST).score, ev.measure(BASELINE).score)
-    seeds_run: list[int] = []
-    run = Evaluator.run
-
-    def counted(self: Evaluator, *args: object, **kwargs: object) -> object:
-        seeds_run.append(self.setup.seed)
-        return run(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Evaluator, "run", counted)
+    runs = record_runs(monkeypatch)
     verdict = judge(ev, BEST, BASELINE, first)
     monkeypatch.undo()
     assert verdict.same_runs is same
-    assert seeds_run == ([] if same else [1, 1, 2, 2])
+    assert [seed for _, _, seed in runs] == ([] if same else [1, 1, 2, 2])
     # what a fresh evaluator at each other seed measures (nothing shared with ``ev``)
     for k, seed in enumerate(verdict.seeds[1:], start=1):
         other = Evaluator(replace(ev.setup, seed=seed), ev.trace)

@@ -11,8 +11,8 @@ from slotune.engine.config import EngineConfig
 from slotune.reports.what_if import what_if_html
 from slotune.targets import get_target
 from slotune.tuner.evaluate import Evaluator
-from slotune.tuner.prepare import TuneOptions, prepare
 from slotune.tuner.what_if import what_if
+from tests.tuner.studies import evaluator_for
 
 RATE = 6.0
 CONFIG = EngineConfig(max_num_batched_tokens=8192, max_model_len=8192)
@@ -22,7 +22,7 @@ CONFIG = EngineConfig(max_num_batched_tokens=8192, max_model_len=8192)
 def gains() -> tuple[dict[str, Any], Evaluator, dict[str, Any]]:
     """Long prompts at 6 req/s on an H100 under a 20 ms TPOT target: fixed 8192-token
     steps stall the decodes (a quarter of the requests miss it)."""
-    options = TuneOptions(
+    evaluator = evaluator_for(
         gpu="h100",
         slo="ttft=3s,tpot=20ms",
         trace="long-context",
@@ -31,8 +31,6 @@ def gains() -> tuple[dict[str, Any], Evaluator, dict[str, Any]]:
         rate=RATE,
         target="vllm==0.34",
     )
-    prepared = prepare(options)
-    evaluator = Evaluator(prepared.setup, prepared.trace)
     summary = evaluator.summarize(evaluator.run(CONFIG, RATE), RATE)
     data = what_if(evaluator, get_target("vllm==0.34"), CONFIG, summary, RATE)
     assert data is not None

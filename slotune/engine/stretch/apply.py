@@ -21,14 +21,18 @@ class StretchResult(NamedTuple):
 
 
 def apply_stretch(
-    scheduler: Scheduler, plan: StretchPlan, tokens: list[list[int]]
+    scheduler: Scheduler,
+    plan: StretchPlan,
+    tokens: list[list[int]],
+    durations: list[float] | None = None,
 ) -> StretchResult:
     """Apply the planned steps at once, exactly as that many rounds of ``schedule`` and
     ``update_from_output`` would. ``tokens[i]`` holds what request ``i`` of the plan
     samples in its steps (``[]`` if none); only the last token of a request running at
     the start may be a stop token, which ends it with the plan's last step. Finished
     requests free their blocks step by step; their ids reach the executor with the next
-    ``schedule``.
+    ``schedule``. With ``durations`` the scheduler's clock advances after each step, before
+    its arrivals join (``Scheduler.advance``: a decode budget's due requests move up).
     """
     kv = scheduler.kv_cache
     members = plan.requests
@@ -117,6 +121,8 @@ def apply_stretch(
             in_use = pool.num_used_blocks
         running.append(num_running)
         waiting.append(len(scheduler.waiting))
+        if durations is not None:
+            scheduler.advance(durations[j])
         for req in step.arrivals:
             scheduler.add_request(req)
     if pending:
