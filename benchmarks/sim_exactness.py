@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sim_exactness.py --base main --configs 12
     .venv/bin/python benchmarks/sim_exactness.py --base HEAD~1 --configs 8 --check
+    .venv/bin/python benchmarks/sim_exactness.py --base main --request-timeout 60
 
 A change that only makes the simulator faster (issue 28) must leave every replay where it
 was. This draws ``--configs`` engine configurations at random (token budget, block size,
@@ -10,6 +11,8 @@ KV pool, so that requests are preempted; some with adaptive chunking or a decode
 replays the same slice of an Azure-like trace (``sim_speed.write_azure_csv``) with
 ``slotune bench --json`` in both trees, and compares the JSON whole, but for its date and
 the count of steps run in stretches (which a planner change is meant to move). With
+``--request-timeout`` every replay's client gives up on a request that long after sending
+it (the tuner's runs do, after 60 s by default). With
 ``--check`` this tree's replays also run with ``SLOTUNE_CHECK_STRETCHES=1``, which replays
 every stretch step by step on a shadow scheduler and fails on any difference. A
 configuration that both trees refuse (the same message) counts as matching.
@@ -102,6 +105,7 @@ def main() -> None:
     parser.add_argument(
         "--check", action="store_true", help="also replay this tree in the checking mode"
     )
+    parser.add_argument("--request-timeout", type=float, help="seconds, for every replay")
     args = parser.parse_args()
     csv = args.csv or write_azure_csv(
         Path(tempfile.gettempdir()) / f"slotune-azure-like-{args.requests}.csv", args.requests
@@ -111,6 +115,8 @@ def main() -> None:
     differ = 0
     for n in range(args.configs):
         flags = draw_config(rng)
+        if args.request_timeout:
+            flags += ["--request-timeout", f"{args.request_timeout:g}"]
         this = bench(ROOT, csv, args.requests, flags, check=False)
         other = bench(base, csv, args.requests, flags, check=False)
         same = comparable(this) == comparable(other)

@@ -380,7 +380,8 @@ class Engine:
             return None
         if arrivals is not None and any(r.stop_ids for r in scheduler.running):
             # a stop token would cut the stretch short after its arrivals were handed in
-            until_time_s, arrivals = arrivals.next_time(), None
+            known = [t for t in (until_time_s, arrivals.next_time()) if t is not None]
+            until_time_s, arrivals = min(known, default=None), None
         executor: Any = self.executor
         seconds = executor.planned_step_seconds
         plan = planner.plan

@@ -156,3 +156,42 @@ def test_the_decode_budget_cases_preempt_and_move_requests_up(name: str) -> None
     off = run_simulated(plain, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
     assert on.engine_stats["num_preemptions"] > 10
     assert on.requests["first_token_time"].tolist() != off.requests["first_token_time"].tolist()
+
+
+TIMEOUT_CASES = {
+    # overloaded: requests time out waiting and while decoding; arrivals join stretches
+    "hash-few-seats-timeouts": (
+        EngineConfig(prefix_caching="hash", max_num_seqs=8, max_num_batched_tokens=512),
+        sharegpt_like(200, seed=13),
+        ArrivalSpec(rate=12.0),
+        "vllm-0.34",  # schedule ahead: arrivals join after the step that starts after them
+    ),
+    "none-threshold-timeouts-no-lookahead": (
+        EngineConfig(prefix_caching="none", long_prefill_token_threshold=64, num_gpu_blocks=300),
+        sharegpt_like(200, seed=14),
+        ArrivalSpec(rate=15.0),
+        "vllm-0.11",
+    ),
+    # a session's next turn is released at a finish, inside a stretch's span
+    "radix-agents-timeouts": (
+        EngineConfig(prefix_caching="radix", block_size=16, num_gpu_blocks=700),
+        agent_sessions(AgentParams(num_sessions=16), seed=15),
+        ArrivalSpec(rate=3.0),
+        "sglang-0.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TIMEOUT_CASES))
+def test_stretches_take_arrivals_up_to_the_first_deadline(name: str) -> None:
+    """With client timeouts a stretch runs through arrivals but ends with the step that
+    reaches the first deadline a request in it, or one arriving during it, can have."""
+    config, trace, arrivals, stack = TIMEOUT_CASES[name]
+    kw = {"model": "llama-2-7b", "gpu": "a100-80g", "stack": stack, "timeout_s": 4.0}
+    on = run_simulated(config, trace, arrivals=arrivals, **kw)  # type: ignore[arg-type]
+    off = run_simulated(config, trace, arrivals=arrivals, stretches=False, **kw)  # type: ignore[arg-type]
+    pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
+    pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
+    assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
+    assert (on.requests["error"] == "timeout").sum() > 5
+    assert on.engine_stats["stretch_steps"] > len(on.steps) // 4

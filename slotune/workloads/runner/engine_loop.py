@@ -303,13 +303,10 @@ def drive_engine(
             deadlines.start(i, rel.arrival_time)
         return requests
 
-    # without finishes that release requests (or deadlines), a stretch runs on through
-    # arrivals, up to the horizon
-    feed = (
-        _Feed(disp, due, schedule_ahead)
-        if stretches and not stop_at_finish and timeout_s is None
-        else None
-    )
+    # without finishes that release requests, a stretch runs on through arrivals, up to
+    # the horizon or the first deadline: requests are sent in arrival order, so one taken
+    # in during the stretch has no earlier deadline than those already in the engine
+    feed = _Feed(disp, due, schedule_ahead) if stretches and not stop_at_finish else None
     step_start: float | None = None  # of the last step run, while the engine stays busy
     while True:
         now = clock.now()
@@ -335,9 +332,11 @@ def drive_engine(
             and (
                 stretch := engine.run_stretch(
                     now,
-                    horizon_s
-                    if feed is not None
-                    else earliest(disp.next_time(), deadlines.next_time(), horizon_s),
+                    earliest(
+                        horizon_s,
+                        deadlines.next_time(),
+                        None if feed is not None else disp.next_time(),
+                    ),
                     stop_at_finish=stop_at_finish,
                     arrivals=feed,
                 )
