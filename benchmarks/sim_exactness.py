@@ -12,8 +12,8 @@ replays the same slice of an Azure-like trace (``sim_speed.write_azure_csv``) wi
 ``slotune bench --json`` in both trees, and compares the JSON whole, but for its date and
 the count of steps run in stretches (which a planner change is meant to move). With
 ``--request-timeout`` every replay's client gives up on a request that long after sending
-it (the tuner's runs do, after 60 s by default). With
-``--check`` this tree's replays also run with ``SLOTUNE_CHECK_STRETCHES=1``, which replays
+it (as ``tune --request-timeout`` and ``bench --timeout`` do). With ``--check`` this
+tree's replays also run with ``SLOTUNE_CHECK_STRETCHES=1``, which replays
 every stretch step by step on a shadow scheduler and fails on any difference. A
 configuration that both trees refuse (the same message) counts as matching.
 

@@ -172,7 +172,8 @@ TIMEOUT_CASES = {
         ArrivalSpec(rate=15.0),
         "vllm-0.11",
     ),
-    # a session's next turn is released at a finish, inside a stretch's span
+    # sessions: a finish releases the next turn, so stretches take no arrivals and end
+    # at the next arrival or deadline
     "radix-agents-timeouts": (
         EngineConfig(prefix_caching="radix", block_size=16, num_gpu_blocks=700),
         agent_sessions(AgentParams(num_sessions=16), seed=15),
@@ -185,7 +186,7 @@ TIMEOUT_CASES = {
 @pytest.mark.parametrize("name", list(TIMEOUT_CASES))
 def test_stretches_take_arrivals_up_to_the_first_deadline(name: str) -> None:
     """With client timeouts a stretch runs through arrivals but ends with the step that
-    reaches the first deadline a request in it, or one arriving during it, can have."""
+    reaches the earliest pending deadline (none taken in later is earlier)."""
     config, trace, arrivals, stack = TIMEOUT_CASES[name]
     kw = {"model": "llama-2-7b", "gpu": "a100-80g", "stack": stack, "timeout_s": 4.0}
     on = run_simulated(config, trace, arrivals=arrivals, **kw)  # type: ignore[arg-type]
