@@ -58,6 +58,10 @@ def draw_config(rng: random.Random) -> list[str]:
         flags["--adaptive-chunk-ms"] = rng.choice([50, 100])
     elif extra < 0.35:
         flags["--decode-budget-ms"] = rng.choice([100, 500])
+    # a long-prefill threshold keeps prompts prefilling for many steps in front of
+    # requests that already decode (the tuner searches it)
+    if flags["--policy"] == "chunked" and rng.random() < 0.5:
+        flags["--long-prefill-token-threshold"] = rng.choice([32, 71, 256])
     return [str(x) for pair in flags.items() for x in pair]
 
 

@@ -296,6 +296,68 @@ def test_a_stretch_through_a_prompt_samples_its_first_token() -> None:
     assert plan.steps[0].fills == [1]  # b fills its third block in the first step
 
 
+def test_a_decoder_behind_a_prompt_decodes_in_the_aggregate_in_running_order() -> None:
+    """``d`` (a 3-token prompt) is admitted behind ``p`` (15 tokens, 3-token chunks) and
+    decodes while ``p`` still prefills. It decodes in the aggregate from the first planned
+    step, and what the two do in one step goes in running order, as single steps do it:
+    both first fill a block in the first planned step (the order of the blocks waiting to
+    enter the prefix cache), and both finish in the fourth (the order their blocks go
+    back to the free queue)."""
+    config = EngineConfig(
+        block_size=4, long_prefill_token_threshold=3, max_num_batched_tokens=16,
+        prefix_caching="hash",
+    )  # fmt: skip
+
+    def engine(check: bool) -> Engine:
+        e = Engine(config, PlannableExecutor(check_kv=False), check_stretches=check)
+        e.add_request("p", [2] * 15, SamplingParams(max_tokens=1, ignore_eos=True))
+        e.add_request("d", [3] * 3, SamplingParams(max_tokens=5, ignore_eos=True))
+        e.step()  # p takes 3 tokens, d its whole prompt (it samples)
+        return e
+
+    plan = _plan_all(engine(check=False))
+    assert plan is not None and plan.num_steps == 4
+    assert per_request(plan, "agg_start") == [0, 1]
+    assert plan.steps[0].fills == [0, 1]
+    assert plan.steps[3].finishes == [0, 1]
+    single = engine(check=False)
+    single.step()
+    assert list(single.kv_cache.uncommitted) == ["p", "d"]
+    checked = engine(check=True)  # the checker compares both orders with single steps
+    for _ in range(4):
+        assert checked.run_stretch(0.0, None, max_steps=1) is not None
+    assert not checked.has_unfinished_requests()
+
+
+def _prompts_next_to_decoders(seed: int) -> tuple[Workload, tuple]:
+    """Three to ten requests arriving over 8 steps, prompts of 1 to 40 tokens, small
+    thresholds, budgets and pools (some preempt), plain or adaptive budgets: prompts
+    prefill for many steps in front of requests admitted after them that already decode."""
+    rng = random.Random(seed)
+    threshold = rng.choice([0, 2, 3, 4, 5, 7, 12])
+    jobs = []
+    for i in range(rng.randint(3, 10)):
+        length = rng.choice([1, 2, rng.randint(1, 40)])
+        prompt = [rng.randint(2, 9) for _ in range(length)]
+        jobs.append(Job(f"r{i}", prompt, rng.randint(1, 16), 1, rng.randint(0, 8), None))
+    w = Workload(jobs, rng.randint(4, 40), threshold, 8, rng.choice([0, 2, 5, 30]), 0)
+    caching = rng.choice(["none", "hash"])
+    scheduling = rng.choice(["fcfs", "fcfs", "fcfs-adaptive"])
+    return w, ("chunked", "recompute", caching, 4, scheduling)
+
+
+# 117: a prompt's last chunk (its only token is its last) and a decoder behind it finish in
+# one step; 1376: an adaptive budget grows as requests finish, and a prompt's chunk takes all
+# the decoders leave while decoders sit behind the next prompt (or behind it, its chunk
+# bound by the budget), which single steps would starve: the stretch ends before that step
+@pytest.mark.parametrize("seed", [117, 1376, *range(8)])
+def test_stretches_equal_single_steps_with_decoders_behind_prompts(seed: int) -> None:
+    w, cfg = _prompts_next_to_decoders(seed)
+    single = drive(w, cfg, "single")
+    assert drive(w, cfg, "until") == single
+    assert drive(w, cfg, "feed") == single
+
+
 def test_apply_finishes_on_a_final_stop_token() -> None:
     executor = DeterministicExecutor(check_kv=False)
     engine = Engine(EngineConfig(block_size=4), executor, check_stretches=False)
@@ -586,28 +648,28 @@ def test_a_readmission_that_adopts_cached_blocks_ends_the_plan_of_later_lookups(
 
 
 def _preemptions(plans: list[StretchPlan]) -> tuple[int, int, int, int]:
-    """Planned preemptions (of requests behind the decoders, of aggregate decoders), and
+    """Planned preemptions (of prefilling requests, of aggregate decoders), and
     readmissions of the requests preempted (all, and those with a prefix-cache hit)."""
-    behind = decoders = readmitted = with_hit = 0
+    prefilling = decoders = readmitted = with_hit = 0
     for plan in plans:
         for step in plan.steps:
             for _, i, _ in step.preempts or ():
                 if plan.requests[i].agg_start:
                     decoders += 1
                 else:
-                    behind += 1
+                    prefilling += 1
         for member in plan.requests:
             if member.next_stay >= 0:
                 readmitted += 1
                 with_hit += plan.requests[member.next_stay].start_computed > 0
-    return behind, decoders, readmitted, with_hit
+    return prefilling, decoders, readmitted, with_hit
 
 
 @pytest.mark.parametrize("caching", CACHING)
 def test_steps_that_preempt_are_planned(caching: str, applied_plans: list[StretchPlan]) -> None:
     """A step whose running allocations do not all fit preempts from the tail, as
-    ``Scheduler._make_room`` does: the planner plans it (victims behind the decoders and
-    aggregate decoders alike; their blocks freed to the free queue's tail, they wait at
+    ``Scheduler._make_room`` does: the planner plans it (prefilling victims and aggregate
+    decoders alike; their blocks freed to the free queue's tail, they wait at
     its front) and the readmissions of the victims (no cache: from token 0; hash: from
     the hit of their own blocks left in the free queue; a tree's lookup ends the
     stretch), and stretches still leave what single steps leave. Without planned
@@ -622,8 +684,8 @@ def test_steps_that_preempt_are_planned(caching: str, applied_plans: list[Stretc
             assert drive(w, cfg, "until") == single, (seed, block_size)
             assert drive(w, cfg, "feed") == single, (seed, block_size)
             counts = [a + b for a, b in zip(counts, _preemptions(applied_plans), strict=True)]
-    behind, decoders, readmitted, with_hit = counts
-    assert behind > 50 and decoders > 20, counts
+    prefilling, decoders, readmitted, with_hit = counts
+    assert prefilling > 50 and decoders > 20, counts
     if caching != "radix":
         assert readmitted > 100, counts
     if caching == "hash":

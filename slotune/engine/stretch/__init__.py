@@ -13,10 +13,13 @@ steps make them. The state afterwards (block ids, free-queue order and prefix-ca
 contents included) is the one that many rounds of ``schedule`` and
 ``update_from_output`` leave.
 
-Decoders in front of the running list (in running order, before the first request that is
-still prefilling) are kept as aggregates, bucketed by the step of their next allocation,
-block fill and finish; a request joins them as soon as everything in front of it decodes.
-The others are stepped one by one.
+The running decoders, wherever they sit in the running list, are kept as one aggregate,
+bucketed by the step of their next allocation, block fill and finish; a request joins it
+with the step after its prompt's last chunk. Only the prefilling requests are stepped one
+by one, after the decoders: each sees the budget less every decoder's token, which gives
+the chunk the scheduler's pass (in running order) gives unless the budget binds it, and a
+bound chunk or a spent budget in front of a decoder ends the stretch (a single step would
+starve that decoder). A step's allocations, fills and finishes go in running order.
 
 A step is planned only when it is certain to be such a step: every running decoder fits in
 the budget, no prompt needs a fork (``n > 1``), every running allocation fits in the free
@@ -38,8 +41,8 @@ lookup commits filled blocks, so ``apply_stretch`` commits them at that step
 Under recompute preemption and the chunked policy, a step whose running allocations do not
 all fit preempts as ``Scheduler._make_room`` does, while the free count is exact: in
 running order, the first request whose allocation does not fit takes victims from the
-tail (the requests behind the decoders, then aggregate decoders) until it fits or is
-itself the victim. ``PlannedStep.preempts`` says after which allocation each victim goes;
+tail of the running order (aggregate decoders or not) until it fits or is itself the
+victim. ``PlannedStep.preempts`` says after which allocation each victim goes;
 ``apply_stretch`` preempts it there (its filled blocks committed, its blocks freed to the
 free queue's tail, the request at the waiting front), and the step's waiting pass is
 skipped. A victim waits at the front with its tokens and its place in the free queue (its

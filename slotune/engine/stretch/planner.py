@@ -121,7 +121,7 @@ class Admission(NamedTuple):
 
 
 class _Other:
-    """A running request behind a prefilling one, stepped one by one while planning."""
+    """A running request that prefills, stepped one by one while planning."""
 
     __slots__ = (
         "computed",
@@ -207,6 +207,7 @@ class StretchPlanner:
         "hit_len",
         "hit_of",
         "kv",
+        "last_decoder",
         "last_key",
         "next_waiting",
         "num_adopted",
@@ -262,7 +263,7 @@ class StretchPlanner:
         self.last_key = max(map(key, running), default=None) if key is not None else None
         self.plan = StretchPlan(list(running))
         num = len(running)
-        # the aggregate: decoders in front of the running list
+        # the aggregate: the running decoders, wherever they sit in the running list
         self.alloc_at: dict[int, list[int]] = {}
         self.finish_at: dict[int, list[int]] = {}
         self.fill_at: dict[int, list[int]] = {}
@@ -271,22 +272,16 @@ class StretchPlanner:
         self.extra = [0] * num  # blocks allocated during the stretch
         self.sum_base = 0
         self.alive = 0
-        prefix = 0
-        for req in running:
-            if not is_decoder(req):
-                break
-            self._join(
-                prefix,
-                req.num_computed_tokens,
-                len(req.all_token_ids),
-                req.max_num_tokens,
-                kv.num_slots(req.request_id),
-                1,
-            )
-            prefix += 1
-        self.others = [
-            _Other(i, r, kv.num_slots(r.request_id)) for i, r in enumerate(running[prefix:], prefix)
-        ]
+        # the plan index of the last aggregate decoder (-1: none; None: found again on use)
+        self.last_decoder: int | None = -1
+        self.others: list[_Other] = []  # the running requests that prefill, in running order
+        for i, req in enumerate(running):
+            slots = kv.num_slots(req.request_id)
+            if is_decoder(req):
+                computed = req.num_computed_tokens
+                self._join(i, computed, computed + 1, req.max_num_tokens, slots, 1)
+            else:
+                self.others.append(_Other(i, req, slots))
         # the step being planned (``plan_step`` resets them; see serve_running)
         self.step_allocs: list[Alloc] = []
         self.step_blocks = 0  # blocks it allocates so far
@@ -337,6 +332,8 @@ class StretchPlanner:
         self.base[i] = base = computed + 1 - s
         self.sum_base += base
         self.alive += 1
+        if self.last_decoder is not None and i > self.last_decoder:
+            self.last_decoder = i
         member = self.plan.requests[i]
         member.agg_start = s
         member.agg_computed = computed
@@ -452,39 +449,61 @@ class StretchPlanner:
         return left
 
     def _serve_others(self, budget: int) -> int:
-        """The requests behind the decoders take their tokens in running order (their
-        allocations noted as if all fit: ``_make_room`` corrects that)."""
+        """The prefilling requests take their tokens in running order (their allocations
+        noted as if all fit: ``_make_room`` corrects that). The aggregate decoders took
+        theirs first, so each of these sees the budget less every decoder's token, where
+        the scheduler's pass, in running order, leaves it those of the decoders behind it
+        too: the same chunk unless the budget binds it, so a bound chunk (or a request the
+        spent budget leaves out) with a decoder behind it ends the stretch."""
         s = self.sched
         bs = self.bs
         allocs = self.step_allocs
+        num_prefix_allocs = len(allocs)
         stepped = self.stepped
         new_blocks = 0
-        for k, o in enumerate(self.others):
-            if budget <= 0:
-                if any(is_decoding(r.total - r.computed, r.has_output) for r in self.others[k:]):
-                    # a decoder would go without its token (a plan's requests sample in every
-                    # step once they start): only a budget that shrinks (adaptive) does that
-                    raise _Unsure
-                break
+        for o in self.others:
             computed = o.computed
-            n = s.running_tokens(o.total - computed, computed, budget)
+            left = o.total - computed
+            if budget <= 0:
+                if self._last_decoder() > o.index:
+                    raise _Unsure  # the pass would give it the tokens of decoders behind it
+                break
+            n = s.running_tokens(left, computed, budget)
+            if (
+                n == budget
+                and self._last_decoder() > o.index
+                and s.running_tokens(left, computed, budget + 1) != n
+            ):
+                raise _Unsure  # as above: its chunk would be larger
             slots = o.slots
             if needs_blocks(computed, n, slots):
                 slots = blocks_for(computed + n, bs) * bs
                 need = (slots - o.slots) // bs
                 allocs.append((o.index, need))
                 new_blocks += need
-            if computed + n == o.total and num_samples(o.has_output, o.n) > 1:
+            if n == left and num_samples(o.has_output, o.n) > 1:
                 raise _Unsure  # a fork: a general step's job
             budget -= n
             stepped.append((o, n, slots))
-        self.step_blocks += new_blocks
+        if new_blocks:
+            self.step_blocks += new_blocks
+            k = num_prefix_allocs
+            if k and allocs[k][0] < allocs[k - 1][0]:
+                allocs.sort()  # in running order, as the pass allocates
         return budget
+
+    def _last_decoder(self) -> int:
+        """The plan index of the last aggregate decoder in running order (-1: none)."""
+        last = self.last_decoder
+        if last is None:
+            buckets = self.finish_at.values()
+            last = self.last_decoder = max((max(b) for b in buckets if b), default=-1)
+        return last
 
     def _make_room(self, budget: int) -> int:
         """The running requests' allocations do not all fit: replay ``Scheduler._make_room``
-        in running order (victims from the tail: the requests behind the decoders, then
-        aggregate decoders) and keep only what the step then serves. What it leaves of
+        in running order (victims from its tail, aggregate decoders or not) and keep only
+        what the step then serves. What it leaves of
         ``budget`` (the running pass's); raises ``_Unsure`` where that is not exact."""
         s = self.sched
         if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
@@ -492,10 +511,12 @@ class StretchPlanner:
         if s.budget_s is not None:
             raise _Unsure  # a victim joins the decode budget's watch at the step's time
         members = self.plan.requests
-        order = self._aggregate() + [o.index for o in self.others]
-        num_agg = self.alive
-        assert len(order) == num_agg + len(self.others)
-        served = num_agg + len(self.stepped)  # what the pass visits if all fits
+        others = {o.index: o for o in self.others}
+        order = sorted(self._aggregate() + list(others))  # running order
+        assert len(order) == self.alive + len(others)
+        # what the pass visits if all fits: the requests the budget leaves out follow
+        # every decoder (``_serve_others``)
+        served = self.alive + len(self.stepped)
         need = dict(self.step_allocs)
         avail, exact = self.free, True
         tail = len(order)
@@ -515,7 +536,7 @@ class StretchPlanner:
                     raise _Unsure  # alone, it finishes with "length"
                 if members[v].request.sampling_params.n != 1:
                     raise _Unsure  # a fork's seats
-                freed, alone = self._victim_frees(v, tail - num_agg)
+                freed, alone = self._victim_frees(v, others.get(v))
                 exact = exact and alone
                 victims.append((num_allocs, v, freed, alone, avail))
                 if v == i:
@@ -530,7 +551,12 @@ class StretchPlanner:
         self.free_exact = exact
         self.preempted = True
         self._preempt_victims(victims)
-        del self.stepped[max(k - num_agg, 0) :]
+        last_served = order[k - 1] if k else -1
+        stepped = self.stepped
+        cut = len(stepped)
+        while cut and stepped[cut - 1][0].index > last_served:
+            cut -= 1
+        del stepped[cut:]
         gone = {v for _, v, _, _, _ in victims}
         kept = [(i, n) for i, n in self.step_allocs if i not in gone]
         self.step_allocs = kept
@@ -541,11 +567,11 @@ class StretchPlanner:
         """The aggregate decoders of the step being planned, in running order."""
         return sorted(i for bucket in self.finish_at.values() for i in bucket)
 
-    def _victim_frees(self, i: int, other: int) -> tuple[int, bool]:
-        """The blocks request ``i`` frees when preempted (``other``: its place among the
-        requests behind the decoders, negative for an aggregate decoder), and whether that
-        is all it holds (blocks shared at the start stay held: see ``_free_blocks_of``)."""
-        extra = self.others[other].extra if other >= 0 else self.extra[i]
+    def _victim_frees(self, i: int, other: _Other | None) -> tuple[int, bool]:
+        """The blocks request ``i`` frees when preempted (``other``: it, if it prefills;
+        None for an aggregate decoder), and whether that is all it holds (blocks shared at
+        the start stay held: see ``_free_blocks_of``)."""
+        extra = other.extra if other is not None else self.extra[i]
         if i >= self.plan.num_start:
             return extra, True
         alone, held = self.kv.blocks_held_alone(self.plan.requests[i].request.request_id)
@@ -568,6 +594,8 @@ class StretchPlanner:
                 computed = self.base[i] + j - 1
                 total, has_output = computed + 1, True
                 self.alive -= 1
+                if i == self.last_decoder:
+                    self.last_decoder = None
                 self.sum_base -= self.base[i]
                 member.scheduled += j - member.agg_start
                 for buckets in (self.alloc_at, self.fill_at, self.finish_at):
@@ -803,8 +831,13 @@ class StretchPlanner:
                 member.scheduled += j - member.agg_start + 1
                 self._free_blocks_of(i, self.extra[i])
             self.alive -= len(done)
+            if done[-1] == self.last_decoder:
+                self.last_decoder = None
             finished.extend(done)
         caching = self.cache is not None
+        num_prefix_fills = len(fills)
+        num_prefix_finishes = len(finished)
+        joining: list[_Other] | None = None  # requests that decode from the next step on
         for o, n, slots in stepped:
             i = o.index
             member = members[i]
@@ -829,15 +862,30 @@ class StretchPlanner:
                     member.last_sample = j - 1
                     finished.append(i)
                     self._free_blocks_of(i, o.extra)
+                    continue
+            if is_decoding(o.total - o.computed, o.has_output):
+                if joining is None:
+                    joining = []
+                joining.append(o)
+        if num_prefix_fills and len(fills) > num_prefix_fills:
+            fills.sort()  # in running order, as the update commits them
         if finished:
-            self.others = [o for o in self.others if members[o.index].last_sample < 0]
+            if num_prefix_finishes and len(finished) > num_prefix_finishes:
+                finished.sort()
             if self.stop_at_finish:
                 self.ended = True
-        others = self.others
-        while others and is_decoding(others[0].total - others[0].computed, others[0].has_output):
-            o = others.pop(0)
-            self.extra[o.index] = o.extra
-            self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
+        if joining or len(finished) > num_prefix_finishes:
+            self.others = [
+                o
+                for o in self.others
+                if members[o.index].last_sample < 0
+                and not is_decoding(o.total - o.computed, o.has_output)
+            ]
+        if joining:
+            extra = self.extra
+            for o in joining:
+                extra[o.index] = o.extra
+                self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
 
     def _again(self, buckets: dict[int, list[int]], members: list[int], step: int) -> None:
         """Aggregate decoders allocate (or fill) a block every ``block_size`` steps: put
