@@ -503,8 +503,8 @@ class StretchPlanner:
     def _make_room(self, budget: int) -> int:
         """The running requests' allocations do not all fit: replay ``Scheduler._make_room``
         in running order (victims from its tail, aggregate decoders or not) and keep only
-        what the step then serves. What it leaves of
-        ``budget`` (the running pass's); raises ``_Unsure`` where that is not exact."""
+        what the step then serves. What it leaves of ``budget`` (the running pass's);
+        raises ``_Unsure`` where that is not exact."""
         s = self.sched
         if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
             raise _Unsure  # swaps, or a free count that is only a lower bound
