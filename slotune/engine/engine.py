@@ -389,15 +389,12 @@ class Engine:
         t = start_time_s
         next_arrival = arrivals.next_time() if arrivals is not None else None
         # a decode budget: the step whose end brings a watched request due ends the stretch
-        # (the scheduler's clock summed as single steps sum it); a request the stretch
-        # preempts is watched from the start of that step
+        # (the scheduler's clock summed as single steps sum it)
         budget_s = scheduler.budget_s
         watched = scheduler.budget_watch.first_preempted_at() if budget_s is not None else None
         clock = scheduler.clock
         while True:
             step = plan.steps[-1]
-            if step.preempts and budget_s is not None:
-                watched = clock if watched is None else min(watched, clock)
             d = seconds(
                 step.num_tokens,
                 step.num_samples,
@@ -410,9 +407,9 @@ class Engine:
             t += d
             if until_time_s is not None and t >= until_time_s:
                 break
-            if budget_s is not None:
+            if watched is not None:
                 clock += d
-                if watched is not None and clock - watched > budget_s:
+                if clock - watched > budget_s:
                     break
             if arrivals is not None:
                 cut = t - d if arrivals.at_step_start else t

@@ -9,8 +9,6 @@ import pandas as pd
 import pytest
 
 from slotune.engine import EngineConfig
-from slotune.engine import engine as engine_module
-from slotune.engine.stretch import StretchPlan
 from slotune.workloads import ArrivalSpec, Trace, run_simulated
 from slotune.workloads.arrivals import ALL_AT_ONCE
 from slotune.workloads.generators import AgentParams, agent_sessions, shared_prefix, sharegpt_like
@@ -198,28 +196,3 @@ def test_stretches_take_arrivals_up_to_the_first_deadline(name: str) -> None:
     assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
     assert (on.requests["error"] == "timeout").sum() > 5
     assert on.engine_stats["stretch_steps"] > len(on.steps) // 4
-
-
-def test_the_decode_budget_cases_plan_preemptions_and_readmissions(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Under a decode budget a step that preempts is planned (its victims wait by rank and
-    the stretch ends where one comes due), and so is a readmission that sorts behind every
-    running request; the checking mode (on for this module) replays them step by step."""
-    plans: list[StretchPlan] = []
-    apply = engine_module.apply_stretch
-
-    def recording(scheduler, plan, tokens, durations=None):  # type: ignore[no-untyped-def]
-        plans.append(plan)
-        return apply(scheduler, plan, tokens, durations)
-
-    monkeypatch.setattr(engine_module, "apply_stretch", recording)
-    readmitted = 0
-    for name in [n for n in CASES if "decode-budget" in n]:
-        plans.clear()
-        config, trace, arrivals = CASES[name]
-        run = run_simulated(config, trace, arrivals=arrivals, model="llama-2-7b", gpu="a100-80g")
-        planned = sum(len(step.preempts or ()) for plan in plans for step in plan.steps)
-        assert planned == run.engine_stats["num_preemptions"] > 50, name
-        readmitted += sum(member.next_stay >= 0 for plan in plans for member in plan.requests)
-    assert readmitted > 0

@@ -53,11 +53,7 @@ group and no other request of the plan shares the block; otherwise a step that t
 must surely leave it out (a hit of free blocks takes no fewer blocks than its first chunk
 from token 0), or the stretch ends. A readmission is a new plan request
 (``PlannedRequest.next_stay``); its samples are one run over its stays. A tree's lookup
-ends the stretch here too. Swap and hybrid preemption end the stretch. Under a decode
-budget the waiting queue is ordered (``rules.queue_key``) and a victim waits by its rank:
-trying it is planned only while it ranks first, and an admission (a readmission too)
-only while it sorts behind every running request; the caller ends the stretch where a
-victim comes due.
+ends the stretch here too. Swap and hybrid preemption end the stretch.
 
 Arrivals during a stretch reach the planner through ``arrive`` after the step they
 follow. When a request finishes and the caller asks (it may send requests then), that step

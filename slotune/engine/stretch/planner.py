@@ -63,9 +63,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "swap_threshold_tokens": None,  # read only when a step swaps, which no plan does
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
-    # a decode budget: waiting read in its priority order, a victim planned while it ranks
-    # first, no readmission; the stretch ends where a watched request (one preempted in it
-    # too) comes due (``Engine.run_stretch``)
+    # a decode budget: no step that preempts or readmits, the stretch ends where a watched
+    # request comes due (``Engine.run_stretch``); waiting read in its priority order
     "decode_budget_ms": None,
     # each planned step takes the budget the scheduler's step_budget gives (a fixed
     # step-time model only: see refusal)
@@ -509,6 +508,8 @@ class StretchPlanner:
         s = self.sched
         if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
             raise _Unsure  # swaps, or a free count that is only a lower bound
+        if s.budget_s is not None:
+            raise _Unsure  # a victim joins the decode budget's watch at the step's time
         members = self.plan.requests
         others = {o.index: o for o in self.others}
         order = sorted(self._aggregate() + list(others))  # running order
@@ -634,8 +635,6 @@ class StretchPlanner:
             victim = victims[-1 - k] if k < len(victims) else None
             if victim is not None:
                 head = victim.request
-                if s.key is not None and not self._victim_leads(k):
-                    raise _Unsure
             elif self.next_waiting + k - len(victims) < len(waiting):
                 head = waiting[self.next_waiting + k - len(victims)]
             else:
@@ -650,8 +649,6 @@ class StretchPlanner:
                     raise _Unsure
             else:
                 decision = self._readmission(victim, avail, num_seated, free_left)
-                if isinstance(decision, Admission) and not self._seated_last(head):
-                    raise _Unsure
             if decision is HeadWaits.STAYS:
                 break
             if decision is HeadWaits.UNSURE:
@@ -668,32 +665,15 @@ class StretchPlanner:
             budget -= n
         return budget
 
-    def _victim_leads(self, k: int) -> bool:
-        """Under a queue order (a decode budget) a victim waits by its rank, not at the
-        front: whether the ``k``-th victim from the last still ranks before the next one and
-        before the waiting head, as the plan takes them."""
-        victims = self.victims
-        after = victims[-2 - k].request if k + 1 < len(victims) else self.head()
-        if after is None:
-            return True
-        return self._rank(victims[-1 - k].request) < self._rank(after)
-
-    def _rank(self, req: Request) -> tuple[tuple, int]:
-        """Where ``req`` waits in a priority queue (``queues.PriorityWaiting``)."""
-        key = self.sched.key
-        assert key is not None
-        return key(req), req.queue_seq
-
     def _seated_last(self, head: Request) -> bool:
         """Whether admitting ``head`` seats it behind every running request, as the plan
         does: always in admission order; under a decode budget (running requests in
-        ``rules.queue_key`` order, a readmission too) for a request that sorts last so far
-        (``last_key``: the last seated request's key, or a later one once the stretch
-        preempted it)."""
+        ``rules.queue_key`` order) for a new request that sorts last so far (not a
+        readmission, which takes its place by arrival)."""
         key = self.sched.key
         if key is None:
             return True
-        if self.sched.budget_s is None:
+        if head.status is not RequestStatus.WAITING or self.sched.budget_s is None:
             return False
         head_key = key(head)
         if self.last_key is not None and head_key < self.last_key:
