@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/sim_exactness.py --base main --configs 12
     .venv/bin/python benchmarks/sim_exactness.py --base HEAD~1 --configs 8 --check
     .venv/bin/python benchmarks/sim_exactness.py --base main --request-timeout 60
+    .venv/bin/python benchmarks/sim_exactness.py --base main --decode-budget-ms 100 --check
 
 A change that only makes the simulator faster (issue 28) must leave every replay where it
 was. This draws ``--configs`` engine configurations at random (token budget, block size,
@@ -12,7 +13,9 @@ replays the same slice of an Azure-like trace (``sim_speed.write_azure_csv``) wi
 ``slotune bench --json`` in both trees, and compares the JSON whole, but for its date and
 the count of steps run in stretches (which a planner change is meant to move). With
 ``--request-timeout`` every replay's client gives up on a request that long after sending
-it (as ``tune --request-timeout`` and ``bench --timeout`` do). With ``--check`` this
+it (as ``tune --request-timeout`` and ``bench --timeout`` do); with
+``--decode-budget-ms`` every chunked configuration runs under that decode budget (in place
+of adaptive chunking; small memory shares make it preempt). With ``--check`` this
 tree's replays also run with ``SLOTUNE_CHECK_STRETCHES=1``, which replays
 every stretch step by step on a shadow scheduler and fails on any difference. A
 configuration that both trees refuse (the same message) counts as matching.
@@ -65,6 +68,17 @@ def draw_config(rng: random.Random) -> list[str]:
     return [str(x) for pair in flags.items() for x in pair]
 
 
+def with_decode_budget(flags: list[str], ms: float) -> list[str]:
+    """``flags`` with a decode budget of ``ms`` in place of adaptive chunking (prefill-first
+    takes neither)."""
+    pairs = dict(zip(flags[::2], flags[1::2], strict=True))
+    if pairs["--policy"] == "prefill_first":
+        return flags
+    pairs.pop("--adaptive-chunk-ms", None)
+    pairs["--decode-budget-ms"] = f"{ms:g}"
+    return [x for pair in pairs.items() for x in pair]
+
+
 def bench(tree: Path, csv: Path, requests: int, flags: list[str], check: bool) -> dict:
     """``slotune bench --json`` in ``tree``: its JSON (or the refusal), and its CPU seconds."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
@@ -110,6 +124,9 @@ def main() -> None:
         "--check", action="store_true", help="also replay this tree in the checking mode"
     )
     parser.add_argument("--request-timeout", type=float, help="seconds, for every replay")
+    parser.add_argument(
+        "--decode-budget-ms", type=float, help="on every chunked configuration (no adaptive)"
+    )
     args = parser.parse_args()
     csv = args.csv or write_azure_csv(
         Path(tempfile.gettempdir()) / f"slotune-azure-like-{args.requests}.csv", args.requests
@@ -119,6 +136,8 @@ def main() -> None:
     differ = 0
     for n in range(args.configs):
         flags = draw_config(rng)
+        if args.decode_budget_ms:
+            flags = with_decode_budget(flags, args.decode_budget_ms)
         if args.request_timeout:
             flags += ["--request-timeout", f"{args.request_timeout:g}"]
         this = bench(ROOT, csv, args.requests, flags, check=False)
