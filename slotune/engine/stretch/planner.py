@@ -419,17 +419,9 @@ class StretchPlanner:
     def _step_budget(self, j: int) -> int:
         """Adaptive chunking: step ``j``'s budget, from the running requests as
         ``Scheduler.step_budget`` counts them (the aggregate decoders read ``base + j``
-        each)."""
-        num_decodes = self.alive
-        context = self.sum_base + j * self.alive
-        prior = None
-        for o in self.others:
-            if is_decoding(o.total - o.computed, o.has_output):
-                num_decodes += 1
-                context += o.computed + 1
-            elif prior is None:
-                prior = o.computed
-        return self.sched.budget_for(num_decodes, context, prior or 0)
+        each; every other running request prefills)."""
+        prior = self.others[0].computed if self.others else 0
+        return self.sched.budget_for(self.alive, self.sum_base + j * self.alive, prior)
 
     # -- the step being planned: its passes (``Passes``), which ``Scheduler.run_passes``
     # calls in the scheduler's order with the scheduler's budget. A pass that would
@@ -512,7 +504,7 @@ class StretchPlanner:
             raise _Unsure  # a victim joins the decode budget's watch at the step's time
         members = self.plan.requests
         others = {o.index: o for o in self.others}
-        order = sorted(self._aggregate() + list(others))  # running order
+        order = self._aggregate(others)
         assert len(order) == self.alive + len(others)
         # what the pass visits if all fits: the requests the budget leaves out follow
         # every decoder (``_serve_others``)
@@ -563,9 +555,10 @@ class StretchPlanner:
         self.step_blocks = sum(n for _, n in kept)
         return budget - self.alive - sum(n for _, n, _ in self.stepped)
 
-    def _aggregate(self) -> list[int]:
-        """The aggregate decoders of the step being planned, in running order."""
-        return sorted(i for bucket in self.finish_at.values() for i in bucket)
+    def _aggregate(self, others: dict[int, _Other]) -> list[int]:
+        """The aggregate decoders of the step being planned and ``others``, in running
+        order."""
+        return sorted([*(i for bucket in self.finish_at.values() for i in bucket), *others])
 
     def _victim_frees(self, i: int, other: _Other | None) -> tuple[int, bool]:
         """The blocks request ``i`` frees when preempted (``other``: it, if it prefills;
@@ -837,7 +830,8 @@ class StretchPlanner:
         caching = self.cache is not None
         num_prefix_fills = len(fills)
         num_prefix_finishes = len(finished)
-        joining: list[_Other] | None = None  # requests that decode from the next step on
+        # of the requests stepped one by one: those that finished or decode from now on
+        leaving: list[_Other] | None = None
         for o, n, slots in stepped:
             i = o.index
             member = members[i]
@@ -862,11 +856,10 @@ class StretchPlanner:
                     member.last_sample = j - 1
                     finished.append(i)
                     self._free_blocks_of(i, o.extra)
-                    continue
-            if is_decoding(o.total - o.computed, o.has_output):
-                if joining is None:
-                    joining = []
-                joining.append(o)
+            if is_decoding(o.total - o.computed, o.has_output):  # finished ones too
+                if leaving is None:
+                    leaving = []
+                leaving.append(o)
         if num_prefix_fills and len(fills) > num_prefix_fills:
             fills.sort()  # in running order, as the update commits them
         if finished:
@@ -874,18 +867,14 @@ class StretchPlanner:
                 finished.sort()
             if self.stop_at_finish:
                 self.ended = True
-        if joining or len(finished) > num_prefix_finishes:
-            self.others = [
-                o
-                for o in self.others
-                if members[o.index].last_sample < 0
-                and not is_decoding(o.total - o.computed, o.has_output)
-            ]
-        if joining:
+        if leaving:
+            left = set(map(id, leaving))
+            self.others = [o for o in self.others if id(o) not in left]
             extra = self.extra
-            for o in joining:
-                extra[o.index] = o.extra
-                self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
+            for o in leaving:
+                if members[o.index].last_sample < 0:  # not finished: it joins the decoders
+                    extra[o.index] = o.extra
+                    self._join(o.index, o.computed, o.total, o.max_num_tokens, o.slots, j + 1)
 
     def _again(self, buckets: dict[int, list[int]], members: list[int], step: int) -> None:
         """Aggregate decoders allocate (or fill) a block every ``block_size`` steps: put
