@@ -178,10 +178,9 @@ class Engine:
         priority: int = 0,
         tier: int = 0,
     ) -> None:
+        prompt = list(prompt_token_ids)  # the caller may reuse its list; new_request keeps it
         self.enqueue(
-            self.new_request(
-                request_id, prompt_token_ids, params, arrival_time, priority=priority, tier=tier
-            )
+            self.new_request(request_id, prompt, params, arrival_time, priority=priority, tier=tier)
         )
 
     def enqueue(self, request: Request) -> None:
@@ -206,14 +205,16 @@ class Engine:
         it under ``scheduling_policy="priority"`` (lower first); ``tier`` is its service
         tier (0 the highest). ``tokens_checked``: the caller knows every prompt token is
         a non-negative integer (a trace checks its prompts at once), so that check is
-        skipped; the others are not."""
+        skipped; the others are not. The request keeps ``prompt_token_ids`` itself (no
+        engine code changes a prompt): the caller must not change the list afterwards
+        (a trace's prompts serve every run of a study without a copy)."""
         params = params if params is not None else SamplingParams()
         self._validate(request_id, prompt_token_ids, params, tokens_checked)
         if priority or tier:
             self._validate_class(request_id, len(prompt_token_ids), priority, tier)
         request = Request(
             request_id,
-            list(prompt_token_ids),
+            prompt_token_ids,
             params,
             arrival_time=arrival_time,
             eos_token_id=self.eos_token_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from slotune.workloads import RunResult, parse_slo, summarize
 from slotune.workloads.metrics import request_metrics
-from slotune.workloads.result import REQUEST_COLUMNS, empty_steps
+from slotune.workloads.result import REQUEST_COLUMNS, empty_steps, token_times_json
 
 
 def _result(rows: list[dict], duration: float, stats: dict | None = None) -> RunResult:
@@ -134,6 +135,12 @@ def test_run_result_round_trips_through_csv(tmp_path) -> None:
     back = RunResult.load(tmp_path, duration_s=4.0)
     assert back.requests["token_times"].tolist() == res.requests["token_times"].tolist()
     assert summarize(back) == summarize(res)
+
+
+@given(st.lists(st.floats(0, 1e7, allow_nan=False) | st.integers(0, 10**9).map(lambda u: u / 1e6)))
+@settings(max_examples=300, deadline=None)
+def test_saved_token_times_read_back_rounded_to_the_microsecond(times: list[float]) -> None:
+    assert json.loads(token_times_json(times)) == [round(t, 6) for t in times]
 
 
 token_lists = st.lists(
