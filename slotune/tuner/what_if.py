@@ -15,7 +15,8 @@ an engine that had it would bring. Policy settings (one each, not searched):
 Hybrid preemption and the decode budget act on preempted requests only: when the
 recommended run preempted none, their run is that run (not rerun). The stretch planner
 plans hybrid preemption, adaptive chunking and the decode budget (between preemptions);
-tier quotas rerun one step at a time, a few times a trial's cost.
+tier quotas rerun one step at a time, a few times a trial's cost. The reruns go at once,
+each in a forked process (``tuner.forked``), where the machine has the cores.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.forked import map_forked
 
 ADAPTIVE_CEILING = 8192
 _ON_PREEMPTION = ("hybrid preemption", "decode budget")  # change nothing without preemption
@@ -90,6 +92,7 @@ def what_if(
     tiered = len({r.tier for r in evaluator.trace.requests}) > 1
     base = _scores(summary, evaluator.measurement(summary, rate).score)
     results: list[dict[str, Any]] = []
+    reruns: list[tuple[dict[str, Any], EngineConfig]] = []  # (its row, the variant to run)
     for policy in policies(config, tpot, tiered):
         try:
             variant = replace(config, **policy.settings)
@@ -98,14 +101,19 @@ def what_if(
             continue
         if not target.problems(variant):
             continue  # the target runs it: the search could choose it
+        row: dict[str, Any] = {"name": policy.name, "settings": policy.settings}
+        results.append(row)
         if policy.name in _ON_PREEMPTION and not summary.get("num_preemptions"):
-            results.append(
-                {"name": policy.name, "settings": policy.settings, "scores": base, "same": True}
-            )
-            continue
+            row.update(scores=base, same=True)
+        else:
+            reruns.append((row, variant))
+
+    def rerun(variant: EngineConfig) -> dict[str, Any]:
         run = evaluator.summarize(evaluator.run(variant, rate), rate)
-        scores = _scores(run, evaluator.measurement(run, rate).score)
-        results.append({"name": policy.name, "settings": policy.settings, "scores": scores})
+        return _scores(run, evaluator.measurement(run, rate).score)
+
+    for (row, _), scores in zip(reruns, map_forked(rerun, [v for _, v in reruns]), strict=True):
+        row["scores"] = scores
     if not results:
         return None
     return {"target": target.name, "rate": rate, "base": base, "policies": results}

@@ -10,6 +10,7 @@ import pytest
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.evaluate import Evaluator
+from slotune.tuner.forked import forks
 from slotune.tuner.noise import judge
 from tests.tuner.studies import evaluator_for, record_runs
 
@@ -38,7 +39,8 @@ def test_reruns_only_where_the_seed_draws_arrivals(
     verdict = judge(ev, BEST, BASELINE, first)
     monkeypatch.undo()
     assert verdict.same_runs is same
-    assert [seed for _, _, seed in runs] == ([] if same else [1, 1, 2, 2])
+    # the reruns go to forked children where the machine has the cores (not seen here)
+    assert [seed for _, _, seed in runs] == ([] if same or forks() else [1, 1, 2, 2])
     # what a fresh evaluator at each other seed measures (nothing shared with ``ev``)
     for k, seed in enumerate(verdict.seeds[1:], start=1):
         other = Evaluator(replace(ev.setup, seed=seed), ev.trace)

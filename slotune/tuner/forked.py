@@ -1,0 +1,64 @@
+"""Independent simulated runs at once, on the machine's other cores.
+
+The tune's finish reruns the recommendation under each policy the target lacks (the
+what-if): runs that share nothing but the study's evaluator. Forked children inherit the
+evaluator, its trace and the trace's prompt tokens as they are, instead of rebuilding them
+as a spawned process would, and send back only what each run returns. Where the platform
+does not fork safely (anything but Linux) or one core is all there is, the runs go one
+after another in this process: the results are the same either way, as simulated runs
+are deterministic.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_task: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
+"""The running map's function and items: set before the children fork, read in them."""
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def forks() -> bool:
+    """Whether ``map_forked`` runs its items in forked processes here."""
+    return sys.platform == "linux" and cores() > 1
+
+
+def map_forked(fn: Callable[[T], R], items: Sequence[T], workers: int | None = None) -> list[R]:
+    """``[fn(item) for item in items]`` in forked processes, ``workers`` at once (default:
+    one per item), each taking the next item as it finishes one (where ``forks()``; in this
+    process otherwise). ``fn`` may be a closure: the children inherit it. What it returns
+    must pickle. An exception in a child is raised here."""
+    global _task
+    workers = min(len(items), workers or len(items))
+    if workers < 2 or not forks():
+        return [fn(item) for item in items]
+    if _task is not None:
+        raise RuntimeError("map_forked: one map at a time")
+    _task = (fn, items)
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            return list(pool.map(_call, range(len(items))))
+    finally:
+        _task = None
+
+
+def _call(index: int) -> Any:
+    if _task is None:
+        raise RuntimeError("map_forked: a child started without its task")
+    fn, items = _task
+    return fn(items[index])
