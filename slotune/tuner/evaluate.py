@@ -175,8 +175,35 @@ class Evaluator:
         if key not in self._cache:
             result = self.run(config, rate)
             measured = self._cache[key] = self.measurement(self.summarize(result, rate), rate)
-            self._hold(key, result, measured)
+            if self._holds(key, measured):
+                self._held[key] = _packed(result)
         return self._cache[key]
+
+    def measure_ahead(self, configs: list[EngineConfig], workers: int) -> None:
+        """What ``measure`` returns for each of ``configs`` at the study's load, measured
+        now, ``workers`` runs at once in forked processes (``tuner.forked``; one after
+        another in this process where it does not fork). The runs are held as ``measure``
+        holds them, in the order of ``configs``."""
+        from slotune.tuner.forked import map_forked
+
+        todo: dict[tuple[str, float | None], EngineConfig] = {}
+        for config in configs:
+            key = self._key(config, None)
+            if key not in self._cache:
+                todo.setdefault(key, config)
+
+        def measured(config: EngineConfig) -> tuple[Measurement, Any]:
+            rate = self.setup.load.rate
+            result = self.run(config, rate)
+            return self.measurement(self.summarize(result, rate), rate), _packed(result)
+
+        for key, (measurement, packed) in zip(
+            todo, map_forked(measured, list(todo.values()), workers), strict=True
+        ):
+            self.runs += 1  # (a child's count stays in the child)
+            self._cache[key] = measurement
+            if self._holds(key, measurement):
+                self._held[key] = packed
 
     def hold_runs(self, rank: Callable[[Measurement], tuple[float, ...]]) -> None:
         """Keep the whole run of the best measurement so far by ``rank`` (lowest first) and
@@ -198,18 +225,19 @@ class Evaluator:
         """A run's key: the configuration and the rate (None: the study's load)."""
         return config_key(config), self.setup.load.rate if rate is None else rate
 
-    def _hold(self, key: tuple[str, float | None], result: Any, measured: Measurement) -> None:
+    def _holds(self, key: tuple[str, float | None], measured: Measurement) -> bool:
+        """Whether the run just measured under ``key`` is to be held: the best so far by
+        rank (whose predecessor's run is dropped then, unless pinned) or a pinned one."""
         if self._rank is None:
-            return
+            return False
         rank = self._rank(measured)
         best = self._best_held
         if best is None or rank < best[0]:
             self._best_held = (rank, key)
             if best is not None and best[1][0] not in self._pinned:
                 self._held.pop(best[1], None)
-        elif key[0] not in self._pinned:
-            return
-        self._held[key] = _packed(result)
+            return True
+        return key[0] in self._pinned
 
     def measurement(self, summary: dict[str, Any], rate: float | None) -> Measurement:
         att = attainment(summary)

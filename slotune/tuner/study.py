@@ -140,11 +140,11 @@ def create(
     study.set_user_attr(SETUP_ATTR, setup.to_dict())
     study.set_user_attr(BASELINE_ATTR, baseline)
     study.set_user_attr(RUN_ATTR, {"trials": trials, "heartbeat": heartbeat})
-    _enqueue_baseline(study, setup, baseline)
+    enqueue_baseline(study, setup, baseline)
     return study
 
 
-def _enqueue_baseline(study: Any, setup: TuneSetup, baseline: dict[str, Any]) -> None:
+def enqueue_baseline(study: Any, setup: TuneSetup, baseline: dict[str, Any]) -> None:
     """vLLM's defaults are the first trial when the space holds them: the tuner then never
     recommends worse than the baseline, and the run is already cached. A study of timed
     (steady-state) runs, whose few trials each cost several bursts, then tries the defaults
@@ -267,6 +267,11 @@ def run_settings(study: Any) -> tuple[int | None, int]:
     return run.get("trials"), int(run.get("heartbeat") or DEFAULT_HEARTBEAT_S)
 
 
+def startup_trials(n_trials: int) -> int:
+    """The trials a TPE study of ``n_trials`` draws at random before it models any."""
+    return max(3, min(10, n_trials // 4))
+
+
 def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
     """TPE is multivariate with grouped subspaces, because the space is conditional."""
     import optuna
@@ -278,7 +283,7 @@ def make_sampler(name: str, seed: int, *, n_trials: int) -> Any:
             multivariate=True,
             group=True,
             constant_liar=True,
-            n_startup_trials=max(3, min(10, n_trials // 4)),
+            n_startup_trials=startup_trials(n_trials),
         )
     if name == "nsga2":
         population = max(4, min(50, n_trials // 5))

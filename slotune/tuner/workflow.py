@@ -237,7 +237,9 @@ class _Run:
 
         def baseline() -> tuple[TuneSetup, dict[str, Any]]:
             self.emit(StageStarted(Stage.BASELINE))
-            self.evaluator.pin(baseline_config(self.prepared))
+            config = baseline_config(self.prepared)
+            self.evaluator.pin(config)
+            self._measure_ahead(config)
             measured = measure_baseline(self.prepared, self.evaluator)
             self.emit(StageDone(Stage.BASELINE))
             return measured
@@ -253,6 +255,20 @@ class _Run:
             )
         except KeyboardInterrupt:
             raise TuneInterrupted(self.place.storage, stored=False, finished=0) from None
+
+    def _measure_ahead(self, baseline: Any) -> None:
+        """A new study's baseline and first trials, measured at once on this machine's
+        cores before the study asks for them (``tuner.ahead``)."""
+        from slotune.tuner.ahead import can_measure_ahead, first_configs
+        from slotune.tuner.forked import cores, forks
+
+        setup, evaluator = self.prepared.setup, self.evaluator
+        if not forks() or not can_measure_ahead(
+            setup, self.options.n_jobs, evaluator.ladder is not None
+        ):
+            return
+        drawn = first_configs(setup, baseline, self.prepared.trials)
+        evaluator.measure_ahead([baseline, *drawn], workers=cores())
 
     def _optimize(
         self,
