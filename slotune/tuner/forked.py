@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -62,3 +63,58 @@ def _call(index: int) -> Any:
         raise RuntimeError("map_forked: a child started without its task")
     fn, items = _task
     return fn(items[index])
+
+
+class Background:
+    """One call at a time run in a forked child while this process goes on (where
+    ``forks()``): ``start`` forks it under a key, ending the call running before;
+    ``result`` waits for the call of a key and returns what it returned."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self._child: Any = None
+        self._answer: Any = None
+
+    def start(self, key: object, fn: Callable[[], Any]) -> bool:
+        """Run ``fn()`` in a new child under ``key``; False (nothing started) where this
+        process does not fork."""
+        self.cancel()
+        if not forks():
+            return False
+        context = multiprocessing.get_context("fork")
+        answer, send = context.Pipe(duplex=False)
+        child = context.Process(target=_answer, args=(fn, send), daemon=True)
+        child.start()
+        send.close()
+        self.key, self._child, self._answer = key, child, answer
+        return True
+
+    def result(self, key: object) -> Any | None:
+        """What the call under ``key`` returned, once it has (None: no call under that key,
+        or it raised or died)."""
+        if self._child is None or self.key != key:
+            return None
+        try:
+            ok, value = self._answer.recv()
+        except EOFError:
+            ok, value = False, None
+        self.cancel()
+        return value if ok else None
+
+    def cancel(self) -> None:
+        """End the running call, if any."""
+        if self._child is not None:
+            self._child.terminate()
+            self._child.join()
+            self._answer.close()
+        self.key = self._child = self._answer = None
+
+
+def _answer(fn: Callable[[], Any], send: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        value = (True, fn())
+    except Exception:
+        value = (False, None)
+    send.send(value)
+    send.close()

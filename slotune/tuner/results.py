@@ -195,10 +195,18 @@ def report_rate(setup: Any, best: Any, baseline: dict[str, Any]) -> float | None
 
 
 def write_outputs(
-    *, out_dir: Path, study: Any, setup: Any, baseline: dict[str, Any], evaluator: Any, storage: str
+    *,
+    out_dir: Path,
+    study: Any,
+    setup: Any,
+    baseline: dict[str, Any],
+    evaluator: Any,
+    storage: str,
+    what_if_known: dict[str, dict[str, Any]] | None = None,
 ) -> Outputs:
     """Select the recommendation, rerun it and the baseline once at the report load into
-    ``runs/``, and write ``trials.csv`` and ``best.json``."""
+    ``runs/``, and write ``trials.csv`` and ``best.json``. ``what_if_known``: what-if
+    reruns already measured (``what_if``'s ``known``)."""
     from slotune._version import __version__
     from slotune.engine.config import EngineConfig
     from slotune.targets import ExportRefused, get_target
@@ -231,7 +239,9 @@ def write_outputs(
     from slotune.tuner.what_if import what_if
 
     best_config = EngineConfig.from_dict(chosen.user_attrs["config"])
-    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate)
+    gains = what_if(
+        evaluator, target, best_config, runs["best"]["summary"], rate, known=what_if_known
+    )
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])

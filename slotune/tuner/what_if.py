@@ -22,9 +22,11 @@ each in a forked process (``tuner.forked``), where the machine has the cores.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from slotune.engine.config import EngineConfig
+from slotune.tuner.evaluate import config_key
 from slotune.tuner.forked import map_forked
 
 ADAPTIVE_CEILING = 8192
@@ -81,18 +83,56 @@ def what_if(
     config: EngineConfig,
     summary: dict[str, Any],
     rate: float | None,
+    known: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """Each policy ``target`` does not run, rerun on ``config`` in the simulator: ``{"base":
     scores of config, "policies": [{"name", "settings", "scores"} or {"name", "skipped"}]}``;
     None when there is nothing to ask (the target runs every policy, or the study runs a
-    real engine, whose runs are not the simulator's)."""
+    real engine, whose runs are not the simulator's). ``known``: reruns already measured at
+    ``rate`` (their scores by the variant's ``config_key``), not run again."""
     if evaluator.setup.backend != "sim":
         return None
+    base = _scores(summary, evaluator.measurement(summary, rate).score)
+    results, pending = _rows(evaluator, target, config, summary, base)
+    known = known or {}
+    todo = [variant for _, variant in pending if config_key(variant) not in known]
+    scores = map_forked(partial(rerun, evaluator, rate=rate), todo)
+    measured = {**known, **dict(zip(map(config_key, todo), scores, strict=True))}
+    for row, variant in pending:
+        row["scores"] = measured[config_key(variant)]
+    if not results:
+        return None
+    return {"target": target.name, "rate": rate, "base": base, "policies": results}
+
+
+def reruns(
+    evaluator: Any, target: Any, config: EngineConfig, summary: dict[str, Any]
+) -> list[EngineConfig]:
+    """The variants of ``config`` that ``what_if`` reruns, given its run's ``summary``."""
+    if evaluator.setup.backend != "sim":
+        return []
+    return [variant for _, variant in _rows(evaluator, target, config, summary, {})[1]]
+
+
+def rerun(evaluator: Any, variant: EngineConfig, rate: float | None) -> dict[str, Any]:
+    """The scores of ``variant``'s run at ``rate``."""
+    run = evaluator.summarize(evaluator.run(variant, rate), rate)
+    return _scores(run, evaluator.measurement(run, rate).score)
+
+
+def _rows(
+    evaluator: Any,
+    target: Any,
+    config: EngineConfig,
+    summary: dict[str, Any],
+    base: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], EngineConfig]]]:
+    """Each policy's row (those not rerun complete: skipped, or ``base`` where it changes
+    nothing) and the rows to complete by a rerun, with the variant to run."""
     tpot = evaluator.targets_ms.get("tpot")
     tiered = len({r.tier for r in evaluator.trace.requests}) > 1
-    base = _scores(summary, evaluator.measurement(summary, rate).score)
     results: list[dict[str, Any]] = []
-    reruns: list[tuple[dict[str, Any], EngineConfig]] = []  # (its row, the variant to run)
+    todo: list[tuple[dict[str, Any], EngineConfig]] = []
     for policy in policies(config, tpot, tiered):
         try:
             variant = replace(config, **policy.settings)
@@ -106,14 +146,5 @@ def what_if(
         if policy.name in _ON_PREEMPTION and not summary.get("num_preemptions"):
             row.update(scores=base, same=True)
         else:
-            reruns.append((row, variant))
-
-    def rerun(variant: EngineConfig) -> dict[str, Any]:
-        run = evaluator.summarize(evaluator.run(variant, rate), rate)
-        return _scores(run, evaluator.measurement(run, rate).score)
-
-    for (row, _), scores in zip(reruns, map_forked(rerun, [v for _, v in reruns]), strict=True):
-        row["scores"] = scores
-    if not results:
-        return None
-    return {"target": target.name, "rate": rate, "base": base, "policies": results}
+            todo.append((row, variant))
+    return results, todo

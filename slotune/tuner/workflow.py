@@ -41,6 +41,7 @@ from slotune.tuner.storage import StudyError
 
 if TYPE_CHECKING:
     from slotune.tuner.evaluate import Evaluator
+    from slotune.tuner.speculate import WhatIfAhead
     from slotune.tuner.study import Joined
 
 
@@ -184,6 +185,7 @@ class _Run:
         self.place = place
         self.emit = emit
         self.evaluator = self._evaluator(prepared.setup)
+        self.what_ifs: WhatIfAhead | None = None  # the trials' what-if reruns, ahead
 
     def _evaluator(self, setup: TuneSetup) -> Evaluator:
         """The study's evaluator; a weighted study's holds the best run and the baseline's,
@@ -281,13 +283,21 @@ class _Run:
     ) -> None:
         from slotune.tuner import study as studies
         from slotune.tuner.results import finished, select_best
+        from slotune.tuner.speculate import WhatIfAhead
+
+        if WhatIfAhead.applies(setup, self.options.n_jobs):
+            self.what_ifs = WhatIfAhead(self.evaluator, setup, baseline)
+        what_ifs, display = self.what_ifs, self.emit is not _ignore
 
         def on_progress(watched: Any) -> None:
             best = select_best(
                 finished(watched), setup.objective, setup.attainment, baseline["config"]
             )
-            done = studies.count_finished(watched)
-            self.emit(TrialsProgress(done, start, budget, _best_trial(best)))
+            if what_ifs is not None:
+                what_ifs.follow(best)
+            if display:
+                done = studies.count_finished(watched)
+                self.emit(TrialsProgress(done, start, budget, _best_trial(best)))
 
         self.emit(StageStarted(Stage.TRIALS))
         try:
@@ -297,13 +307,17 @@ class _Run:
                 budget,
                 self.options.n_jobs,
                 timeout=self.options.timeout,
-                on_progress=on_progress if self.emit is not _ignore else None,
+                on_progress=on_progress if display or what_ifs is not None else None,
                 evaluator=self.evaluator,
                 seed=seed,
             )
-        except KeyboardInterrupt:
-            done = studies.count_finished(study)
-            raise TuneInterrupted(self.place.storage, stored=True, finished=done) from None
+        except BaseException as e:
+            if what_ifs is not None:
+                what_ifs.close()
+            if isinstance(e, KeyboardInterrupt):
+                done = studies.count_finished(study)
+                raise TuneInterrupted(self.place.storage, stored=True, finished=done) from None
+            raise
         finally:
             self.emit(StageDone(Stage.TRIALS))
 
@@ -317,10 +331,16 @@ class _Run:
         report: ReportBuilder | None,
     ) -> TuneResult:
         from slotune.tuner import study as studies
-        from slotune.tuner.results import write_outputs
+        from slotune.tuner.results import finished, select_best, write_outputs
 
         self.emit(StageStarted(Stage.FINISH))
         try:
+            known = None
+            if self.what_ifs is not None:
+                best = select_best(
+                    finished(study), setup.objective, setup.attainment, baseline["config"]
+                )
+                known = self.what_ifs.known(best)
             outputs = write_outputs(
                 out_dir=self.place.out_dir,
                 study=study,
@@ -328,10 +348,13 @@ class _Run:
                 baseline=baseline,
                 evaluator=self.evaluator,
                 storage=self.place.storage,
+                what_if_known=known,
             )
         except ValueError as e:
             raise StudyError(str(e)) from None
         finally:
+            if self.what_ifs is not None:
+                self.what_ifs.close()
             self.emit(StageDone(Stage.FINISH))
         verified, stack, best = self._verify(study, setup, baseline, outputs)
         if best is not None:

@@ -1,0 +1,72 @@
+"""The what-if reruns of the best trial so far, on a spare core while the trials go on.
+
+The finish reruns the recommendation under each policy its target lacks (``tuner.what_if``).
+The trials after the start-up run one at a time, which leaves a core idle: the what-if
+reruns of the best trial so far go there, in a forked child (``forked.Background``),
+started again whenever another trial becomes the best. At the finish the recommendation's
+reruns come from that child when it ran them (waiting for it while it still runs), and are
+run then otherwise: the same runs, measured earlier.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.evaluate import Evaluator, config_key
+from slotune.tuner.forked import Background, forks
+from slotune.tuner.setup import TuneSetup
+
+
+class WhatIfAhead:
+    def __init__(self, evaluator: Evaluator, setup: TuneSetup, baseline: dict[str, Any]) -> None:
+        from slotune.targets import get_target
+
+        self.evaluator = evaluator
+        self.setup = setup
+        self.baseline = baseline
+        self.target = get_target(setup.target)
+        self.background = Background()
+
+    @staticmethod
+    def applies(setup: TuneSetup, n_jobs: int) -> bool:
+        """One worker on a machine with a core to spare, a simulated study whose trials
+        are measured at the load the report uses (the weighted objective)."""
+        return forks() and n_jobs == 1 and setup.backend == "sim" and setup.objective == "weighted"
+
+    def follow(self, best: Any | None) -> None:
+        """After a trial: rerun the what-ifs of ``best`` (the best trial so far) unless
+        they already run."""
+        if best is None:
+            return
+        from slotune.tuner.what_if import rerun, reruns
+
+        config, rate = self._at(best)
+        key = (config_key(config), rate)
+        if key == self.background.key:
+            return
+        variants = reruns(self.evaluator, self.target, config, best.user_attrs.get("metrics") or {})
+        if not variants:
+            self.background.cancel()
+            return
+        evaluator = self.evaluator
+        self.background.start(
+            key, lambda: {config_key(v): rerun(evaluator, v, rate) for v in variants}
+        )
+
+    def known(self, best: Any | None) -> dict[str, dict[str, Any]] | None:
+        """The what-if scores of ``best`` measured ahead (by the variant's ``config_key``),
+        once they are; None when another trial's ran, or none."""
+        if best is None:
+            return None
+        config, rate = self._at(best)
+        return self.background.result((config_key(config), rate))
+
+    def close(self) -> None:
+        self.background.cancel()
+
+    def _at(self, best: Any) -> tuple[EngineConfig, float | None]:
+        from slotune.tuner.results import report_rate
+
+        config = EngineConfig.from_dict(best.user_attrs["config"])
+        return config, report_rate(self.setup, best, self.baseline)
