@@ -17,6 +17,8 @@ seed.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any
 
 from slotune.engine.config import EngineConfig
@@ -57,3 +59,96 @@ def first_configs(setup: TuneSetup, baseline: EngineConfig, trials: int) -> list
         out.append(space.suggest(trial))
         shadow.tell(trial, [0.0] * len(DIRECTIONS[setup.objective]))
     return out
+
+
+class NextTrialAhead:
+    """The trial TPE asks next, guessed and measured on a spare core while this process
+    measures the current one.
+
+    What TPE draws depends on the results only through its split of the finished trials
+    into the best tenth and the rest (by constraint violation first, then value); a trial
+    among the rest (most are) counts the same whatever its result. So while a trial is
+    measured here, a forked child tells a shadow of the study (the same trials, the same
+    sampler state) that the trial was the worst yet (the largest violation and value),
+    draws the next trial there, says what it drew, and measures it. When the study then
+    asks for that configuration its measurement comes from the child
+    (``Evaluator.take``); a wrong guess is dropped as soon as the study draws otherwise.
+    The study's trials and path are those it has without this.
+    """
+
+    def __init__(self, evaluator: Any, space: Any) -> None:
+        from slotune.tuner.forked import Background
+
+        self.evaluator = evaluator
+        self.space = space
+        self.background = Background()
+
+    @staticmethod
+    def applies(setup: TuneSetup, n_jobs: int) -> bool:
+        """A TPE study (a random one's trials are all measured ahead) that one worker runs
+        on the simulator at a load of its own, on a machine with a core to spare."""
+        from slotune.tuner.forked import forks
+
+        return forks() and setup.sampler == "tpe" and can_measure_ahead(setup, n_jobs, False)
+
+    def before_measure(self, trial: Any, config: EngineConfig) -> None:
+        """``trial`` asks for ``config``: take its measurement from the guess when it was
+        right; else, as this process measures it now, guess the next trial meanwhile."""
+        from slotune.tuner.evaluate import config_key
+
+        if self.background.key is not None:
+            said, guess = self.background.next(_GUESS)
+            if said and guess == config_key(config):
+                said, measured = self.background.next(_GUESS)
+                if said:
+                    self.evaluator.take(config, *measured)
+            self.background.cancel()
+        if not self.evaluator.measured(config):
+            self._guess_after(trial)
+
+    def close(self) -> None:
+        self.background.cancel()
+
+    def _guess_after(self, trial: Any) -> None:
+        import optuna
+
+        from slotune.tuner.evaluate import config_key
+
+        study = trial.study
+        others = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+        minimize = optuna.study.StudyDirection.MINIMIZE
+        worst = [math.inf if d == minimize else -math.inf for d in study.directions]
+        bounds = {key for t in others for key in t.constraints}  # the worst violation too
+        this = optuna.trial.create_trial(
+            params=trial.params,
+            distributions=trial.distributions,
+            values=worst,
+            constraints=dict.fromkeys(bounds, math.inf) if bounds else None,
+        )
+        sampler, evaluator, space = study.sampler, self.evaluator, self.space
+
+        def guess() -> Iterator[Any]:
+            shadow = optuna.create_study(
+                storage=optuna.storages.InMemoryStorage(),
+                sampler=sampler,
+                directions=study.directions,
+            )
+            _adopt(sampler, shadow)
+            shadow.add_trials([*others, this])
+            config = space.suggest(shadow.ask())
+            yield config_key(config)
+            if not evaluator.measured(config):
+                yield evaluator.apart(config)
+
+        self.background.start(_GUESS, guess)
+
+
+_GUESS = "next trial"
+
+
+def _adopt(sampler: Any, shadow: Any) -> None:
+    """Let ``sampler`` (a copy, in a child) draw for ``shadow``: TPE's grouped search space
+    remembers the one study it serves (Optuna 4-5: ``_group_decomposed_search_space``)."""
+    space = getattr(sampler, "_group_decomposed_search_space", None)
+    if space is not None and hasattr(space, "_study_id"):
+        space._study_id = shadow._study_id

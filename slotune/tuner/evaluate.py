@@ -188,22 +188,41 @@ class Evaluator:
 
         todo: dict[tuple[str, float | None], EngineConfig] = {}
         for config in configs:
-            key = self._key(config, None)
-            if key not in self._cache:
-                todo.setdefault(key, config)
-
-        def measured(config: EngineConfig) -> tuple[Measurement, Any]:
-            rate = self.setup.load.rate
-            result = self.run(config, rate)
-            return self.measurement(self.summarize(result, rate), rate), _packed(result)
-
-        for key, (measurement, packed) in zip(
-            todo, map_forked(measured, list(todo.values()), workers), strict=True
+            if not self.measured(config):
+                todo.setdefault(self._key(config, None), config)
+        for config, (measurement, packed) in zip(
+            todo.values(), map_forked(self.apart, list(todo.values()), workers), strict=True
         ):
-            self.runs += 1  # (a child's count stays in the child)
-            self._cache[key] = measurement
-            if self._holds(key, measurement):
-                self._held[key] = packed
+            self.take(config, measurement, packed)
+
+    def measured(self, config: EngineConfig) -> bool:
+        """Whether ``measure(config)`` at the study's load returns at once."""
+        return self._key(config, None) in self._cache
+
+    def apart(self, config: EngineConfig) -> tuple[Measurement, Any]:
+        """``config`` measured at the study's load apart from this evaluator (in a forked
+        child), with its run packed for ``take`` where it could be held: pinned, or ranking
+        before the best held when it was measured (None otherwise)."""
+        rate = self.setup.load.rate
+        result = self.run(config, rate)
+        measurement = self.measurement(self.summarize(result, rate), rate)
+        best = self._best_held
+        kept = self._rank is not None and (
+            best is None or config_key(config) in self._pinned or self._rank(measurement) < best[0]
+        )
+        return measurement, _packed(result) if kept else None
+
+    def take(self, config: EngineConfig, measurement: Measurement, packed: Any) -> None:
+        """Store what ``apart`` measured, as ``measure`` stores what it measures."""
+        key = self._key(config, None)
+        if key in self._cache:
+            return
+        self.runs += 1  # (a child's count stays in the child)
+        self._cache[key] = measurement
+        if self._holds(key, measurement):
+            if packed is None:
+                raise RuntimeError(f"the run of {key[0]} was not kept but ranks first now")
+            self._held[key] = packed
 
     def hold_runs(self, rank: Callable[[Measurement], tuple[float, ...]]) -> None:
         """Keep the whole run of the best measurement so far by ``rank`` (lowest first) and

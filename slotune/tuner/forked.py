@@ -11,11 +11,12 @@ are deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
@@ -67,17 +68,17 @@ def _call(index: int) -> Any:
 
 class Background:
     """One call at a time run in a forked child while this process goes on (where
-    ``forks()``): ``start`` forks it under a key, ending the call running before;
-    ``result`` waits for the call of a key and returns what it returned."""
+    ``forks()``): ``start`` forks it under a key, ending the call running before; the call
+    yields what it has to say, and ``next`` waits for each in turn."""
 
     def __init__(self) -> None:
         self.key: object = None
         self._child: Any = None
         self._answer: Any = None
 
-    def start(self, key: object, fn: Callable[[], Any]) -> bool:
-        """Run ``fn()`` in a new child under ``key``; False (nothing started) where this
-        process does not fork."""
+    def start(self, key: object, fn: Callable[[], Iterator[Any]]) -> bool:
+        """Run ``fn()`` in a new child under ``key``, each item it yields sent here as it
+        comes; False (nothing started) where this process does not fork."""
         self.cancel()
         if not forks():
             return False
@@ -89,17 +90,18 @@ class Background:
         self.key, self._child, self._answer = key, child, answer
         return True
 
-    def result(self, key: object) -> Any | None:
-        """What the call under ``key`` returned, once it has (None: no call under that key,
-        or it raised or died)."""
+    def next(self, key: object) -> tuple[bool, Any]:
+        """``(True, item)``: the next item the call under ``key`` yields, once it has;
+        ``(False, None)``: no call under that key, or it ended, raised or died."""
         if self._child is None or self.key != key:
-            return None
+            return False, None
         try:
-            ok, value = self._answer.recv()
+            said, item = self._answer.recv()
         except EOFError:
-            ok, value = False, None
-        self.cancel()
-        return value if ok else None
+            said, item = False, None
+        if not said:
+            self.cancel()
+        return said, item
 
     def cancel(self) -> None:
         """End the running call, if any."""
@@ -110,11 +112,10 @@ class Background:
         self.key = self._child = self._answer = None
 
 
-def _answer(fn: Callable[[], Any], send: Any) -> None:
+def _answer(fn: Callable[[], Iterator[Any]], send: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    try:
-        value = (True, fn())
-    except Exception:
-        value = (False, None)
-    send.send(value)
+    with contextlib.suppress(Exception):  # an error ends the call: the parent goes without
+        for item in fn():
+            send.send((True, item))
+    send.send((False, None))
     send.close()

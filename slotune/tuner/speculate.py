@@ -10,6 +10,7 @@ run then otherwise: the same runs, measured earlier.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from slotune.engine.config import EngineConfig
@@ -50,9 +51,11 @@ class WhatIfAhead:
             self.background.cancel()
             return
         evaluator = self.evaluator
-        self.background.start(
-            key, lambda: {config_key(v): rerun(evaluator, v, rate) for v in variants}
-        )
+
+        def scores() -> Iterator[dict[str, dict[str, Any]]]:
+            yield {config_key(v): rerun(evaluator, v, rate) for v in variants}
+
+        self.background.start(key, scores)
 
     def known(self, best: Any | None) -> dict[str, dict[str, Any]] | None:
         """The what-if scores of ``best`` measured ahead (by the variant's ``config_key``),
@@ -60,7 +63,9 @@ class WhatIfAhead:
         if best is None:
             return None
         config, rate = self._at(best)
-        return self.background.result((config_key(config), rate))
+        said, scores = self.background.next((config_key(config), rate))
+        self.background.cancel()
+        return scores if said else None
 
     def close(self) -> None:
         self.background.cancel()

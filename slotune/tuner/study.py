@@ -352,11 +352,15 @@ def run_worker(
     evaluator: Any | None = None,
     seed: int | None = None,
     patience: float = DEFAULT_PATIENCE_S,
+    alone: bool = False,
 ) -> None:
     """Run trials of a stored study in this process until it has ``budget`` finished
     trials (reusing ``evaluator``'s loaded trace and cached runs when given). The sampler's
-    seed is ``seed``, by default the study's seed plus ``worker``."""
+    seed is ``seed``, by default the study's seed plus ``worker``. ``alone``: no other
+    worker runs the study, so the next trial can be guessed and measured ahead
+    (``ahead.NextTrialAhead``)."""
 
+    from slotune.tuner.ahead import NextTrialAhead
     from slotune.tuner.evaluate import Evaluator
     from slotune.tuner.trial import TrialObjective
 
@@ -368,25 +372,32 @@ def run_worker(
     study = load_study(name, storage, sampler)
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)
+    space = SearchSpace.from_dict(setup.space)
+    ahead = NextTrialAhead(evaluator, space) if alone and NextTrialAhead.applies(setup, 1) else None
     objective = TrialObjective(
         setup,
         evaluator,
-        SearchSpace.from_dict(setup.space),
+        space,
         baseline_rung=baseline.get("goodput_rung"),
         worker=worker,
+        ahead=ahead,
     )
-    Worker(
-        url,
-        study,
-        storage,
-        objective,
-        budget,
-        identity=Identity.here(worker),
-        heartbeat=heartbeat,
-        timeout=timeout,
-        callbacks=callbacks,
-        patience=patience,
-    ).run()
+    try:
+        Worker(
+            url,
+            study,
+            storage,
+            objective,
+            budget,
+            identity=Identity.here(worker),
+            heartbeat=heartbeat,
+            timeout=timeout,
+            callbacks=callbacks,
+            patience=patience,
+        ).run()
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _worker_entry(
@@ -476,6 +487,7 @@ def run_workers(
                 callbacks=[progress],
                 evaluator=evaluator,
                 seed=seed,
+                alone=n_jobs == 1,
             )
             while any(c.is_alive() for c in children):
                 progress(None, None)

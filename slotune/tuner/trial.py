@@ -18,12 +18,15 @@ A configuration already measured in the study is not run again: its record is co
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, config_key
 from slotune.tuner.objectives import total_violation
 from slotune.tuner.setup import TuneSetup
 from slotune.tuner.space import SearchSpace
+
+if TYPE_CHECKING:
+    from slotune.tuner.ahead import NextTrialAhead
 
 RECORD_KEYS = (
     "metrics",
@@ -57,17 +60,21 @@ class TrialObjective:
         space: SearchSpace,
         baseline_rung: int | None = None,
         worker: int = 0,
+        ahead: NextTrialAhead | None = None,
     ) -> None:
         self.setup = setup
         self.evaluator = evaluator
         self.space = space
         self.baseline_rung = baseline_rung
         self.worker = worker
+        self.ahead = ahead
 
     def __call__(self, trial: Any) -> float | tuple[float, ...]:
         config = self.space.suggest(trial)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("worker", self.worker)
+        if self.ahead is not None:
+            self.ahead.before_measure(trial, config)
         record = self._previous_record(trial, config_key(config))
         if record is None:
             record = self.measure(config, self._start_rung(trial))

@@ -13,7 +13,7 @@ import pytest
 from slotune.api import tune
 from slotune.engine.config import EngineConfig
 from slotune.tuner import ahead
-from slotune.tuner.evaluate import config_key
+from slotune.tuner.evaluate import Evaluator, config_key
 from slotune.tuner.forked import forks
 from slotune.tuner.study import load, startup_trials
 from tests.tuner.studies import record_runs
@@ -78,3 +78,31 @@ def test_measured_ahead_the_study_runs_none_of_its_first_trials_itself(
         for run in ("best", "baseline"):
             path = Path("runs") / run / name
             assert (alone.out_dir / path).read_bytes() == (measured.out_dir / path).read_bytes()
+
+
+@pytest.mark.skipif(not forks(), reason="no spare core to guess on")
+def test_the_next_trial_guessed_ahead_is_taken_and_the_study_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"num_requests": 120, "rate": None, "concurrency": 12, "trials": 24}
+    taken: list[str] = []
+    take = Evaluator.take
+
+    def recorded(self: Evaluator, config: EngineConfig, *measured: Any) -> None:
+        taken.append(config_key(config))
+        take(self, config, *measured)
+
+    with monkeypatch.context() as m:
+        m.setattr(Evaluator, "take", recorded)
+        guessed = _tune(tmp_path / "guessed", **options)
+    with monkeypatch.context() as m:
+        m.setattr(ahead.NextTrialAhead, "applies", staticmethod(lambda *_: False))
+        alone = _tune(tmp_path / "alone", **options)
+    start = startup_trials(24)
+    later = _trial_configs(guessed)[start:]
+    hits = [key for key in taken[start:] if key in later]
+    # a guess is right unless the trial measured meanwhile ranks among TPE's best tenth
+    assert len(hits) >= len(later) // 4
+    before = pd.read_csv(alone.out_dir / "trials.csv").drop(columns="duration_s")
+    after = pd.read_csv(guessed.out_dir / "trials.csv").drop(columns="duration_s")
+    pd.testing.assert_frame_equal(before, after)
