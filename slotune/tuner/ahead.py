@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from slotune.engine.config import EngineConfig
@@ -77,11 +78,11 @@ class NextTrialAhead:
     """
 
     def __init__(self, evaluator: Any, space: Any) -> None:
-        from slotune.tuner.forked import Background
+        from slotune.tuner.forked import Server
 
         self.evaluator = evaluator
         self.space = space
-        self.background = Background()
+        self.server = Server(self._guess)  # one child for the study: forked once
 
     @staticmethod
     def applies(setup: TuneSetup, n_jobs: int) -> bool:
@@ -96,23 +97,23 @@ class NextTrialAhead:
         right; else, as this process measures it now, guess the next trial meanwhile."""
         from slotune.tuner.evaluate import config_key
 
-        if self.background.key is not None:
-            said, guess = self.background.next(_GUESS)
+        if self.server.busy:
+            said, guess = self.server.next()
             if said and guess == config_key(config):
-                said, measured = self.background.next(_GUESS)
+                said, measured = self.server.next()
                 if said:
                     self.evaluator.take(config, *measured)
-            self.background.cancel()
+                    self.server.next()  # the end of its answer
+            else:
+                self.server.kill()  # it would measure for nothing
         if not self.evaluator.measured(config):
             self._guess_after(trial)
 
     def close(self) -> None:
-        self.background.cancel()
+        self.server.kill()
 
     def _guess_after(self, trial: Any) -> None:
         import optuna
-
-        from slotune.tuner.evaluate import config_key
 
         study = trial.study
         others = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
@@ -125,22 +126,46 @@ class NextTrialAhead:
             values=worst,
             constraints=dict.fromkeys(bounds, math.inf) if bounds else None,
         )
-        sampler, evaluator, space = study.sampler, self.evaluator, self.space
-
-        def guess() -> Iterator[Any]:
-            shadow = optuna.create_study(
-                storage=optuna.storages.InMemoryStorage(),
-                sampler=sampler,
-                directions=study.directions,
+        self.server.send(
+            _Guess(
+                study.sampler,
+                study.directions,
+                [*others, this],
+                self.evaluator.measured_keys(),
+                self.evaluator.best_rank,
             )
-            _adopt(sampler, shadow)
-            shadow.add_trials([*others, this])
-            config = space.suggest(shadow.ask())
-            yield config_key(config)
-            if not evaluator.measured(config):
-                yield evaluator.apart(config)
+        )
 
-        self.background.start(_GUESS, guess)
+    def _guess(self, request: _Guess) -> Iterator[Any]:
+        """In the child: draw the next trial in a shadow study, say it, measure it."""
+        import optuna
+
+        from slotune.tuner.evaluate import config_key
+
+        shadow = optuna.create_study(
+            storage=optuna.storages.InMemoryStorage(),
+            sampler=request.sampler,
+            directions=request.directions,
+        )
+        _adopt(request.sampler, shadow)
+        shadow.add_trials(request.trials)
+        config = self.space.suggest(shadow.ask())
+        key = config_key(config)
+        yield key
+        if key not in request.measured:
+            yield self.evaluator.apart(config, request.best)
+
+
+@dataclass(frozen=True)
+class _Guess:
+    """What the child needs to draw the next trial: the sampler as it is now, the study's
+    trials with the running one told the worst, and the best rank held here."""
+
+    sampler: Any
+    directions: list[Any]
+    trials: list[Any]
+    measured: frozenset[str]  # configurations measured here (by config_key)
+    best: tuple[float, ...] | None
 
 
 _GUESS = "next trial"

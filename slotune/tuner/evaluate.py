@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from slotune.engine.config import EngineConfig
@@ -191,7 +192,9 @@ class Evaluator:
             if not self.measured(config):
                 todo.setdefault(self._key(config, None), config)
         for config, (measurement, packed) in zip(
-            todo.values(), map_forked(self.apart, list(todo.values()), workers), strict=True
+            todo.values(),
+            map_forked(partial(self.apart, best=self.best_rank), list(todo.values()), workers),
+            strict=True,
         ):
             self.take(config, measurement, packed)
 
@@ -199,16 +202,27 @@ class Evaluator:
         """Whether ``measure(config)`` at the study's load returns at once."""
         return self._key(config, None) in self._cache
 
-    def apart(self, config: EngineConfig) -> tuple[Measurement, Any]:
+    def measured_keys(self) -> frozenset[str]:
+        """The ``config_key`` of every configuration measured at the study's load."""
+        rate = self.setup.load.rate
+        return frozenset(key for key, at in self._cache if at == rate)
+
+    @property
+    def best_rank(self) -> tuple[float, ...] | None:
+        """The rank of the best run held so far (None: none yet)."""
+        return None if self._best_held is None else self._best_held[0]
+
+    def apart(
+        self, config: EngineConfig, best: tuple[float, ...] | None
+    ) -> tuple[Measurement, Any]:
         """``config`` measured at the study's load apart from this evaluator (in a forked
         child), with its run packed for ``take`` where it could be held: pinned, or ranking
-        before the best held when it was measured (None otherwise)."""
+        before ``best`` (the ``best_rank`` when it was asked for; None otherwise)."""
         rate = self.setup.load.rate
         result = self.run(config, rate)
         measurement = self.measurement(self.summarize(result, rate), rate)
-        best = self._best_held
         kept = self._rank is not None and (
-            best is None or config_key(config) in self._pinned or self._rank(measurement) < best[0]
+            best is None or config_key(config) in self._pinned or self._rank(measurement) < best
         )
         return measurement, _packed(result) if kept else None
 

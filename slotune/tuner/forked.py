@@ -119,3 +119,68 @@ def _answer(fn: Callable[[], Iterator[Any]], send: Any) -> None:
             send.send((True, item))
     send.send((False, None))
     send.close()
+
+
+class Server:
+    """A forked child that handles one request at a time for as long as it lives, where
+    ``forks()``: forked once, so this process and the child copy the pages they share once,
+    not at every request. ``handle(request)`` yields what the child has to say, and
+    ``next`` waits for each in turn; ``kill`` ends it (the next ``send`` forks another)."""
+
+    def __init__(self, handle: Callable[[Any], Iterator[Any]]) -> None:
+        self.handle = handle
+        self._child: Any = None
+        self._line: Any = None
+        self.busy = False
+
+    def send(self, request: Any) -> bool:
+        """Hand ``request`` to the child (forked now if none lives); False where this
+        process does not fork. The child must have said all it had to say before."""
+        if not forks():
+            return False
+        if self.busy:
+            raise RuntimeError("Server.send: the last request is not answered yet")
+        if self._child is None:
+            context = multiprocessing.get_context("fork")
+            self._line, theirs = context.Pipe(duplex=True)
+            self._child = context.Process(target=_serve, args=(self.handle, theirs), daemon=True)
+            self._child.start()
+            theirs.close()
+        self._line.send(request)
+        self.busy = True
+        return True
+
+    def next(self) -> tuple[bool, Any]:
+        """``(True, item)``: the next item the request's handling yields; ``(False, None)``:
+        it said all (or raised, or the child died)."""
+        if not self.busy:
+            return False, None
+        try:
+            said, item = self._line.recv()
+        except EOFError:
+            self.kill()
+            return False, None
+        if not said:
+            self.busy = False
+        return said, item
+
+    def kill(self) -> None:
+        if self._child is not None:
+            self._child.terminate()
+            self._child.join()
+            self._line.close()
+        self._child = self._line = None
+        self.busy = False
+
+
+def _serve(handle: Callable[[Any], Iterator[Any]], line: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    while True:
+        try:
+            request = line.recv()
+        except EOFError:
+            return
+        with contextlib.suppress(Exception):  # an error ends the answer: the parent goes on
+            for item in handle(request):
+                line.send((True, item))
+        line.send((False, None))
