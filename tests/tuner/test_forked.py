@@ -44,3 +44,32 @@ def test_children_run_at_the_same_time() -> None:
         return x
 
     assert map_forked(meet, [0, 1, 2]) == [0, 1, 2]
+
+
+@pytest.mark.skipif(not forks(), reason="runs in this process where it does not fork")
+def test_a_server_answers_request_after_request_from_one_child() -> None:
+    from slotune.tuner.forked import Server
+
+    def handle(n: int):
+        if n < 0:
+            raise ValueError("negative")
+        yield os.getpid()
+        yield from range(n)
+
+    server = Server(handle)
+    answers = []
+    for n in (2, 3, -1, 1):
+        assert server.send(n)
+        answer = []
+        while True:
+            said, item = server.next()
+            if not said:
+                break
+            answer.append(item)
+        answers.append(answer)
+    pids = {a[0] for a in answers if a}
+    assert len(pids) == 1 and os.getpid() not in pids  # one child, kept across requests
+    assert [a[1:] for a in answers] == [[0, 1], [0, 1, 2], [], [0]]  # an error ends one
+    server.kill()
+    assert server.send(1) and server.next()[1] not in pids  # killed: a new child
+    server.kill()
