@@ -14,6 +14,8 @@ quietly on Ctrl-C (it reaches the whole process group): the parent handles it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -64,7 +66,9 @@ class Server:
         if self._child is None:
             context = multiprocessing.get_context("fork")
             self.line, theirs = context.Pipe(duplex=True)
-            self._child = context.Process(target=_serve, args=(self.handle, theirs), daemon=True)
+            self._child = context.Process(
+                target=_serve, args=(self.handle, theirs, os.getpid()), daemon=True
+            )
             self._child.start()
             theirs.close()
         self.line.send(request)
@@ -95,8 +99,9 @@ class Server:
         self.busy = False
 
 
-def _serve(handle: Callable[[Any], Iterator[Any]], line: Any) -> None:
+def _serve(handle: Callable[[Any], Iterator[Any]], line: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    _die_with(parent)
     while True:
         try:
             request = line.recv()
@@ -112,6 +117,18 @@ def _serve(handle: Callable[[Any], Iterator[Any]], line: Any) -> None:
             line.send((False, error))
         except Exception:  # it does not pickle
             line.send((False, ChildError(f"{type(error).__name__}: {error}")))
+
+
+def _die_with(parent: int) -> None:
+    """End this child when its parent ends, even killed (Linux's PR_SET_PDEATHSIG): an
+    orphan would measure for nothing and hold the parent's output pipes open."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before that took hold
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def map_forked(fn: Callable[[T], R], items: Sequence[T], workers: int | None = None) -> list[R]:

@@ -446,10 +446,12 @@ def run_workers(
     on_progress: Callable[[Any], None] | None = None,
     evaluator: Any | None = None,
     seed: int | None = None,
+    alone: bool = False,
 ) -> None:
     """Run the study up to ``budget`` finished trials on ``n_jobs`` processes: this one
     and ``n_jobs - 1`` spawned workers (sampler seeds ``seed + i``, by default the study's
-    seed + i). ``on_progress(study)`` follows every trial."""
+    seed + i). ``on_progress(study)`` follows every trial. ``alone``: this command's one
+    worker is the study's only one (``run_worker``)."""
 
     n_jobs = max(1, min(n_jobs, budget))
     ctx = multiprocessing.get_context("spawn")
@@ -487,7 +489,7 @@ def run_workers(
                 callbacks=[progress],
                 evaluator=evaluator,
                 seed=seed,
-                alone=n_jobs == 1,
+                alone=alone and n_jobs == 1,
             )
             while any(c.is_alive() for c in children):
                 progress(None, None)

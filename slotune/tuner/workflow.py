@@ -310,6 +310,7 @@ class _Run:
                 on_progress=on_progress if display or what_ifs is not None else None,
                 evaluator=self.evaluator,
                 seed=seed,
+                alone=True,  # the study this command created or resumes
             )
         except BaseException as e:
             if what_ifs is not None:

@@ -73,3 +73,33 @@ def test_a_server_answers_request_after_request_from_one_child() -> None:
     server.kill()
     assert server.send(1) and server.next()[1] not in pids  # killed: a new child
     server.kill()
+
+
+@pytest.mark.skipif(not forks(), reason="runs in this process where it does not fork")
+def test_a_child_ends_with_its_killed_parent() -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, time\n"
+        "from slotune.tuner.forked import Server\n"
+        "def handle(_):\n"
+        "    yield os.getpid()\n"
+        "    time.sleep(120)\n"
+        "    yield 0\n"
+        "s = Server(handle)\n"
+        "s.send(None)\n"
+        "print(s.next()[1], flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.communicate(timeout=30)  # the child held the pipe too: it returns once it ends
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}")
