@@ -1,4 +1,6 @@
-"""The first trials of a new study, measured ahead on the machine's cores.
+"""Trials measured ahead on the machine's cores: a new study's first ones, all drawn at
+random before any result (``first_configs``, ``Evaluator.measure_ahead``), and then the
+next trial while one runs (``NextTrialAhead``).
 
 A TPE study draws its first trials at random (its start-up), and a random study draws all
 of them: what a draw gives depends on the sampler's seed and on the order of the draws,
