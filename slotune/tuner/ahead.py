@@ -28,15 +28,19 @@ from slotune.engine.config import EngineConfig
 from slotune.tuner.setup import TuneSetup
 
 
+def spare_core(setup: TuneSetup, n_jobs: int) -> bool:
+    """Whether this command's study can use the machine's other cores for runs measured
+    ahead: one worker, simulated runs (deterministic, and never timed against each other)
+    at the study's load (the weighted objective), on a machine that forks."""
+    from slotune.tuner.forked import forks
+
+    return forks() and n_jobs == 1 and setup.backend == "sim" and setup.objective == "weighted"
+
+
 def can_measure_ahead(setup: TuneSetup, n_jobs: int, has_ladder: bool) -> bool:
-    """Whether a new study's first trials follow from its seed alone, for this command."""
-    return (
-        n_jobs == 1
-        and setup.backend == "sim"
-        and setup.objective == "weighted"
-        and not has_ladder
-        and setup.sampler in ("tpe", "random")
-    )
+    """Whether a new study's first trials follow from its seed alone and can be measured
+    ahead, for this command."""
+    return spare_core(setup, n_jobs) and not has_ladder and setup.sampler in ("tpe", "random")
 
 
 def first_configs(setup: TuneSetup, baseline: EngineConfig, trials: int) -> list[EngineConfig]:
@@ -88,11 +92,9 @@ class NextTrialAhead:
 
     @staticmethod
     def applies(setup: TuneSetup, n_jobs: int) -> bool:
-        """A TPE study (a random one's trials are all measured ahead) that one worker runs
-        on the simulator at a load of its own, on a machine with a core to spare."""
-        from slotune.tuner.forked import forks
-
-        return forks() and setup.sampler == "tpe" and can_measure_ahead(setup, n_jobs, False)
+        """A TPE study (a random one's trials are all measured ahead) with a core to
+        spare (``spare_core``)."""
+        return setup.sampler == "tpe" and spare_core(setup, n_jobs)
 
     def before_measure(self, trial: Any, config: EngineConfig) -> None:
         """``trial`` asks for ``config``: take its measurement from the guess when it was

@@ -10,8 +10,8 @@ ranges of the two do not overlap); otherwise the recommendation is to keep the d
 The noise band reported is the baseline's spread, relative to its median. Where the seed
 changes nothing (a simulated run on a load that draws no arrival times, such as the trace's
 own timestamps), the other seeds' samples are the study's own runs (``Verdict.same_runs``):
-three equal samples, a band of 0, and no rerun. Simulated reruns at the study's load go at
-once, in forked processes (``tuner.forked``).
+three equal samples, a band of 0, and no rerun. Simulated reruns go at once, in forked
+processes (``tuner.forked``).
 """
 
 from __future__ import annotations
@@ -89,27 +89,25 @@ def judge(
     # for the other seeds: the samples are the same runs, not rerun
     same = evaluator.seed_free
     pairs = ((best, ours, start_rungs[0]), (baseline, theirs, start_rungs[1]))
-    if not same and not by_rate and setup.backend == "sim":
-        # simulated runs at the study's load, independent: all at once
+
+    def sample(job: tuple[int, int]) -> float:
+        seed, which = job
+        config, _, start = pairs[which]
+        other = evaluator if same else Evaluator(replace(setup, seed=seed), evaluator.trace)
+        if by_rate:
+            assert other.ladder is not None
+            rung = start if start is not None else other.ladder.rung(16.0)
+            return other.goodput(config, rung, exact=True).value
+        return other.measure(config).score
+
+    jobs = [(seed, which) for seed in seeds[1:] for which in range(len(pairs))]
+    if not same and setup.backend == "sim":  # independent simulated runs: all at once
         from slotune.tuner.forked import map_forked
 
-        def score(job: tuple[int, int]) -> float:
-            seed, which = job
-            other = Evaluator(replace(setup, seed=seed), evaluator.trace)
-            return other.measure(pairs[which][0]).score
-
-        jobs = [(seed, which) for seed in seeds[1:] for which in range(len(pairs))]
-        for (_, which), value in zip(jobs, map_forked(score, jobs), strict=True):
-            pairs[which][1].append(value)
-    else:
-        for seed in seeds[1:]:
-            other = evaluator if same else Evaluator(replace(setup, seed=seed), evaluator.trace)
-            for config, out, start in pairs:
-                if by_rate:
-                    assert other.ladder is not None
-                    rung = start if start is not None else other.ladder.rung(16.0)
-                    out.append(other.goodput(config, rung, exact=True).value)
-                else:
-                    out.append(other.measure(config).score)
+        values = map_forked(sample, jobs)
+    else:  # the study's own runs, or a real engine's (never timed against each other)
+        values = [sample(job) for job in jobs]
+    for (_, which), value in zip(jobs, values, strict=True):
+        pairs[which][1].append(value)
     metric = "goodput_rps" if by_rate else "score"
     return Verdict(metric, by_rate, tuple(ours), tuple(theirs), seeds, same)

@@ -15,7 +15,7 @@ from typing import Any
 
 from slotune.engine.config import EngineConfig
 from slotune.tuner.evaluate import Evaluator, config_key
-from slotune.tuner.forked import Background, forks
+from slotune.tuner.forked import Background
 from slotune.tuner.setup import TuneSetup
 
 
@@ -31,18 +31,22 @@ class WhatIfAhead:
 
     @staticmethod
     def applies(setup: TuneSetup, n_jobs: int) -> bool:
-        """One worker on a machine with a core to spare, a simulated study whose trials
-        are measured at the load the report uses (the weighted objective)."""
-        return forks() and n_jobs == 1 and setup.backend == "sim" and setup.objective == "weighted"
+        """A core to spare (``ahead.spare_core``; the weighted objective measures trials at
+        the load the report uses)."""
+        from slotune.tuner.ahead import spare_core
+
+        return spare_core(setup, n_jobs)
 
     def follow(self, best: Any | None) -> None:
         """After a trial: rerun the what-ifs of ``best`` (the best trial so far) unless
         they already run."""
         if best is None:
             return
+        from slotune.tuner.results import report_rate
         from slotune.tuner.what_if import rerun, reruns
 
-        config, rate = self._at(best)
+        config = EngineConfig.from_dict(best.user_attrs["config"])
+        rate = report_rate(self.setup, best, self.baseline)
         key = (config_key(config), rate)
         if key == self.background.key:
             return
@@ -57,21 +61,12 @@ class WhatIfAhead:
 
         self.background.start(key, scores)
 
-    def known(self, best: Any | None) -> dict[str, dict[str, Any]] | None:
-        """The what-if scores of ``best`` measured ahead (by the variant's ``config_key``),
-        once they are; None when another trial's ran, or none."""
-        if best is None:
-            return None
-        config, rate = self._at(best)
+    def known(self, config: EngineConfig, rate: float | None) -> dict[str, dict[str, Any]] | None:
+        """The what-if scores of ``config`` at ``rate`` measured ahead (by the variant's
+        ``config_key``), once they are; None when another configuration's ran, or none."""
         said, scores = self.background.next((config_key(config), rate))
         self.background.cancel()
         return scores if said else None
 
     def close(self) -> None:
         self.background.cancel()
-
-    def _at(self, best: Any) -> tuple[EngineConfig, float | None]:
-        from slotune.tuner.results import report_rate
-
-        config = EngineConfig.from_dict(best.user_attrs["config"])
-        return config, report_rate(self.setup, best, self.baseline)

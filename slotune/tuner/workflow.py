@@ -262,12 +262,10 @@ class _Run:
         """A new study's baseline and first trials, measured at once on this machine's
         cores before the study asks for them (``tuner.ahead``)."""
         from slotune.tuner.ahead import can_measure_ahead, first_configs
-        from slotune.tuner.forked import cores, forks
+        from slotune.tuner.forked import cores
 
         setup, evaluator = self.prepared.setup, self.evaluator
-        if not forks() or not can_measure_ahead(
-            setup, self.options.n_jobs, evaluator.ladder is not None
-        ):
+        if not can_measure_ahead(setup, self.options.n_jobs, evaluator.ladder is not None):
             return
         drawn = first_configs(setup, baseline, self.prepared.trials)
         evaluator.measure_ahead([baseline, *drawn], workers=cores())
@@ -332,16 +330,10 @@ class _Run:
         report: ReportBuilder | None,
     ) -> TuneResult:
         from slotune.tuner import study as studies
-        from slotune.tuner.results import finished, select_best, write_outputs
+        from slotune.tuner.results import write_outputs
 
         self.emit(StageStarted(Stage.FINISH))
         try:
-            known = None
-            if self.what_ifs is not None:
-                best = select_best(
-                    finished(study), setup.objective, setup.attainment, baseline["config"]
-                )
-                known = self.what_ifs.known(best)
             outputs = write_outputs(
                 out_dir=self.place.out_dir,
                 study=study,
@@ -349,7 +341,7 @@ class _Run:
                 baseline=baseline,
                 evaluator=self.evaluator,
                 storage=self.place.storage,
-                what_if_known=known,
+                what_ifs=self.what_ifs,
             )
         except ValueError as e:
             raise StudyError(str(e)) from None
