@@ -7,9 +7,10 @@
    mixed prefill/decode batches (block sizes 16, 32 and 256), and flash-attn too when it is
    installed (block size 256).
 2. The Triton decode kernel timed on a Llama-3-8B-shaped KV read (32 query heads, 8 KV
-   heads, head dim 128, 64 sequences × 4,096 tokens, block size 16) against the HBM floor:
+   heads, head dim 128, 64 sequences × 4,096 tokens, block sizes 16 and 256) against the
+   HBM floor:
    KV bytes / datasheet bandwidth, and / the copy bandwidth measured here.
-3. ``sim_fidelity.py --device cuda`` is run separately (see docs/BENCHMARKS.md).
+3. ``benchmarks/gpu_run.sh`` runs this script and ``sim_fidelity.py --device cuda`` together.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def copy_gbps(device: torch.device) -> float:
     return 2 * x.numel() * 10 / (start.elapsed_time(end) / 1e3) / 1e9
 
 
-def decode_bandwidth(device: torch.device, dtype: torch.dtype) -> dict:
-    seqs, ctx, heads, kv_heads, dim, block_size = 64, 4096, 32, 8, 128, 16
+def decode_bandwidth(device: torch.device, dtype: torch.dtype, block_size: int) -> dict:
+    seqs, ctx, heads, kv_heads, dim = 64, 4096, 32, 8, 128
     blocks = seqs * ctx // block_size
     meta = batch([1] * seqs, [ctx] * seqs, block_size, blocks, device)
     k = torch.randn(blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
@@ -127,6 +128,7 @@ def decode_bandwidth(device: torch.device, dtype: torch.dtype) -> dict:
     achieved = kv_bytes / seconds / 1e9
     out = {
         "gpu": name,
+        "block_size": block_size,
         "kv_bytes": kv_bytes,
         "kernel_ms": seconds * 1e3,
         "achieved_gbps": achieved,
@@ -151,7 +153,7 @@ def main() -> None:
     dtype = torch.float32 if args.smoke else torch.bfloat16
     result: dict = {"accuracy": check_against_torch(device, dtype, args.smoke)}
     if device.type == "cuda":
-        result["decode_bandwidth"] = decode_bandwidth(device, dtype)
+        result["decode_bandwidth"] = [decode_bandwidth(device, dtype, bs) for bs in (16, 256)]
     worst = max(r["max_abs_err"] for r in result["accuracy"])
     print(f"worst max|err| against torch: {worst:.3e}")
     if args.out:

@@ -53,7 +53,7 @@ def check_kernel(trials: int) -> None:
     rng = random.Random(0)
     shapes = [(4, 2, 16), (8, 8, 32), (6, 2, 24), (8, 1, 64)]  # q heads, kv heads, head dim
     for trial in range(trials):
-        block_size = [16, 32, 64][trial % 3]
+        block_size = [16, 32, 128][trial % 3]  # 64-key tiles: 4 or 2 blocks, half a block
         q_heads, kv_heads, head_dim = shapes[trial % len(shapes)]
         meta = random_batch(rng, block_size, num_blocks=48, decode_only=trial % 5 == 4)
         gen = torch.Generator().manual_seed(trial)
