@@ -1,13 +1,13 @@
 """Calibrate the simulator's cost model on this machine by profiling the real executor.
 
-The real executor runs a grid of step shapes (prefill chunks × prior context, decode batch
-× context, and a few mixes), and then the steps of two short real engine runs (a small and
-a large token budget); the cost model's constants are fitted to all those step times
-(``step_fit``), and the host overhead of the engine around each step (scheduling,
-bookkeeping), measured on the same runs, is added as the profile's per-step and
-per-request CPU cost. The result is a GPU-profile JSON that ``--gpu`` accepts wherever a
-GPU name is accepted, describing this machine and its datasheet-like peaks as measured
-here.
+The real executor runs two short real engine runs (a small and a large token budget) once
+untimed to warm up, a grid of step shapes (prefill chunks × prior context, decode batch ×
+context, and a few mixes), and then the same two engine runs timed step by step; the cost
+model's constants are fitted to all those step times (``step_fit``), and the host overhead
+of the engine around each step (scheduling, bookkeeping), measured on the same runs, is
+added as the profile's per-step and per-request CPU cost. The result is a GPU-profile JSON
+that ``--gpu`` accepts wherever a GPU name is accepted, describing this machine and its
+datasheet-like peaks as measured here.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slotune._extras import require
 from slotune.calibration.measure import (
     Measurement,
     StepShape,
+    WorkloadSteps,
     blocks_needed,
     default_grid,
     measure_steps,
@@ -32,6 +33,9 @@ from slotune.engine.config import EngineConfig
 from slotune.engine.executor import KVCacheCapacity
 from slotune.engine.sim.models import get_model
 from slotune.engine.sim.profile import GpuProfile
+
+if TYPE_CHECKING:
+    from slotune.engine.model.executor import TorchExecutor
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,12 @@ def calibrate(
     executor.initialize_cache(EngineConfig(block_size=block_size), capacity)
     say(f"measuring the peaks of {executor.device}")
     spec = machine_spec(executor.device)
+    say("warming up: the recorded engine runs once, untimed")
+    record_runs(executor, block_size)
     say(f"profiling {len(shapes)} step shapes")
     measurements = measure_steps(executor, shapes, block_size, repeats)
     say("recording the steps of a real engine run, small and large budget")
-    runs = [
-        record_workload(executor, block_size, budget, seed=i) for i, budget in enumerate((64, 512))
-    ]
+    runs = record_runs(executor, block_size)
     measurements += [m for run in runs for m in run.measurements]
     host_step, host_req = line_fit([row for run in runs for row in run.host_rows])
     model = get_model(str(Path(model_path) / "config.json"))
@@ -98,6 +102,16 @@ def calibrate(
     host = [host_step + host_req * m.shape.num_requests for m in measurements]
     predicted = [p - h for p, h in zip(predicted, host, strict=True)]
     return CalibrationResult(profile, measurements, predicted, host_step, host_req)
+
+
+def record_runs(executor: TorchExecutor, block_size: int) -> list[WorkloadSteps]:
+    """The recorded engine runs, small and large budget. Run once untimed before the
+    measurements: a step's first run of its shapes costs more than its later ones (cuBLAS
+    picks a kernel per matrix shape, Triton compiles per variant), and a real run's steps
+    are mostly later ones."""
+    return [
+        record_workload(executor, block_size, budget, seed=i) for i, budget in enumerate((64, 512))
+    ]
 
 
 def profile_json(result: CalibrationResult) -> dict[str, Any]:
