@@ -13,11 +13,13 @@ through the simulator with the calibrated profile on its virtual clock, for a sm
 large token budget. Prints p50/p90/p99 TTFT and TPOT and output throughput side by side
 with the simulator's relative error, as a Markdown table; ``--json`` writes the raw numbers.
 
-The real engine runs twice per budget: their spread is the noise floor of this machine
-(other work on the cores changes wall-clock step times, and near saturation queueing turns
-a few percent of speed into much more latency). Each real run also reports the cost
-model's error on that run's own steps (each step's measured time against the model's
-price of the same batch), which no queueing amplifies.
+Each real engine first serves ``--warmups`` requests of another seed, unmeasured (a server
+that is up, as ``vllm bench serve --num-warmups``): a fresh executor's first steps pay
+one-time costs that no later step does. The real engine runs twice per budget: their spread
+is the noise floor of this machine (other work on the cores changes wall-clock step times,
+and near saturation queueing turns a few percent of speed into much more latency). Each
+real run also reports the cost model's error on that run's own steps (each step's measured
+time against the model's price of the same batch), which no queueing amplifies.
 
 ``--clock cpu`` measures everything (calibration, steps, the runner's clock) in this
 process's CPU time instead, which on a shared machine removes the other processes' share
@@ -35,16 +37,17 @@ from typing import Any
 
 SCALE = 0.25  # ShareGPT-like lengths × this: the small model on a CPU, not Llama-3 on an H100
 BUDGETS = {"small budget (64 tokens)": 64, "large budget (512 tokens)": 512}
+WARMUP_REQUESTS = 16
 PERCENTILES = ("p50", "p90", "p99")
 
 
-def scaled_trace(num_requests: int, seed: int = 0):  # type: ignore[no-untyped-def]
+def scaled_trace(num_requests: int, seed: int = 0, prefix: str = ""):  # type: ignore[no-untyped-def]
     from slotune.workloads import Trace, TraceRequest, sharegpt_like
 
     base = sharegpt_like(num_requests, seed=seed)
     reqs = tuple(
         TraceRequest(
-            request_id=r.request_id,
+            request_id=prefix + r.request_id,
             prompt_len=max(4, round(r.prompt_len * SCALE)),
             output_len=max(2, round(r.output_len * SCALE)),
         )
@@ -175,6 +178,12 @@ def main() -> None:
         action="store_true",
         help="also calibrate again right before each real run and simulate with that profile",
     )
+    parser.add_argument(
+        "--warmups",
+        type=int,
+        default=WARMUP_REQUESTS,
+        help="requests through each real engine before its measured run (0: none)",
+    )
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parser.parse_args()
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
@@ -185,8 +194,7 @@ def main() -> None:
     from slotune.engine.model import TorchExecutor
     from slotune.engine.model.init_model import init_model
     from slotune.engine.sim import CostModel, get_model, load_profile
-    from slotune.workloads import ArrivalSpec, run_engine, run_simulated, summarize
-    from slotune.workloads.runner.engine_loop import drive_engine
+    from slotune.workloads import ArrivalSpec, run_simulated, summarize
 
     timer = time.process_time if args.clock == "cpu" else time.perf_counter
 
@@ -226,13 +234,13 @@ def main() -> None:
                 )
                 paired.append(metrics(summarize(paired_sim)))
             executor = TorchExecutor(model, device=args.device, threads=threads, timer=timer)
+            engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
+            if args.warmups:  # a server that is up, as `vllm bench serve --num-warmups`
+                warm = scaled_trace(args.warmups, seed=1, prefix="warm-up-")
+                serve(engine, warm, arrivals, args.clock)
             cost = CostModel(load_profile(str(run_profile)), spec, 1, config.block_size)
             recorder = StepRecorder(executor, cost)
-            engine = Engine(config, executor, eos_token_id=executor.eos_token_id)
-            if args.clock == "cpu":
-                real = drive_engine(engine, trace, arrivals, ProcessClock())  # type: ignore[arg-type]
-            else:
-                real = run_engine(engine, trace, arrivals)
+            real = serve(engine, trace, arrivals, args.clock)
             reals.append(metrics(summarize(real)))
             steps.append(recorder.summary())
         rows[name] = {
@@ -251,6 +259,16 @@ def main() -> None:
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps({"profile": profile_json(result), "runs": rows}, indent=2))
+
+
+def serve(engine, trace, arrivals, clock: str):  # type: ignore[no-untyped-def]
+    """One run of ``trace`` through the real ``engine`` on the ``clock`` the run uses."""
+    from slotune.workloads import run_engine
+    from slotune.workloads.runner.engine_loop import drive_engine
+
+    if clock == "cpu":
+        return drive_engine(engine, trace, arrivals, ProcessClock())  # type: ignore[arg-type]
+    return run_engine(engine, trace, arrivals)
 
 
 def print_table(rows: dict[str, dict[str, Any]]) -> None:
