@@ -30,24 +30,29 @@ from slotune.engine.sim.profile import (
 
 _US = (1e-3, 1e6)  # bounds of a time constant, µs
 _EFF = (1e-4, 1.0)  # bounds of an efficiency
-STEP_PARAMS = tuple(
-    Param(name, *(_EFF if name.endswith("_eff") else _US), log=True)
-    for name in (
-        "linear_overhead_us",
-        "linear_mem_eff",
-        "linear_compute_eff",
-        "linear_half_tokens",
-        "elementwise_overhead_us",
-        "elementwise_eff",
-        "prefill_overhead_us",
-        "prefill_prefix_eff",
-        "prefill_causal_eff",
-        "decode_overhead_us",
-        "decode_per_seq_us",
-        "decode_eff",
-        "cpu_step_us",
-        "cpu_per_request_us",
-    )
+STEP_PARAMS = (
+    *(
+        Param(name, *(_EFF if name.endswith("_eff") else _US), log=True)
+        for name in (
+            "linear_overhead_us",
+            "linear_mem_eff",
+            "linear_compute_eff",
+            "linear_half_tokens",
+            "elementwise_overhead_us",
+            "elementwise_eff",
+            "prefill_overhead_us",
+            "prefill_prefix_eff",
+            "prefill_causal_eff",
+            "decode_overhead_us",
+            "decode_per_seq_us",
+            "decode_eff",
+            "cpu_step_us",
+            "cpu_per_request_us",
+            "decode_per_call_us",
+        )
+    ),
+    # context ranges a batch's decodes spread over, one attention call each
+    Param("decode_call_ranges", 1.0, 256.0, log=True),
 )
 STEP_START = {
     "linear_overhead_us": 10.0,
@@ -64,6 +69,8 @@ STEP_START = {
     "decode_eff": 0.2,
     "cpu_step_us": 200.0,
     "cpu_per_request_us": 20.0,
+    "decode_per_call_us": 5.0,
+    "decode_call_ranges": 4.0,
 }
 
 
@@ -100,6 +107,8 @@ def build_profile(
             decode_eff=r(values["decode_eff"], 6),
             block_indirection_tokens=0.0,
             reference_block_size=block_size,
+            decode_per_call_us=r(values["decode_per_call_us"], 4),
+            decode_call_ranges=r(values["decode_call_ranges"], 4),
         ),
         system=SystemProfile(
             cpu_step_us=r(values["cpu_step_us"], 4),

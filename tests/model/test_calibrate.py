@@ -65,6 +65,8 @@ _PARAMS_TRUTH = {
     "decode_eff": 0.3,
     "cpu_step_us": 500.0,
     "cpu_per_request_us": 30.0,
+    "decode_per_call_us": 40.0,
+    "decode_call_ranges": 3.0,
 }
 
 

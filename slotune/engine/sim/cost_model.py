@@ -30,6 +30,7 @@ from slotune.engine.sim.profile import (
     ElementwiseProfile,
     GpuProfile,
     LinearProfile,
+    decode_calls,
 )
 from slotune.engine.sim.stack import StackProfile, graph_capture_sizes, graph_max_tokens
 
@@ -377,6 +378,8 @@ class CostModel:
             self._padded[lo + 1 : hi + 1] = [hi] * (hi - lo)
         per_seq_layer = att.decode_per_seq_us + stack.decode_seq_layer_us
         self._dec_per_seq = layers * per_seq_layer * time_scale * _US
+        self._dec_per_call = layers * att.decode_per_call_us * time_scale * _US
+        self._dec_ranges = att.decode_call_ranges
         per_ctx = decode_kv_seconds_per_token(
             att, self.bw, self.kv_bytes_per_token_layer, block_size
         )
@@ -553,6 +556,8 @@ class CostModel:
             )
             if self._window:
                 t += self.window_decode_seconds(num_decodes, decode_context_sum)
+            if self._dec_per_call:
+                t += self._dec_per_call * decode_calls(num_decodes, self._dec_ranges)
         if prefill_chunks:
             t += self.kernels(num_tokens).prefill_fixed
             for chunk, prior in prefill_chunks:
@@ -636,11 +641,13 @@ class CostModel:
         requests reading ``context_sum`` KV tokens together."""
         if not num_decodes:
             return 0.0
+        calls = self._dec_per_call * decode_calls(num_decodes, self._dec_ranges)
         return (
             self.kernels(num_tokens).decode_fixed
             + self._dec_per_seq * num_decodes
             + (self._dec_per_ctx * context_sum)
             + self.window_decode_seconds(num_decodes, context_sum)
+            + calls
         )
 
     def prefill_attention_seconds(

@@ -66,7 +66,11 @@ class AttentionProfile:
     within the chunk (``causal``), the query side padded to ``q_tile`` rows.
     Decode: overhead, a per-sequence cost, and the KV bytes read at ``decode_eff``; each
     block read costs as much as ``block_indirection_tokens`` more tokens (page-table
-    lookups and partial tiles), so small blocks are slower."""
+    lookups and partial tiles), so small blocks are slower. An attention that runs one call
+    per group of decodes of similar context (slotune's torch reference) pays
+    ``decode_per_call_us`` per call: a batch's contexts fall into ``decode_call_ranges``
+    equally likely ranges, one call per range they occupy (``decode_calls``); a kernel that
+    takes the whole batch in one call leaves ``decode_per_call_us`` at 0."""
 
     prefill_overhead_us: float
     prefill_prefix_eff: float
@@ -77,6 +81,8 @@ class AttentionProfile:
     decode_eff: float
     block_indirection_tokens: float
     reference_block_size: int = 16
+    decode_per_call_us: float = 0.0
+    decode_call_ranges: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class GpuProfile:
         out["linear"] = _as_dict(self.linear)
         out["elementwise"] = {k: _as_dict(v) for k, v in self.elementwise.items()}
         out["attention"] = _as_dict(self.attention)
+        if not self.attention.decode_per_call_us:  # one call per step: nothing to say
+            for name in ("decode_per_call_us", "decode_call_ranges"):
+                del out["attention"][name]
         out["system"] = _as_dict(self.system)
         if self.stack:
             out["stack"] = self.stack
@@ -142,6 +151,12 @@ def _check_eff(where: str, value: float) -> None:
 def _check_nonneg(where: str, value: float) -> None:
     if value < 0:
         raise ValueError(f"{where}: must be >= 0, got {value}")
+
+
+def decode_calls(num_decodes: int, ranges: float) -> float:
+    """Expected calls of a grouping attention for ``num_decodes`` decodes whose contexts
+    fall into ``ranges`` equally likely ranges: the ranges they occupy (1 for one)."""
+    return ranges * (1.0 - (1.0 - 1.0 / ranges) ** num_decodes)
 
 
 def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfile:
@@ -183,8 +198,11 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
         "decode_overhead_us",
         "decode_per_seq_us",
         "block_indirection_tokens",
+        "decode_per_call_us",
     ):
         _check_nonneg(f"{where}: attention.{name}", getattr(attention, name))
+    if attention.decode_call_ranges < 1:
+        raise ValueError(f"{where}: attention.decode_call_ranges must be >= 1")
     _check_eff(f"{where}: system.allreduce_eff", system.allreduce_eff)
     _check_eff(f"{where}: system.host_link_eff", system.host_link_eff)
     return GpuProfile(
