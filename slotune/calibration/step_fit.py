@@ -49,6 +49,7 @@ STEP_PARAMS = (
             "cpu_step_us",
             "cpu_per_request_us",
             "decode_per_call_us",
+            "prefill_per_chunk_us",
         )
     ),
     # context ranges a batch's decodes spread over, one attention call each
@@ -70,6 +71,7 @@ STEP_START = {
     "cpu_step_us": 200.0,
     "cpu_per_request_us": 20.0,
     "decode_per_call_us": 5.0,
+    "prefill_per_chunk_us": 5.0,
     "decode_call_ranges": 4.0,
 }
 
@@ -109,6 +111,7 @@ def build_profile(
             reference_block_size=block_size,
             decode_per_call_us=r(values["decode_per_call_us"], 4),
             decode_call_ranges=r(values["decode_call_ranges"], 4),
+            prefill_per_chunk_us=r(values["prefill_per_chunk_us"], 4),
         ),
         system=SystemProfile(
             cpu_step_us=r(values["cpu_step_us"], 4),

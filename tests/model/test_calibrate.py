@@ -67,6 +67,7 @@ _PARAMS_TRUTH = {
     "cpu_per_request_us": 30.0,
     "decode_per_call_us": 40.0,
     "decode_call_ranges": 3.0,
+    "prefill_per_chunk_us": 25.0,
 }
 
 

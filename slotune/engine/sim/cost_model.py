@@ -391,6 +391,7 @@ class CostModel:
         self._pre_prefix = per_pair / (self.peak * att.prefill_prefix_eff)
         self._pre_causal = 0.5 * per_pair / (self.peak * att.prefill_causal_eff)
         self._pre_mem = full * self.kv_bytes_per_token_layer / self.bw
+        self._pre_per_chunk = layers * att.prefill_per_chunk_us * time_scale * _US
         self._win_prefix = sliding * layer_pair / (self.peak * att.prefill_prefix_eff)
         self._win_causal = sliding * layer_pair / (self.peak * att.prefill_causal_eff)
         self._win_mem = sliding * self.kv_bytes_per_token_layer / self.bw
@@ -490,6 +491,8 @@ class CostModel:
             w_cmp = (self._win_prefix * prefix + self._win_causal * causal) * pad
             w_mem = self._win_mem * (min(prior, w) + chunk)
             t += w_cmp if w_cmp > w_mem else w_mem
+        if self._pre_per_chunk:
+            t += self._pre_per_chunk
         return t
 
     def window_decode_seconds(self, num_decodes: int, context_sum: int) -> float:

@@ -70,7 +70,9 @@ class AttentionProfile:
     per group of decodes of similar context (slotune's torch reference) pays
     ``decode_per_call_us`` per call: a batch's contexts fall into ``decode_call_ranges``
     equally likely ranges, one call per range they occupy (``decode_calls``); a kernel that
-    takes the whole batch in one call leaves ``decode_per_call_us`` at 0."""
+    takes the whole batch in one call leaves ``decode_per_call_us`` at 0. Likewise an
+    attention that makes one call per prefill chunk pays ``prefill_per_chunk_us`` for each
+    (0 where one kernel takes all of a step's chunks)."""
 
     prefill_overhead_us: float
     prefill_prefix_eff: float
@@ -83,6 +85,7 @@ class AttentionProfile:
     reference_block_size: int = 16
     decode_per_call_us: float = 0.0
     decode_call_ranges: float = 1.0
+    prefill_per_chunk_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,11 @@ class GpuProfile:
         out["linear"] = _as_dict(self.linear)
         out["elementwise"] = {k: _as_dict(v) for k, v in self.elementwise.items()}
         out["attention"] = _as_dict(self.attention)
+        attention = out["attention"]
         if not self.attention.decode_per_call_us:  # one call per step: nothing to say
-            for name in ("decode_per_call_us", "decode_call_ranges"):
-                del out["attention"][name]
+            del attention["decode_per_call_us"], attention["decode_call_ranges"]
+        if not self.attention.prefill_per_chunk_us:
+            del attention["prefill_per_chunk_us"]
         out["system"] = _as_dict(self.system)
         if self.stack:
             out["stack"] = self.stack
@@ -199,6 +204,7 @@ def profile_from_dict(data: dict[str, Any], where: str = "profile") -> GpuProfil
         "decode_per_seq_us",
         "block_indirection_tokens",
         "decode_per_call_us",
+        "prefill_per_chunk_us",
     ):
         _check_nonneg(f"{where}: attention.{name}", getattr(attention, name))
     if attention.decode_call_ranges < 1:

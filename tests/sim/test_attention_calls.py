@@ -1,5 +1,6 @@
-"""Decode attention that runs one call per group of similar contexts (the torch reference
-backend) costs per call; the expected calls are the context ranges a batch occupies."""
+"""Attention that makes one call per group of decodes of similar context, and one per
+prefill chunk (the torch reference backend), costs per call; the expected decode calls are
+the context ranges a batch occupies."""
 
 from __future__ import annotations
 
@@ -36,10 +37,13 @@ def test_expected_calls_match_counting_occupied_ranges(ranges: float) -> None:
         assert 1.0 <= decode_calls(n, ranges) <= min(n, ranges) + 1e-9
 
 
-def _grouping(gpu: str, per_call_us: float, ranges: float):  # type: ignore[no-untyped-def]
+def _grouping(gpu: str, per_call_us: float, ranges: float, per_chunk_us: float = 0.0):  # type: ignore[no-untyped-def]
     profile = load_profile(gpu)
     attention = dataclasses.replace(
-        profile.attention, decode_per_call_us=per_call_us, decode_call_ranges=ranges
+        profile.attention,
+        decode_per_call_us=per_call_us,
+        decode_call_ranges=ranges,
+        prefill_per_chunk_us=per_chunk_us,
     )
     return dataclasses.replace(profile, attention=attention)
 
@@ -58,12 +62,26 @@ def test_calls_add_their_cost_to_decode_steps_only() -> None:
     )
 
 
+def test_each_prefill_chunk_pays_its_call() -> None:
+    model = get_model("llama-2-7b")
+    plain = CostModel(load_profile("a100-80g"), model)
+    chunked = CostModel(_grouping("a100-80g", 0.0, 1.0, per_chunk_us=30.0), model)
+    per_chunk = model.num_layers * 30e-6
+    for chunks in ([(512, 0)], [(100, 0)] * 5, [(64, 900), (200, 0), (8, 40)]):
+        tokens = sum(c for c, _ in chunks)
+        args = (tokens, len(chunks), len(chunks), 0, 0, chunks)
+        extra = chunked.step_seconds(*args) - plain.step_seconds(*args)
+        assert extra == pytest.approx(per_chunk * len(chunks), rel=1e-9)
+    assert chunked.step_seconds(8, 8, 8, 8, 5600) == plain.step_seconds(8, 8, 8, 8, 5600)
+
+
 def test_a_grouping_profile_round_trips_and_shipped_ones_do_not_mention_it(
     tmp_path: Path,
 ) -> None:
     shipped = load_profile("h100").to_dict()
     assert "decode_per_call_us" not in shipped["attention"]
-    grouped = _grouping("h100", 30.0, 5.0)
+    assert "prefill_per_chunk_us" not in shipped["attention"]
+    grouped = _grouping("h100", 30.0, 5.0, per_chunk_us=12.0)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(grouped.to_dict()))
     assert load_profile(str(path)).attention == grouped.attention
@@ -78,7 +96,7 @@ def test_stretches_price_calls_as_single_steps(
 ) -> None:
     monkeypatch.setenv("SLOTUNE_CHECK_STRETCHES", "1")
     path = tmp_path / "grouped.json"
-    path.write_text(json.dumps(_grouping("a100-80g", 80.0, 3.0).to_dict()))
+    path.write_text(json.dumps(_grouping("a100-80g", 80.0, 3.0, per_chunk_us=60.0).to_dict()))
     config = EngineConfig(num_gpu_blocks=800)
     trace, arrivals = sharegpt_like(150, seed=4), ArrivalSpec(rate=6.0)
     kw = {"arrivals": arrivals, "model": "llama-2-7b", "gpu": str(path)}
