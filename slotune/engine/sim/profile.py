@@ -118,12 +118,12 @@ class GpuProfile:
             out["spec"] = _as_dict(self.gpu)
         out["linear"] = _as_dict(self.linear)
         out["elementwise"] = {k: _as_dict(v) for k, v in self.elementwise.items()}
-        out["attention"] = _as_dict(self.attention)
-        attention = out["attention"]
+        attention = _as_dict(self.attention)
         if not self.attention.decode_per_call_us:  # one call per step: nothing to say
             del attention["decode_per_call_us"], attention["decode_call_ranges"]
         if not self.attention.prefill_per_chunk_us:
             del attention["prefill_per_chunk_us"]
+        out["attention"] = attention
         out["system"] = _as_dict(self.system)
         if self.stack:
             out["stack"] = self.stack
