@@ -84,16 +84,12 @@ def _paged_attention_kernel(
                 entry = tl.load(block_tables_ptr + seq * stride_bt + t * TILE_N // BLOCK_SIZE)
                 block = entry.to(tl.int64)
                 slots = (t * TILE_N) % BLOCK_SIZE + lanes
-                k_row = block * stride_kb + slots[:, None] * stride_ks
-                v_row = block * stride_vb + slots[:, None] * stride_vs
             else:  # the tile spans several blocks: each key's own entry
                 entries = tl.load(block_tables_ptr + seq * stride_bt + k_pos // BLOCK_SIZE, k_ok)
-                blocks = entries.to(tl.int64)[:, None]
+                block = entries.to(tl.int64)[:, None]
                 slots = k_pos % BLOCK_SIZE
-                k_row = blocks * stride_kb + slots[:, None] * stride_ks
-                v_row = blocks * stride_vb + slots[:, None] * stride_vs
             kv_mask = k_ok[:, None] & dim_ok[None, :]
-            k_off = k_row + kv_head * stride_kh
+            k_off = block * stride_kb + slots[:, None] * stride_ks + kv_head * stride_kh
             k = tl.load(k_cache_ptr + k_off + dims[None, :], mask=kv_mask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             s = tl.where(k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -102,7 +98,7 @@ def _paged_attention_kernel(
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_off = v_row + kv_head * stride_vh
+            v_off = block * stride_vb + slots[:, None] * stride_vs + kv_head * stride_vh
             v = tl.load(v_cache_ptr + v_off + dims[None, :], mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
