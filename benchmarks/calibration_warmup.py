@@ -23,28 +23,16 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
 
-    from slotune.calibration.measure import (
-        blocks_needed,
-        default_grid,
-        measure_steps,
-        record_workload,
-    )
-    from slotune.engine import EngineConfig
-    from slotune.engine.executor import KVCacheCapacity
-    from slotune.engine.model import TorchExecutor
+    from slotune.calibration.measure import default_grid, measure_steps, record_workload
+    from slotune.calibration.on_device import calibration_executor
     from slotune.engine.model.init_model import init_model
 
     work = Path(tempfile.mkdtemp(prefix="calibration_warmup_"))
     block_size = 16
+    shapes = default_grid()
     for preset in args.preset:
         model = init_model(work / preset, preset)
-        executor = TorchExecutor(model, device=args.device, threads=None)
-        shapes = default_grid()
-        capacity = KVCacheCapacity(
-            num_gpu_blocks=blocks_needed(shapes, block_size) + 64 * 1024 // block_size,
-            num_cpu_blocks=0,
-        )
-        executor.initialize_cache(EngineConfig(block_size=block_size), capacity)
+        executor = calibration_executor(model, shapes, args.device, block_size=block_size)
         rows = []
         for _ in range(args.passes):
             run = record_workload(executor, block_size, 512, seed=1)

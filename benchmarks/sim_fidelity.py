@@ -103,9 +103,9 @@ class StepRecorder:
     """Wraps an executor: every step's measured duration beside the cost model's price of
     the very same step, which separates the cost model's error from queueing effects."""
 
-    def __init__(self, executor, cost_model, host: tuple[float, float]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, executor, cost_model, host_seconds) -> None:  # type: ignore[no-untyped-def]
         self.executor, self.cost_model = executor, cost_model
-        self.host_step_s, self.host_per_request_s = host  # the engine's, around the executor
+        self.host_seconds = host_seconds  # CalibrationResult.host_seconds of the profile
         self.measured: list[float] = []
         self.predicted: list[float] = []
         self.mixed: list[bool] = []  # the step carries prefill tokens
@@ -132,7 +132,7 @@ class StepRecorder:
             chunks,
         )
         # like with like, as calibrate compares: the engine's host part is not in the duration
-        self.predicted.append(price - self.host_step_s - self.host_per_request_s * num_requests)
+        self.predicted.append(price - self.host_seconds(num_requests))
         return out
 
     def summary(self) -> dict[str, float]:
@@ -227,12 +227,12 @@ def main() -> None:
         sim = run_simulated(config, trace, gpu=str(profile), model=config_json, arrivals=arrivals)
         reals, steps, paired = [], [], []
         for i in range(args.real_runs):
-            run_profile, host = profile, (result.host_step_s, result.host_per_request_s)
+            run_profile, host_seconds = profile, result.host_seconds
             if args.calibrate_each:  # the machine drifts: a calibration just before the run
                 run_profile = work / f"profile-{budget}-{i}.json"
                 fresh = calibrate(model, device=args.device, threads=threads, timer=timer)
                 run_profile.write_text(json.dumps(profile_json(fresh), indent=2))
-                host = (fresh.host_step_s, fresh.host_per_request_s)
+                host_seconds = fresh.host_seconds
                 paired_sim = run_simulated(
                     config, trace, gpu=str(run_profile), model=config_json, arrivals=arrivals
                 )
@@ -243,7 +243,7 @@ def main() -> None:
                 warm = scaled_trace(args.warmups, seed=1, prefix="warm-up-")
                 serve(engine, warm, arrivals, args.clock)
             cost = CostModel(load_profile(str(run_profile)), spec, 1, config.block_size)
-            recorder = StepRecorder(executor, cost, host)
+            recorder = StepRecorder(executor, cost, host_seconds)
             real = serve(engine, trace, arrivals, args.clock)
             reals.append(metrics(summarize(real)))
             steps.append(recorder.summary())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,11 @@ class CalibrationResult:
     host_step_s: float
     host_per_request_s: float
 
+    def host_seconds(self, num_requests: int) -> float:
+        """The engine's host work around the executor in a step of ``num_requests``: part of
+        the profile's price, not of the executor's measured duration."""
+        return self.host_step_s + self.host_per_request_s * num_requests
+
 
 def calibrate(
     model_path: str | Path,
@@ -63,17 +68,12 @@ def calibrate(
     """Profile, record, fit. ``timer`` is the executor's step timer (see TorchExecutor)."""
     require("torch", extra="engine")
     from slotune.calibration.machine import machine_spec
-    from slotune.engine.model.executor import TorchExecutor
 
     say = progress or (lambda _msg: None)
-    executor = TorchExecutor(
-        model_path, device=device, attention=attention, threads=threads, timer=timer
-    )
     shapes = grid if grid is not None else default_grid()
-    capacity = KVCacheCapacity(
-        num_gpu_blocks=blocks_needed(shapes, block_size) + 64, num_cpu_blocks=0
+    executor = calibration_executor(
+        model_path, shapes, device, attention, block_size, threads=threads, timer=timer
     )
-    executor.initialize_cache(EngineConfig(block_size=block_size), capacity)
     say(f"measuring the peaks of {executor.device}")
     spec = machine_spec(executor.device)
     say("warming up: the recorded engine runs once, untimed")
@@ -97,11 +97,36 @@ def calibrate(
         f"{host_step * 1e6:.0f} us/step + {host_req * 1e6:.1f} us/request included."
     )
     profile = build_profile(spec, values, block_size, note)
-    predicted = predict(profile, model, block_size, [m.shape for m in measurements])
+    prices = predict(profile, model, block_size, [m.shape for m in measurements])
+    result = CalibrationResult(profile, measurements, [], host_step, host_req)
     # The host part was measured around the executor, so compare like with like:
-    host = [host_step + host_req * m.shape.num_requests for m in measurements]
-    predicted = [p - h for p, h in zip(predicted, host, strict=True)]
-    return CalibrationResult(profile, measurements, predicted, host_step, host_req)
+    executor_part = [
+        p - result.host_seconds(m.shape.num_requests)
+        for p, m in zip(prices, measurements, strict=True)
+    ]
+    return replace(result, predicted=executor_part)
+
+
+def calibration_executor(
+    model_path: str | Path,
+    shapes: list[StepShape],
+    device: str = "auto",
+    attention: str = "auto",
+    block_size: int = 16,
+    threads: int | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+) -> TorchExecutor:
+    """The real executor the calibration times, with a KV cache for ``shapes``."""
+    from slotune.engine.model.executor import TorchExecutor
+
+    executor = TorchExecutor(
+        model_path, device=device, attention=attention, threads=threads, timer=timer
+    )
+    capacity = KVCacheCapacity(
+        num_gpu_blocks=blocks_needed(shapes, block_size) + 64, num_cpu_blocks=0
+    )
+    executor.initialize_cache(EngineConfig(block_size=block_size), capacity)
+    return executor
 
 
 def record_runs(executor: TorchExecutor, block_size: int) -> list[WorkloadSteps]:
