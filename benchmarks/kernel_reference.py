@@ -29,22 +29,27 @@ MODELS = {  # n_head, n_kv_head, n_embd, n_expanded_embd, vocab
     "llama-3-8b": (32, 8, 4096, 14336, 128256),
 }
 TOKENS = [1, 2, 4, *range(8, 129, 8), *range(160, 4097, 32)]
-LINEAR = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-OTHER = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 STATS = ("min", "max", "mean", "median", "std")
 GRAPH_LAUNCHES = 10
 
 
 def gemm_shapes(model: tuple[int, ...], tp: int) -> dict[str, tuple[int, int]]:
+    """``(k, n)`` of each linear column on one shard, by the rule the error tables read the
+    reference files with (``readers.mlp_shapes``, ``readers.gemm_dims``)."""
+    import pandas as pd
+
+    from slotune.calibration.readers import LINEAR_OPS, gemm_dims, mlp_shapes
+
     heads, kv_heads, hidden, ffn, _ = model
-    hd = hidden // heads
-    q, kv = heads // tp, max(1, kv_heads // tp)
-    return {
-        "attn_pre_proj": (hidden, (q + 2 * kv) * hd),
-        "attn_post_proj": (q * hd, hidden),
-        "mlp_up_proj": (hidden, 2 * ffn // tp),
-        "mlp_down_proj": (ffn // tp, hidden),
-    }
+    row = pd.DataFrame({"n_head": [heads], "n_kv_head": [kv_heads], "n_embd": [hidden],
+                        "n_expanded_embd": [ffn], "num_tokens": [1],
+                        "num_tensor_parallel_workers": [tp]})  # fmt: skip
+    shapes = mlp_shapes(row)
+    out = {}
+    for column, op in LINEAR_OPS.items():
+        k, n = gemm_dims(shapes, op)
+        out[column] = (int(k[0]), int(n[0]))
+    return out
 
 
 def time_ms(device: torch.device, m: int, k: int, n: int, repeats: int) -> list[float]:
@@ -84,6 +89,8 @@ def time_ms(device: torch.device, m: int, k: int, n: int, repeats: int) -> list[
 
 
 def measure(device: torch.device, name: str, tps: list[int], tokens: list[int], repeats: int):  # type: ignore[no-untyped-def]
+    from slotune.calibration.readers import ELEMENTWISE_COLUMNS, LINEAR_OPS
+
     model = MODELS[name]
     heads, kv_heads, hidden, ffn, vocab = model
     rows = []
@@ -91,8 +98,8 @@ def measure(device: torch.device, name: str, tps: list[int], tokens: list[int], 
         shapes = gemm_shapes(model, tp)
         for m in tokens:
             row: dict[str, float | int | bool] = {}
-            for column in (*OTHER[:3], *LINEAR[:2], *OTHER[3:], *LINEAR[2:]):
-                times = time_ms(device, m, *shapes[column], repeats) if column in LINEAR else [0.0]
+            for column in (*ELEMENTWISE_COLUMNS, *LINEAR_OPS):
+                times = time_ms(device, m, *shapes[column], repeats) if column in shapes else [0.0]
                 values = (min(times), max(times), statistics.fmean(times),
                           statistics.median(times), statistics.pstdev(times))  # fmt: skip
                 row |= {f"time_stats.{column}.{s}": v for s, v in zip(STATS, values, strict=True)}
