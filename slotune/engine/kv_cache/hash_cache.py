@@ -19,13 +19,19 @@ leaves exactly the entries eager hashing would have left, and from then on the g
 hashes eagerly. A dormant group whose blocks have all been reused is dropped: it would
 replay to nothing. While a group has one request, the reuse of its blocks is not even
 logged: nothing in the group could win a key that a reused block gave up.
+
+A request that looks up its own token list while it is still its group's only member (a
+preempted request coming back) needs no hashes either: the replay would register each
+position's first logged block, so walking the log by position finds what a replay and an
+eager lookup find. The group stays dormant; from then on reuse is logged, since the
+request commits positions again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from operator import attrgetter
-from typing import cast
+from typing import TypeVar, cast
 
 from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
@@ -38,7 +44,7 @@ Commit = tuple[list[int], Sequence[KVCacheBlock | None], int]
 class _Group:
     """A dormant group: its first-block key, its log and its committed requests."""
 
-    __slots__ = ("h0", "key0", "live", "log", "members")
+    __slots__ = ("h0", "key0", "live", "log", "logs_reuse", "looked_up", "members", "owners")
 
     def __init__(self, h0: int, key0: Key) -> None:
         self.h0 = h0
@@ -46,6 +52,10 @@ class _Group:
         self.live = 0  # logged blocks not reused since
         self.log: list[Commit | KVCacheBlock] = []  # a bare block when reused
         self.members: list[tuple[HashState, list[int]]] = []  # (state, token ids)
+        self.logs_reuse = False  # set once a second request or a lookup may commit again
+        self.looked_up = False  # its only member has found its own blocks
+        # each position's registered block as of the log's length (see ``_own_hits``)
+        self.owners: tuple[int, dict[int, KVCacheBlock]] = (-1, {})
 
 
 HashState = list[int | _Group]
@@ -69,6 +79,39 @@ def _chain(token_ids: list[int], bs: int, n: int) -> list[tuple[int, Key]]:
         parent = h = hash(key)
         out.append((h, key))
     return out
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _registered(
+    log: list[Commit | KVCacheBlock], keys_of: Callable[[list[int], int, int], Iterable[K]]
+) -> dict[K, tuple[KVCacheBlock, list[int], int]]:
+    """Each key's block as a replay of ``log`` registers it: the first block logged under
+    the key, while that block was not reused since (its logged reuse frees the key for a
+    later one). ``keys_of(token_ids, first, n)``: the keys of ``n`` positions from ``first``.
+    Each key's value: its block, and the token list and position it was logged at."""
+    owners: dict[K, tuple[KVCacheBlock, list[int], int]] = {}
+    registered: dict[int, K] = {}  # id(block) -> its key, while it owns one
+    for event in log:
+        if type(event) is tuple:
+            token_ids, logged, first = event
+            for position, (block, key) in enumerate(
+                zip(logged, keys_of(token_ids, first, len(logged)), strict=True), first
+            ):
+                if block is not None and id(block) not in registered and key not in owners:
+                    owners[key] = (block, token_ids, position)
+                    registered[id(block)] = key
+        else:
+            owned = registered.pop(id(event), None)
+            if owned is not None:
+                del owners[owned]
+    return owners
+
+
+def _positions(token_ids: list[int], first: int, n: int) -> range:
+    """A lone member's keys: its positions (its list's blocks' keys differ by position)."""
+    return range(first, first + n)
 
 
 class HashPrefixCache:
@@ -125,6 +168,8 @@ class HashPrefixCache:
         group = self._dormant.get(h0)
         if group is None:
             return h0 not in self._blocks
+        if group.looked_up:
+            return False
         return group.key0 == key0 and all(member is state for member, _ in group.members)
 
     def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[KVCacheBlock], HashState]:
@@ -134,6 +179,10 @@ class HashPrefixCache:
         looked up keeps its blocks' keys (a request's token list only grows) and the blocks
         found: one still cached under its hash is found again without hashing its tokens.
         """
+        if self._dormant and max_blocks:
+            own = self._own_hits(token_ids, max_blocks)
+            if own is not None:
+                return own
         if self._memo_ids is not token_ids:
             self._memo_ids = token_ids
             self._memo_hashes = []
@@ -175,6 +224,34 @@ class HashPrefixCache:
         self._memo_found = blocks
         return list(blocks), cast(HashState, hashes[:i])
 
+    def _own_hits(
+        self, token_ids: list[int], max_blocks: int
+    ) -> tuple[list[KVCacheBlock], HashState] | None:
+        """The lookup of a dormant group's only member's own token list, without a replay
+        (None: not that case). Its state is the member's, cut to the hit."""
+        group = self._dormant.get(hash(_first_key(token_ids, self.block_size)))
+        if group is None or len(group.members) != 1:
+            return None
+        state, member_ids = group.members[0]
+        if member_ids is not token_ids:
+            return None
+        if not group.logs_reuse:
+            self._second_member(group)  # it commits its positions again from here
+        group.looked_up = True
+        seen, owners = group.owners
+        if seen != len(group.log):  # the log only grows
+            owners = {p: block for p, (block, _, _) in _registered(group.log, _positions).items()}
+            group.owners = (len(group.log), owners)
+        hits = []
+        for position in range(max_blocks):
+            block = owners.get(position)
+            if block is None or block.block_key is not group:  # reused since
+                break
+            hits.append(block)
+        del state[len(hits) :]
+        state.extend([group] * (len(hits) - len(state)))
+        return hits, state
+
     def commit(
         self,
         state: HashState,
@@ -195,7 +272,7 @@ class HashPrefixCache:
                 if group is None:
                     group = self._dormant[h0] = _Group(h0, key0)
                 if group.key0 == key0:
-                    if len(group.members) == 1:
+                    if group.members and not group.logs_reuse:
                         self._second_member(group)
                     group.members.append((hashes, token_ids))
                     self._log(group, hashes, token_ids, blocks, 0, num_full_blocks)
@@ -248,6 +325,7 @@ class HashPrefixCache:
     @staticmethod
     def _second_member(group: _Group) -> None:
         """From now on reuse is logged; drop the blocks the first request lost unlogged."""
+        group.logs_reuse = True
         group.log = [
             (c[0], [b if b is not None and b.block_key is group else None for b in c[1]], c[2])
             for c in group.log
@@ -260,24 +338,14 @@ class HashPrefixCache:
         self._eager.add(group.h0)
         bs = self.block_size
         chains: dict[int, list[tuple[int, Key]]] = {}
-        owner: dict[int, tuple[KVCacheBlock, Key]] = {}
-        registered: dict[int, int] = {}  # id(block) -> its hash, while it owns one
-        for event in group.log:
-            if type(event) is tuple:
-                token_ids, logged, first = event
-                chain = chains.get(id(token_ids))
-                if chain is None or len(chain) < first + len(logged):
-                    chain = chains[id(token_ids)] = _chain(token_ids, bs, first + len(logged))
-                for block, (h, key) in zip(logged, chain[first:], strict=False):
-                    if block is None:
-                        continue
-                    if id(block) not in registered and h not in owner:
-                        owner[h] = (block, key)
-                        registered[id(block)] = h
-            else:
-                owned = registered.pop(id(event), None)
-                if owned is not None:
-                    del owner[owned]
+
+        def hashes_of(token_ids: list[int], first: int, n: int) -> list[int]:
+            chain = chains.get(id(token_ids))
+            if chain is None or len(chain) < first + n:
+                chain = chains[id(token_ids)] = _chain(token_ids, bs, first + n)
+            return [h for h, _ in chain[first : first + n]]
+
+        owner = _registered(group.log, hashes_of)
         kept = []  # logged blocks not reused since (whether logged or not: one request)
         for event in group.log:
             if type(event) is tuple:
@@ -287,10 +355,10 @@ class HashPrefixCache:
                         kept.append(block)
         kept_ids = {id(block) for block in kept}
         cached = self._blocks
-        for h, (block, key) in owner.items():
+        for h, (block, token_ids, position) in owner.items():
             if id(block) in kept_ids and cached.setdefault(h, block) is block:
                 block.block_hash = h
-                block.block_key = key
+                block.block_key = chains[id(token_ids)][position][1]
         for hashes, token_ids in group.members:
             chain = chains.get(id(token_ids))
             if chain is None or len(chain) < len(hashes):
@@ -317,7 +385,7 @@ class HashPrefixCache:
                     del self._dormant[group.h0]
                     group.log = []  # its requests' states point back to it: no cycle
                     group.members = []
-                elif len(group.members) > 1:
+                elif group.logs_reuse:
                     group.log.append(block)
 
     def acquire(self, block: KVCacheBlock) -> None:
