@@ -30,8 +30,9 @@ request commits positions again.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import islice
 from operator import attrgetter
-from typing import TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from slotune.engine.kv_cache.block_pool import BlockStateError, KVCacheBlock
 from slotune.engine.kv_cache.prefix_cache import Replacement
@@ -44,7 +45,17 @@ Commit = tuple[list[int], Sequence[KVCacheBlock | None], int]
 class _Group:
     """A dormant group: its first-block key, its log and its committed requests."""
 
-    __slots__ = ("h0", "key0", "live", "log", "logs_reuse", "looked_up", "members", "owners")
+    __slots__ = (
+        "h0",
+        "key0",
+        "live",
+        "log",
+        "logs_reuse",
+        "looked_up",
+        "members",
+        "registry",
+        "registry_seen",
+    )
 
     def __init__(self, h0: int, key0: Key) -> None:
         self.h0 = h0
@@ -54,8 +65,10 @@ class _Group:
         self.members: list[tuple[HashState, list[int]]] = []  # (state, token ids)
         self.logs_reuse = False  # set once a second request or a lookup may commit again
         self.looked_up = False  # its only member has found its own blocks
-        # each position's registered block as of the log's length (see ``_own_hits``)
-        self.owners: tuple[int, dict[int, KVCacheBlock]] = (-1, {})
+        # once looked up: each position's registered block, as of the log's first
+        # registry_seen events
+        self.registry: _Registry[int] | None = None
+        self.registry_seen = 0
 
 
 HashState = list[int | _Group]
@@ -84,29 +97,38 @@ def _chain(token_ids: list[int], bs: int, n: int) -> list[tuple[int, Key]]:
 K = TypeVar("K", bound=Hashable)
 
 
-def _registered(
-    log: list[Commit | KVCacheBlock], keys_of: Callable[[list[int], int, int], Iterable[K]]
-) -> dict[K, tuple[KVCacheBlock, list[int], int]]:
-    """Each key's block as a replay of ``log`` registers it: the first block logged under
-    the key, while that block was not reused since (its logged reuse frees the key for a
-    later one). ``keys_of(token_ids, first, n)``: the keys of ``n`` positions from ``first``.
-    Each key's value: its block, and the token list and position it was logged at."""
-    owners: dict[K, tuple[KVCacheBlock, list[int], int]] = {}
-    registered: dict[int, K] = {}  # id(block) -> its key, while it owns one
-    for event in log:
-        if type(event) is tuple:
-            token_ids, logged, first = event
-            for position, (block, key) in enumerate(
-                zip(logged, keys_of(token_ids, first, len(logged)), strict=True), first
-            ):
-                if block is not None and id(block) not in registered and key not in owners:
-                    owners[key] = (block, token_ids, position)
-                    registered[id(block)] = key
-        else:
-            owned = registered.pop(id(event), None)
-            if owned is not None:
-                del owners[owned]
-    return owners
+class _Registry(Generic[K]):
+    """Each key's block as a replay registers it: the first block logged under the key,
+    while that block was not reused since (its logged reuse frees the key for a later
+    one). ``owners``: each key's block, and the token list and position it was logged at."""
+
+    __slots__ = ("_keys", "owners")
+
+    def __init__(self) -> None:
+        self.owners: dict[K, tuple[KVCacheBlock, list[int], int]] = {}
+        self._keys: dict[int, K] = {}  # id(block) -> its key, while it owns one
+
+    def add(
+        self,
+        events: Iterable[Commit | KVCacheBlock],
+        keys_of: Callable[[list[int], int, int], Iterable[K]],
+    ) -> None:
+        """Register a log's events, in order. ``keys_of(token_ids, first, n)``: the keys
+        of ``n`` positions from ``first``."""
+        owners, keys = self.owners, self._keys
+        for event in events:
+            if type(event) is tuple:
+                token_ids, logged, first = event
+                for position, (block, key) in enumerate(
+                    zip(logged, keys_of(token_ids, first, len(logged)), strict=True), first
+                ):
+                    if block is not None and id(block) not in keys and key not in owners:
+                        owners[key] = (block, token_ids, position)
+                        keys[id(block)] = key
+            else:
+                owned = keys.pop(id(event), None)
+                if owned is not None:
+                    del owners[owned]
 
 
 def _positions(token_ids: list[int], first: int, n: int) -> range:
@@ -238,16 +260,19 @@ class HashPrefixCache:
         if not group.logs_reuse:
             self._second_member(group)  # it commits its positions again from here
         group.looked_up = True
-        seen, owners = group.owners
-        if seen != len(group.log):  # the log only grows
-            owners = {p: block for p, (block, _, _) in _registered(group.log, _positions).items()}
-            group.owners = (len(group.log), owners)
+        log, registry = group.log, group.registry
+        if registry is None:
+            registry = group.registry = _Registry()
+        if group.registry_seen < len(log):  # the log only grows
+            registry.add(islice(log, group.registry_seen, None), _positions)
+            group.registry_seen = len(log)
+        owners = registry.owners
         hits = []
         for position in range(max_blocks):
-            block = owners.get(position)
-            if block is None or block.block_key is not group:  # reused since
+            owner = owners.get(position)
+            if owner is None or owner[0].block_key is not group:  # reused since
                 break
-            hits.append(block)
+            hits.append(owner[0])
         del state[len(hits) :]
         state.extend([group] * (len(hits) - len(state)))
         return hits, state
@@ -345,7 +370,8 @@ class HashPrefixCache:
                 chain = chains[id(token_ids)] = _chain(token_ids, bs, first + n)
             return [h for h, _ in chain[first : first + n]]
 
-        owner = _registered(group.log, hashes_of)
+        registry: _Registry[int] = _Registry()
+        registry.add(group.log, hashes_of)
         kept = []  # logged blocks not reused since (whether logged or not: one request)
         for event in group.log:
             if type(event) is tuple:
@@ -355,7 +381,7 @@ class HashPrefixCache:
                         kept.append(block)
         kept_ids = {id(block) for block in kept}
         cached = self._blocks
-        for h, (block, token_ids, position) in owner.items():
+        for h, (block, token_ids, position) in registry.owners.items():
             if id(block) in kept_ids and cached.setdefault(h, block) is block:
                 block.block_hash = h
                 block.block_key = chains[id(token_ids)][position][1]
