@@ -392,6 +392,7 @@ class HashPrefixCache:
             hashes[:] = [h for h, _ in chain[: len(hashes)]]
         group.log = []
         group.members = []
+        group.registry = None
 
     def forget_all(self, blocks: list[KVCacheBlock]) -> None:
         cached = self._blocks
@@ -411,6 +412,7 @@ class HashPrefixCache:
                     del self._dormant[group.h0]
                     group.log = []  # its requests' states point back to it: no cycle
                     group.members = []
+                    group.registry = None
                 elif group.logs_reuse:
                     group.log.append(block)
 
