@@ -113,22 +113,22 @@ class StepRecorder:
         executor.execute = self.execute
 
     def execute(self, so):  # type: ignore[no-untyped-def]
+        from slotune.engine.sim.batch import batch_totals
+
         out = self._execute(so)
-        decodes = [r for r, n in so.num_scheduled_tokens.items() if n == 1]
-        chunks = [
-            (n, so.requests[r].num_computed_tokens)
-            for r, n in so.num_scheduled_tokens.items()
-            if n > 1
-        ]
+        scheduled = so.num_scheduled_tokens
+        num_decodes, context_sum, chunks = batch_totals(
+            (n, so.requests[r].num_computed_tokens) for r, n in scheduled.items()
+        )
         self.measured.append(out.duration_s)
         self.mixed.append(bool(chunks))
-        num_requests = len(so.num_scheduled_tokens)
+        num_requests = len(scheduled)
         price = self.cost_model.step_seconds(
             so.total_num_scheduled_tokens,
             len(so.num_samples),
             num_requests,
-            len(decodes),
-            sum(so.requests[r].num_computed_tokens + 1 for r in decodes),
+            num_decodes,
+            context_sum,
             chunks,
         )
         # like with like, as calibrate compares: the engine's host part is not in the duration

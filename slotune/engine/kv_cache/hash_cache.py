@@ -54,7 +54,6 @@ class _Group:
         "looked_up",
         "members",
         "registry",
-        "registry_seen",
     )
 
     def __init__(self, h0: int, key0: Key) -> None:
@@ -65,10 +64,7 @@ class _Group:
         self.members: list[tuple[HashState, list[int]]] = []  # (state, token ids)
         self.logs_reuse = False  # set once a second request or a lookup may commit again
         self.looked_up = False  # its only member has found its own blocks
-        # once looked up: each position's registered block, as of the log's first
-        # registry_seen events
-        self.registry: _Registry[int] | None = None
-        self.registry_seen = 0
+        self.registry: _Registry[int] | None = None  # once looked up: blocks by position
 
 
 HashState = list[int | _Group]
@@ -102,21 +98,22 @@ class _Registry(Generic[K]):
     while that block was not reused since (its logged reuse frees the key for a later
     one). ``owners``: each key's block, and the token list and position it was logged at."""
 
-    __slots__ = ("_keys", "owners")
+    __slots__ = ("_keys", "_read", "owners")
 
     def __init__(self) -> None:
         self.owners: dict[K, tuple[KVCacheBlock, list[int], int]] = {}
         self._keys: dict[int, K] = {}  # id(block) -> its key, while it owns one
+        self._read = 0  # events of the log read so far
 
-    def add(
+    def read(
         self,
-        events: Iterable[Commit | KVCacheBlock],
+        log: list[Commit | KVCacheBlock],
         keys_of: Callable[[list[int], int, int], Iterable[K]],
     ) -> None:
-        """Register a log's events, in order. ``keys_of(token_ids, first, n)``: the keys
-        of ``n`` positions from ``first``."""
+        """Register the events ``log`` gained since the last read (a log only grows), in
+        order. ``keys_of(token_ids, first, n)``: the keys of ``n`` positions from ``first``."""
         owners, keys = self.owners, self._keys
-        for event in events:
+        for event in islice(log, self._read, None):
             if type(event) is tuple:
                 token_ids, logged, first = event
                 for position, (block, key) in enumerate(
@@ -129,6 +126,7 @@ class _Registry(Generic[K]):
                 owned = keys.pop(id(event), None)
                 if owned is not None:
                     del owners[owned]
+        self._read = len(log)
 
 
 def _positions(token_ids: list[int], first: int, n: int) -> range:
@@ -201,10 +199,6 @@ class HashPrefixCache:
         looked up keeps its blocks' keys (a request's token list only grows) and the blocks
         found: one still cached under its hash is found again without hashing its tokens.
         """
-        if self._dormant and max_blocks:
-            own = self._own_hits(token_ids, max_blocks)
-            if own is not None:
-                return own
         if self._memo_ids is not token_ids:
             self._memo_ids = token_ids
             self._memo_hashes = []
@@ -236,6 +230,9 @@ class HashPrefixCache:
             if i == 0 and self._dormant:
                 group = self._dormant.get(h)
                 if group is not None:
+                    own = self._own_hits(group, token_ids, max_blocks)
+                    if own is not None:
+                        return own
                     self._replay(group)
             block = lookup(h)
             if block is None or block.block_key != key:
@@ -247,12 +244,11 @@ class HashPrefixCache:
         return list(blocks), cast(HashState, hashes[:i])
 
     def _own_hits(
-        self, token_ids: list[int], max_blocks: int
+        self, group: _Group, token_ids: list[int], max_blocks: int
     ) -> tuple[list[KVCacheBlock], HashState] | None:
-        """The lookup of a dormant group's only member's own token list, without a replay
+        """The lookup of dormant ``group``'s only member's own token list, without a replay
         (None: not that case). Its state is the member's, cut to the hit."""
-        group = self._dormant.get(hash(_first_key(token_ids, self.block_size)))
-        if group is None or len(group.members) != 1:
+        if len(group.members) != 1:
             return None
         state, member_ids = group.members[0]
         if member_ids is not token_ids:
@@ -260,12 +256,10 @@ class HashPrefixCache:
         if not group.logs_reuse:
             self._second_member(group)  # it commits its positions again from here
         group.looked_up = True
-        log, registry = group.log, group.registry
+        registry = group.registry
         if registry is None:
             registry = group.registry = _Registry()
-        if group.registry_seen < len(log):  # the log only grows
-            registry.add(islice(log, group.registry_seen, None), _positions)
-            group.registry_seen = len(log)
+        registry.read(group.log, _positions)
         owners = registry.owners
         hits = []
         for position in range(max_blocks):
@@ -371,7 +365,7 @@ class HashPrefixCache:
             return [h for h, _ in chain[first : first + n]]
 
         registry: _Registry[int] = _Registry()
-        registry.add(group.log, hashes_of)
+        registry.read(group.log, hashes_of)
         kept = []  # logged blocks not reused since (whether logged or not: one request)
         for event in group.log:
             if type(event) is tuple:
