@@ -2,6 +2,7 @@
 profiles' error against them: a check of a GPU profile on the card itself.
 
     python3 benchmarks/kernel_reference.py --out DIR --check h200 h100      # on a GPU
+    .venv/bin/python benchmarks/kernel_reference.py --from DIR --check h200 --stack vllm-0.15
     .venv/bin/python benchmarks/kernel_reference.py --device cpu --tokens 1 8 --tp 1 --check h200
 
 Times the four linear ops of a Llama layer (``F.linear`` in bfloat16 on random data, cuBLAS
@@ -9,16 +10,20 @@ as in vLLM) for the shapes of Llama-2-7B and Llama-3-8B, every tensor-parallel s
 (the shard's GEMM alone: no communication), over token counts 1 – 4,096; on a GPU as CUDA
 graph replays (``time_ms``), so that no launch gap is counted. The elementwise columns are
 left at zero (slotune's own torch ops are not vLLM's fused kernels), so the error tables
-cover the linear ops and their sum. The CSVs are a check of the profiles, never fitted on
-(see docs/BENCHMARKS.md).
+cover the linear ops and their sum. ``--stack`` adds the signed errors of each op as that
+engine stack runs it (``CostModel``: a step of up to its largest CUDA-graph size replayed
+in a graph, every fixed overhead scaled). ``--from`` reads CSVs written before instead of
+measuring. The CSVs are a check of the profiles, never fitted on (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -118,8 +123,34 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--check", nargs="*", default=[], help="profiles to check against them")
+    parser.add_argument("--stack", help="also price each op as this engine stack runs it")
+    parser.add_argument("--from", dest="source", type=Path, help="read these CSVs, not measure")
     args = parser.parse_args()
-    device = torch.device(args.device)
+    if args.source:
+        files = sorted(args.source.glob("*_mlp.csv"))
+        gpu = files[0].name.split("_")[0] if files else "nothing"
+        print(f"{len(files)} files from {args.source}")
+    else:
+        gpu, files = measure_files(torch.device(args.device), args)
+
+    from slotune.calibration.errors import mlp_errors
+    from slotune.calibration.tables import errors_markdown
+    from slotune.engine.sim.profile import load_profile
+    from slotune.engine.sim.stack import load_stack
+
+    for profile_name in args.check:
+        profile = load_profile(profile_name)
+        print(f"\nprofile {profile_name} against {gpu}\n")
+        print(errors_markdown([row for p in files for row in mlp_errors(profile, p)]))
+        print(signed_errors(files, lambda name, pr=profile: eager_pricer(pr)))
+        if args.stack:
+            print(f"\nprofile {profile_name} as stack {args.stack} runs it\n")
+            print(signed_errors(files, lambda name, pr=profile: stack_pricer(pr, name, args.stack)))
+            print(graph_scale_table(profile, files, load_stack(args.stack)))
+
+
+def measure_files(device: torch.device, args: argparse.Namespace) -> tuple[str, list[Path]]:
+    """Time every model's ops and write one ``*_mlp.csv`` each under ``args.out``."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     tag = gpu.split()[-1].lower()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -133,20 +164,103 @@ def main() -> None:
             writer.writerows(rows)
         files.append(path)
         print(f"{path}: {len(rows)} rows ({gpu})")
-
-    from slotune.calibration.errors import mlp_errors
-    from slotune.calibration.tables import errors_markdown
-    from slotune.engine.sim.profile import load_profile
-
-    for profile_name in args.check:
-        profile = load_profile(profile_name)
-        print(f"\nprofile {profile_name} against {gpu}\n")
-        print(errors_markdown([row for p in files for row in mlp_errors(profile, p)]))
-        print(signed_errors(profile, files))
+    return gpu, files
 
 
-def signed_errors(profile, files: list[Path]) -> str:  # type: ignore[no-untyped-def]
-    """Median of predicted / measured − 1 per op and token range: too fast or too slow."""
+Pricer = Callable[[int, int, int], float]
+
+
+def eager_pricer(profile) -> Pricer:  # type: ignore[no-untyped-def]
+    """The profile's own GEMM time, as the error tables read it: one eager launch."""
+    from functools import partial
+
+    from slotune.engine.sim.cost_model import gemm_seconds
+
+    return partial(gemm_seconds, profile.linear, profile.gpu.hbm_bytes_per_s,
+                   profile.gpu.flops_per_s)  # fmt: skip
+
+
+def stack_pricer(profile, model: str, stack) -> Pricer:  # type: ignore[no-untyped-def]
+    """One linear op of ``model`` as ``CostModel`` prices it under ``stack`` (a name or a
+    ``StackProfile``; ``max_num_seqs`` 256, no token budget): in a CUDA graph up to its
+    largest size."""
+    from slotune.engine.sim import get_model
+    from slotune.engine.sim.cost_model import CostModel
+    from slotune.engine.sim.stack import load_stack
+
+    stack = load_stack(stack) if isinstance(stack, str) else stack
+    cost = CostModel(profile, get_model(model), stack=stack)
+    return lambda m, k, n: cost.kernels(m).linear_seconds(m, k, n)
+
+
+SCALES = [round(0.02 + 0.01 * i, 2) for i in range(49)]  # graph_overhead_scale's range
+
+
+def layer_log_errors(profile, files: list[Path], stack, max_tokens: int):  # type: ignore[no-untyped-def]
+    """``{tp: [log(priced / measured)]}`` of a layer's four linear ops together, one value
+    per file and token count up to ``max_tokens`` (the steps a graph replays)."""
+    from slotune.calibration.readers import (
+        LINEAR_OPS,
+        gemm_dims,
+        median_seconds,
+        mlp_shapes,
+        read_reference,
+    )
+
+    out: dict[int, list[float]] = {}
+    for path in files:
+        df = read_reference(path)
+        shapes = mlp_shapes(df)
+        price = stack_pricer(profile, next(n for n in MODELS if f"_{n}_" in path.name), stack)
+        dims = {column: gemm_dims(shapes, op) for column, op in LINEAR_OPS.items()}
+        meas = {column: median_seconds(df, column) for column in LINEAR_OPS}
+        for i, (m, tp) in enumerate(zip(shapes["m"], df["num_tensor_parallel_workers"],
+                                        strict=True)):  # fmt: skip
+            if m > max_tokens:
+                continue
+            priced = sum(price(int(m), int(k[i]), int(n[i])) for k, n in dims.values())
+            measured = sum(float(t[i]) for t in meas.values())
+            out.setdefault(int(tp), []).append(math.log(priced / measured))
+    return out
+
+
+def rms(errors: dict[int, list[float]]) -> float:
+    values = [e for v in errors.values() for e in v]
+    return (sum(e * e for e in values) / len(values)) ** 0.5
+
+
+def graph_errors(profile, files: list[Path], stack, scale: float) -> dict[int, list[float]]:  # type: ignore[no-untyped-def]
+    """``layer_log_errors`` over the graph sizes with ``graph_overhead_scale`` = ``scale``."""
+    from dataclasses import replace
+
+    return layer_log_errors(profile, files, replace(stack, graph_overhead_scale=scale), 512)
+
+
+def best_graph_scale(profile, files: list[Path], stack) -> float:  # type: ignore[no-untyped-def]
+    """The ``graph_overhead_scale`` (on a 0.01 grid over its range) whose prices fit the
+    graph replays best: least squares on the log ratio."""
+    return min(SCALES, key=lambda x: rms(graph_errors(profile, files, stack, x)))
+
+
+def graph_scale_table(profile, files: list[Path], stack) -> str:  # type: ignore[no-untyped-def]
+    """A layer's linear ops as ``stack`` prices them against the graph replays, per TP, at
+    the stack's own scale and at the best one: a check of the stack's constant."""
+    best = best_graph_scale(profile, files, stack)
+    tps = sorted(graph_errors(profile, files, stack, best))
+    lines = ["| graph_overhead_scale | " + " | ".join(f"TP{tp}" for tp in tps)
+             + " | rms log error |", "|---|" + "---:|" * (len(tps) + 1)]  # fmt: skip
+    for scale in (stack.graph_overhead_scale, best):
+        errs = graph_errors(profile, files, stack, scale)
+        cells = [f"{100 * (math.exp(statistics.median(errs[tp])) - 1):+.1f} %" for tp in tps]
+        lines.append(f"| {scale:g}{' (best fit here)' if scale == best else ''} | "
+                     f"{' | '.join(cells)} | {rms(errs):.3f} |")  # fmt: skip
+    return "\n".join(["", "A layer's linear ops, 1 – 512 tokens, signed median error per TP:", "",
+                      *lines])  # fmt: skip
+
+
+def signed_errors(files: list[Path], pricer_for: Callable[[str], Pricer]) -> str:
+    """Median of predicted / measured − 1 per op and token range (too fast or too slow),
+    each file priced by ``pricer_for(its model)``."""
     from slotune.calibration.errors import TOKEN_RANGES
     from slotune.calibration.readers import (
         LINEAR_OPS,
@@ -155,9 +269,7 @@ def signed_errors(profile, files: list[Path]) -> str:  # type: ignore[no-untyped
         mlp_shapes,
         read_reference,
     )
-    from slotune.engine.sim.cost_model import gemm_seconds
 
-    bw, peak = profile.gpu.hbm_bytes_per_s, profile.gpu.flops_per_s
     ranges = [r for r in TOKEN_RANGES if r[0] <= max(TOKENS)]
     head = " | ".join(f"{lo}–{hi} tokens" for lo, hi in ranges)
     lines = [
@@ -167,12 +279,13 @@ def signed_errors(profile, files: list[Path]) -> str:  # type: ignore[no-untyped
     for path in files:
         df = read_reference(path)
         shapes = mlp_shapes(df)
+        price = pricer_for(next(name for name in MODELS if f"_{name}_" in path.name))
         for column, op in LINEAR_OPS.items():
             meas = median_seconds(df, column)
             k_all, n_all = gemm_dims(shapes, op)
             cells = []
             for lo, hi in ranges:
-                errs = [gemm_seconds(profile.linear, bw, peak, int(m), int(k), int(n)) / t - 1
+                errs = [price(int(m), int(k), int(n)) / t - 1
                         for m, k, n, t in zip(shapes["m"], k_all, n_all, meas, strict=True)
                         if lo <= m <= hi and t > 0]  # fmt: skip
                 cells.append(f"{100 * statistics.median(errs):+.1f}" if errs else "")
