@@ -195,23 +195,15 @@ def fit_from_runs(
             progress(count, float(np.sqrt(np.mean(r**2))), values)
         return r
 
-    per_step = len(params) + 1  # a replay and its finite-difference Jacobian
-
-    def search(start: np.ndarray, steps: int) -> Any:
-        return least_squares(
-            evaluate, start, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.1, diff_step=0.05,
-            max_nfev=steps,
-        )  # fmt: skip
-
-    sol = search(to_unit(params, start_values), max(1, max_evaluations // per_step))
-    # A replayed run's error is a step function of the constants at fine scale, so the
-    # trust region can shrink onto a stall: start again from there while replays are left,
-    # and keep the restart only where it lowers the cost.
-    while sol.status > 0 and (left := (max_evaluations - count) // per_step) > 0:
-        again = search(sol.x, left)
-        if not again.cost < sol.cost * (1 - 1e-3):
-            break
-        sol = again
+    sol = least_squares(
+        evaluate,
+        to_unit(params, start_values),
+        bounds=(0.0, 1.0),
+        loss="soft_l1",
+        f_scale=0.1,
+        diff_step=0.05,
+        max_nfev=max(1, max_evaluations // (len(params) + 1)),
+    )
     values = from_unit(params, sol.x)
     s, prof = apply(values, base_stack, base_profile)
     return FitResult(

@@ -162,14 +162,35 @@ def _loaded_trace() -> Trace:
     return Trace(name="loaded", requests=tuple(reqs))
 
 
-def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
+@pytest.mark.parametrize(
+    "decode_eff",
+    [
+        0.9234,
+        pytest.param(
+            0.9171,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the least-squares search stalls at 527 us (cost 0.0069) with replays "
+                "left; restarting it recovers the truth here but fits worse in "
+                "cross-validation, so it is not shipped (BENCHMARKS, issue 25)",
+            ),
+        ),
+    ],
+)
+def test_calibrate_recovers_the_constants_a_run_was_simulated_with(decode_eff: float) -> None:
+    from dataclasses import replace
+
+    from slotune.engine.sim.profile import load_profile
+
+    h100 = load_profile("h100")
+    profile = replace(h100, attention=replace(h100.attention, decode_eff=decode_eff))
     truth = StackProfile(name="truth", host_step_us=700.0, request_in_us=6000.0)
     trace = _loaded_trace()
     config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128, max_model_len=2048)
     result = run_simulated(
         config,
         trace,
-        gpu="h100",
+        gpu=profile,
         model="llama-2-7b",
         stack=truth,
         arrivals=ArrivalSpec(timestamps=True),
@@ -190,6 +211,7 @@ def test_calibrate_recovers_the_constants_a_run_was_simulated_with() -> None:
     fit = fit_from_runs(
         [run],
         stack=StackProfile(name="start", host_step_us=200.0, request_in_us=1000.0),
+        profile=profile,
         params=params,
         window_s=40.0,
         warmup_s=2.0,
