@@ -51,7 +51,6 @@ class _Group:
         "live",
         "log",
         "logs_reuse",
-        "looked_up",
         "members",
         "registry",
     )
@@ -63,8 +62,8 @@ class _Group:
         self.log: list[Commit | KVCacheBlock] = []  # a bare block when reused
         self.members: list[tuple[HashState, list[int]]] = []  # (state, token ids)
         self.logs_reuse = False  # set once a second request or a lookup may commit again
-        self.looked_up = False  # its only member has found its own blocks
-        self.registry: _Registry[int] | None = None  # once looked up: blocks by position
+        # once its only member has looked its own blocks up: those blocks by position
+        self.registry: _Registry[int] | None = None
 
 
 HashState = list[int | _Group]
@@ -188,7 +187,7 @@ class HashPrefixCache:
         group = self._dormant.get(h0)
         if group is None:
             return h0 not in self._blocks
-        if group.looked_up:
+        if group.registry is not None:  # its member found its own blocks: the planner decides
             return False
         return group.key0 == key0 and all(member is state for member, _ in group.members)
 
@@ -254,8 +253,7 @@ class HashPrefixCache:
         if member_ids is not token_ids:
             return None
         if not group.logs_reuse:
-            self._second_member(group)  # it commits its positions again from here
-        group.looked_up = True
+            self._log_reuse(group)  # it commits its positions again from here
         registry = group.registry
         if registry is None:
             registry = group.registry = _Registry()
@@ -292,7 +290,7 @@ class HashPrefixCache:
                     group = self._dormant[h0] = _Group(h0, key0)
                 if group.key0 == key0:
                     if group.members and not group.logs_reuse:
-                        self._second_member(group)
+                        self._log_reuse(group)
                     group.members.append((hashes, token_ids))
                     self._log(group, hashes, token_ids, blocks, 0, num_full_blocks)
                     return hashes, []
@@ -342,7 +340,7 @@ class HashPrefixCache:
                 block.block_key = key
 
     @staticmethod
-    def _second_member(group: _Group) -> None:
+    def _log_reuse(group: _Group) -> None:
         """From now on reuse is logged; drop the blocks the first request lost unlogged."""
         group.logs_reuse = True
         group.log = [
