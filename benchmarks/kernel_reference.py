@@ -24,6 +24,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -138,15 +139,16 @@ def main() -> None:
     from slotune.engine.sim.profile import load_profile
     from slotune.engine.sim.stack import load_stack
 
+    stack = load_stack(args.stack) if args.stack else None
     for profile_name in args.check:
         profile = load_profile(profile_name)
         print(f"\nprofile {profile_name} against {gpu}\n")
         print(errors_markdown([row for p in files for row in mlp_errors(profile, p)]))
         print(signed_errors(files, lambda name, pr=profile: eager_pricer(pr)))
-        if args.stack:
+        if stack is not None:
             print(f"\nprofile {profile_name} as stack {args.stack} runs it\n")
-            print(signed_errors(files, lambda name, pr=profile: stack_pricer(pr, name, args.stack)))
-            print(graph_scale_table(profile, files, load_stack(args.stack)))
+            print(signed_errors(files, lambda name, pr=profile: stack_pricer(pr, name, stack)))
+            print(graph_scale_table(profile, files, stack))
 
 
 def measure_files(device: torch.device, args: argparse.Namespace) -> tuple[str, list[Path]]:
@@ -180,25 +182,35 @@ def eager_pricer(profile) -> Pricer:  # type: ignore[no-untyped-def]
                    profile.gpu.flops_per_s)  # fmt: skip
 
 
+def model_of(path: Path) -> str:
+    """The model a ``*_mlp.csv`` of this script holds (its name is in the file's)."""
+    return next(name for name in MODELS if f"_{name}_" in path.name)
+
+
 def stack_pricer(profile, model: str, stack) -> Pricer:  # type: ignore[no-untyped-def]
-    """One linear op of ``model`` as ``CostModel`` prices it under ``stack`` (a name or a
-    ``StackProfile``; ``max_num_seqs`` 256, no token budget): in a CUDA graph up to its
-    largest size."""
+    """One linear op of ``model`` as ``CostModel`` prices it under ``stack``
+    (``max_num_seqs`` 256, no token budget): in a CUDA graph up to its largest size."""
     from slotune.engine.sim import get_model
     from slotune.engine.sim.cost_model import CostModel
-    from slotune.engine.sim.stack import load_stack
 
-    stack = load_stack(stack) if isinstance(stack, str) else stack
     cost = CostModel(profile, get_model(model), stack=stack)
     return lambda m, k, n: cost.kernels(m).linear_seconds(m, k, n)
 
 
-SCALES = [round(0.02 + 0.01 * i, 2) for i in range(49)]  # graph_overhead_scale's range
+@dataclass(frozen=True)
+class LayerRow:
+    """A layer's four linear ops at one model, TP and token count: their shapes and
+    measured time together."""
+
+    model: str
+    tp: int
+    m: int
+    dims: tuple[tuple[int, int], ...]
+    measured: float
 
 
-def layer_log_errors(profile, files: list[Path], stack, max_tokens: int):  # type: ignore[no-untyped-def]
-    """``{tp: [log(priced / measured)]}`` of a layer's four linear ops together, one value
-    per file and token count up to ``max_tokens`` (the steps a graph replays)."""
+def layer_rows(files: list[Path]) -> list[LayerRow]:
+    """Every row of the CSVs as a ``LayerRow``."""
     from slotune.calibration.readers import (
         LINEAR_OPS,
         gemm_dims,
@@ -207,20 +219,37 @@ def layer_log_errors(profile, files: list[Path], stack, max_tokens: int):  # typ
         read_reference,
     )
 
-    out: dict[int, list[float]] = {}
+    rows = []
     for path in files:
         df = read_reference(path)
         shapes = mlp_shapes(df)
-        price = stack_pricer(profile, next(n for n in MODELS if f"_{n}_" in path.name), stack)
-        dims = {column: gemm_dims(shapes, op) for column, op in LINEAR_OPS.items()}
-        meas = {column: median_seconds(df, column) for column in LINEAR_OPS}
+        dims = [gemm_dims(shapes, op) for op in LINEAR_OPS.values()]
+        meas = [median_seconds(df, column) for column in LINEAR_OPS]
         for i, (m, tp) in enumerate(zip(shapes["m"], df["num_tensor_parallel_workers"],
                                         strict=True)):  # fmt: skip
-            if m > max_tokens:
-                continue
-            priced = sum(price(int(m), int(k[i]), int(n[i])) for k, n in dims.values())
-            measured = sum(float(t[i]) for t in meas.values())
-            out.setdefault(int(tp), []).append(math.log(priced / measured))
+            rows.append(LayerRow(model_of(path), int(tp), int(m),
+                                 tuple((int(k[i]), int(n[i])) for k, n in dims),
+                                 sum(float(t[i]) for t in meas)))  # fmt: skip
+    return rows
+
+
+def graph_errors(profile, rows: list[LayerRow], stack, scale: float) -> dict[int, list[float]]:  # type: ignore[no-untyped-def]
+    """``{tp: [log(priced / measured)]}`` of the rows a CUDA graph replays, priced by
+    ``CostModel`` under ``stack`` with ``graph_overhead_scale`` = ``scale``."""
+    from dataclasses import replace
+
+    from slotune.engine.sim import get_model
+    from slotune.engine.sim.cost_model import CostModel
+
+    scaled = replace(stack, graph_overhead_scale=scale)
+    costs = {model: CostModel(profile, get_model(model), stack=scaled) for model in MODELS}
+    out: dict[int, list[float]] = {}
+    for row in rows:
+        cost = costs[row.model]
+        if cost.is_graph(row.m):
+            kernels = cost.kernels(row.m)
+            priced = sum(kernels.linear_seconds(row.m, k, n) for k, n in row.dims)
+            out.setdefault(row.tp, []).append(math.log(priced / row.measured))
     return out
 
 
@@ -229,28 +258,27 @@ def rms(errors: dict[int, list[float]]) -> float:
     return (sum(e * e for e in values) / len(values)) ** 0.5
 
 
-def graph_errors(profile, files: list[Path], stack, scale: float) -> dict[int, list[float]]:  # type: ignore[no-untyped-def]
-    """``layer_log_errors`` over the graph sizes with ``graph_overhead_scale`` = ``scale``."""
-    from dataclasses import replace
+def best_graph_scale(profile, rows: list[LayerRow], stack) -> float:  # type: ignore[no-untyped-def]
+    """The ``graph_overhead_scale`` (on a 0.01 grid over its plausible range) whose prices
+    fit the graph replays best: least squares on the log ratio."""
+    from slotune.engine.sim.stack import PARAMETER_RANGES
 
-    return layer_log_errors(profile, files, replace(stack, graph_overhead_scale=scale), 512)
-
-
-def best_graph_scale(profile, files: list[Path], stack) -> float:  # type: ignore[no-untyped-def]
-    """The ``graph_overhead_scale`` (on a 0.01 grid over its range) whose prices fit the
-    graph replays best: least squares on the log ratio."""
-    return min(SCALES, key=lambda x: rms(graph_errors(profile, files, stack, x)))
+    low, high, _ = PARAMETER_RANGES["graph_overhead_scale"]
+    scales = [round(low + 0.01 * i, 2) for i in range(round((high - low) / 0.01) + 1)]
+    return min(scales, key=lambda x: rms(graph_errors(profile, rows, stack, x)))
 
 
 def graph_scale_table(profile, files: list[Path], stack) -> str:  # type: ignore[no-untyped-def]
     """A layer's linear ops as ``stack`` prices them against the graph replays, per TP, at
     the stack's own scale and at the best one: a check of the stack's constant."""
-    best = best_graph_scale(profile, files, stack)
-    tps = sorted(graph_errors(profile, files, stack, best))
+    rows = layer_rows(files)
+    best = best_graph_scale(profile, rows, stack)
+    errors = {scale: graph_errors(profile, rows, stack, scale)
+              for scale in (stack.graph_overhead_scale, best)}  # fmt: skip
+    tps = sorted(errors[best])
     lines = ["| graph_overhead_scale | " + " | ".join(f"TP{tp}" for tp in tps)
              + " | rms log error |", "|---|" + "---:|" * (len(tps) + 1)]  # fmt: skip
-    for scale in (stack.graph_overhead_scale, best):
-        errs = graph_errors(profile, files, stack, scale)
+    for scale, errs in errors.items():
         cells = [f"{100 * (math.exp(statistics.median(errs[tp])) - 1):+.1f} %" for tp in tps]
         lines.append(f"| {scale:g}{' (best fit here)' if scale == best else ''} | "
                      f"{' | '.join(cells)} | {rms(errs):.3f} |")  # fmt: skip
@@ -279,7 +307,7 @@ def signed_errors(files: list[Path], pricer_for: Callable[[str], Pricer]) -> str
     for path in files:
         df = read_reference(path)
         shapes = mlp_shapes(df)
-        price = pricer_for(next(name for name in MODELS if f"_{name}_" in path.name))
+        price = pricer_for(model_of(path))
         for column, op in LINEAR_OPS.items():
             meas = median_seconds(df, column)
             k_all, n_all = gemm_dims(shapes, op)

@@ -55,12 +55,12 @@ def replays_priced_at(kr, tmp_path: Path, scale: float, monkeypatch) -> list[Pat
 def test_the_scale_the_replays_were_priced_at_is_the_one_found(kr, tmp_path, monkeypatch) -> None:
     files = replays_priced_at(kr, tmp_path, 0.25, monkeypatch)
     assert [f.name for f in files] == ["cpu_llama-2-7b_mlp.csv", "cpu_llama-3-8b_mlp.csv"]
-    profile, stack = load_profile("h200"), load_stack("vllm-0.15")
-    assert kr.best_graph_scale(profile, files, stack) == 0.25
-    assert kr.rms(kr.graph_errors(profile, files, stack, 0.25)) < 1e-9
+    profile, stack, rows = load_profile("h200"), load_stack("vllm-0.15"), kr.layer_rows(files)
+    assert kr.best_graph_scale(profile, rows, stack) == 0.25
+    assert kr.rms(kr.graph_errors(profile, rows, stack, 0.25)) < 1e-9
     # a larger scale prices every op dearer than the replays, the smaller shards most
     medians = {
-        tp: statistics.median(v) for tp, v in kr.graph_errors(profile, files, stack, 0.4).items()
+        tp: statistics.median(v) for tp, v in kr.graph_errors(profile, rows, stack, 0.4).items()
     }
     assert 0 < medians[1] < medians[2] < medians[8]
 
