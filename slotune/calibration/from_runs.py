@@ -15,7 +15,8 @@ carries to others; decode attention's bandwidth efficiency is a correction of th
 profile (whose attention was carried over from another card). Every stack constant is
 bounded by its plausible range (``stack.PARAMETER_RANGES``); ``FitResult.at_bounds`` names
 those a fit left on a bound. Other constants (``ATTENTION_PARAMS``, the stack's CUDA-graph
-overhead) can be named for fits that want them.
+overhead) can be named for fits that want them; ``ONE_WORKLOAD_PARAMS`` are those that
+runs of one workload can pin.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ PARAMS = (
     stack_param("gpu_time_scale"),
     Param("gpu.attention.decode_eff", 0.5, 1.0),
     stack_param("decode_seq_layer_us"),
+)
+# What runs of one workload on one server pin (``tune --verify``'s few configurations):
+# the host, the server, the all-reduce and the kernels' speed. The decode constants trade
+# off against the host at one load (and the search stalls between them); they need runs
+# across concurrency and context, as the training runs and ``calibrate --server``'s probe are.
+ONE_WORKLOAD_PARAMS = tuple(
+    p for p in PARAMS if p.name not in ("gpu.attention.decode_eff", "stack.decode_seq_layer_us")
 )
 ATTENTION_PARAMS = (
     Param("gpu.attention.decode_eff", 0.3, 1.0),

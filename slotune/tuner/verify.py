@@ -330,9 +330,9 @@ def calibrate(
     max_evaluations: int = 40,
     log: VerifyLog = lambda _: None,
 ) -> Path | None:
-    """Fit the study's stack to the measured runs (``calibrate --from-runs``) and write it
-    to ``stack_path``; None when nothing was measured."""
-    from slotune.calibration.from_runs import fit_from_runs, write_fit
+    """Fit the study's stack to the measured runs (``calibrate --from-runs``, the constants
+    runs of one workload pin) and write it to ``stack_path``; None when nothing was measured."""
+    from slotune.calibration.from_runs import ONE_WORKLOAD_PARAMS, fit_from_runs, write_fit
     from slotune.engine.sim.stack import load_stack
     from slotune.validate.runs import load_run
 
@@ -345,6 +345,7 @@ def calibrate(
     result = fit_from_runs(
         runs,
         stack=load_stack(setup.stack),
+        params=ONE_WORKLOAD_PARAMS,
         window_s=span + 1.0,
         warmup_s=0.0,
         max_evaluations=max_evaluations,

@@ -4,16 +4,16 @@
 ``slotune serve --gpu`` (the simulated engine behind the real HTTP server, paced in
 wall-clock time) runs the TRUE stack; the study simulates a WRONG one: the true stack with
 ``host_exposed_us`` (the host work per step the GPU waits for) ten times too small. The
-model is a 1B Llama-shaped config, whose GPU time per step is under the host's, so that
-constant sets the step time: about 1.2 ms on the wrong stack, 2.5 ms on the true one.
-The candidates differ in ``max_num_batched_tokens``. A 32-token budget prefills a
-1,000-token prompt in some 32 steps; at 24 requests/s it runs at about 85 % of its
-capacity on the wrong stack but 1.8 times over it on the true one, where its TTFT grows
-with the queue (p99 about 0.15 s simulated, 1.1 s measured), while its small steps give
-it the best TPOT. The weights (SLO ttft 1.2 s, tpot 2 ms) make that TPOT win on the wrong
-stack (by 4 %, deterministic) and the queue lose on the server (by 25-55 % in the runs
-measured here), so the flip is not pacing noise. Prompts are text, so that the study and
-the server count the same tokens.
+model is a 1B Llama-shaped config, whose decode step on the GPU (about 1.2 ms) is as long
+as that host work on the true stack, so the constant nearly doubles the step: about
+1.4 ms on the wrong stack, 2.4 ms on the true one. The candidates differ in
+``max_num_batched_tokens``. A 32-token budget prefills a 1,000-token prompt in some 32
+steps; at 24 requests/s it keeps up on the wrong stack but not on the true one, where its
+TTFT grows with the queue (p99 about 0.2 s simulated, 1.0 s measured), while its small
+steps give it the best TPOT. The weights (SLO ttft 1.2 s, tpot 2 ms) make that TPOT win on
+the wrong stack (by 0.5 %, deterministic) and the queue lose on the server (by 25-55 % in
+the runs measured here), so the flip is not pacing noise. Prompts are text, so that the
+study and the server count the same tokens.
 """
 
 from __future__ import annotations
