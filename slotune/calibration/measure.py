@@ -52,6 +52,11 @@ class Measurement:
     source: str = "grid"  # or "workload": a step of a recorded engine run
 
 
+# Requests a recorded run holds at once. All of them at once, the contexts grow in step and
+# a batch spreads less than a server's: 8 decodes formed 2.2 of the reference attention's
+# groups (one call each) against 3.7 in a closed loop of 8 users, and the profile priced
+# those users' steps 7 % cheap (BENCHMARKS, issue 25).
+IN_FLIGHT = 16
 CONTEXT_RATIO = 16.0
 """A grid decode batch's longest context over its shortest, the contexts spaced evenly on
 a log scale around the batch's mean: a served batch mixes requests of many lengths (eight
@@ -145,6 +150,7 @@ def record_workload(
     budget: int,
     num_requests: int = 48,
     seed: int = 0,
+    in_flight: int = IN_FLIGHT,
 ) -> WorkloadSteps:
     """Run a chat-like synthetic workload through a real engine and record every step.
 
@@ -152,6 +158,8 @@ def record_workload(
     context beside prefill chunks), so fitting on them as well as on the grid keeps the
     cost model right where it matters; the wall time of each ``engine.step`` beyond the
     executor's own is the engine's host overhead (scheduling, KV bookkeeping, outputs).
+    The engine holds ``in_flight`` requests, a new one joining as one finishes, as served
+    traffic does (see ``IN_FLIGHT``).
     """
     from slotune.engine.engine import Engine
 
@@ -181,16 +189,20 @@ def record_workload(
     executor.execute = recording  # type: ignore[method-assign,assignment]
     try:
         engine = Engine(config, executor)
+        waiting = []
         for i in range(num_requests):
             prompt = [
                 rng.randrange(3, 250) for _ in range(int(rng.lognormvariate(4.3, 0.8)) % 600 + 4)
             ]
             params = SamplingParams(max_tokens=rng.randint(8, 96), ignore_eos=True)
-            engine.add_request(f"cal{i}", prompt, params)
+            waiting.append((f"cal{i}", prompt, params))
+        waiting.reverse()
         measurements: list[Measurement] = []
         host: list[tuple[int, float]] = []
         timer = executor.timer
-        while engine.has_unfinished_requests():
+        while waiting or engine.has_unfinished_requests():
+            while waiting and len(engine.scheduler.requests) < in_flight:
+                engine.add_request(*waiting.pop())
             t = timer()
             engine.step()
             wall = timer() - t

@@ -116,3 +116,26 @@ def test_recorded_steps_are_timed_warm(tiny_dir: Path, monkeypatch: pytest.Monke
     steps = [m.seconds for m in result.measurements if m.source == "workload"]
     assert len(steps) > 100
     assert max(steps) < 0.5
+
+
+def test_recorded_runs_hold_a_served_number_of_requests(tiny_dir: Path) -> None:
+    """A recorded run keeps ``in_flight`` requests in the engine, a new one joining as one
+    finishes (not all at once, whose contexts grow in step), and still runs them all."""
+    from slotune.calibration.measure import record_workload
+    from slotune.calibration.on_device import calibration_executor
+
+    executor = calibration_executor(tiny_dir, default_grid()[:2], "cpu", threads=1)
+    seen: set[str] = set()
+    most = 0
+    execute = executor.execute
+
+    def counting(so):  # type: ignore[no-untyped-def]
+        nonlocal most
+        seen.update(so.num_scheduled_tokens)
+        most = max(most, len(so.requests))
+        return execute(so)
+
+    executor.execute = counting  # type: ignore[method-assign]
+    run = record_workload(executor, 16, 512, num_requests=12, in_flight=4)
+    assert len(seen) == 12 and most == 4
+    assert len(run.measurements) > 12
