@@ -52,10 +52,11 @@ PARAMS = (
     Param("gpu.attention.decode_eff", 0.5, 1.0),
     stack_param("decode_seq_layer_us"),
 )
-# What runs of one workload on one server pin (``tune --verify``'s few configurations):
-# the host, the server, the all-reduce and the kernels' speed. The decode constants trade
-# off against the host at one load (and the search stalls between them); they need runs
-# across concurrency and context, as the training runs and ``calibrate --server``'s probe are.
+# What runs of one workload on one server pin (``tune --verify``'s few configurations,
+# ``calibrate --server``'s probe at three concurrencies): the host, the server, the
+# all-reduce and the kernels' speed. With the decode constants free as well, the search
+# trades them against the host and stalls (BENCHMARKS, issue 29); they need runs across
+# models and workloads, as the training runs are.
 ONE_WORKLOAD_PARAMS = tuple(
     p for p in PARAMS if p.name not in ("gpu.attention.decode_eff", "stack.decode_seq_layer_us")
 )

@@ -118,10 +118,11 @@ def calibrate_command(
         fail("choose one of --from-runs, --from-kernels and --server")
     if out is not None:  # before profiling or fitting anything (--from-kernels: a folder)
         (writable_folder if from_kernels else writable_file)(out, "--out")
-    warmup = 20.0
+    warmup, one_workload = 20.0, False
     if server is not None:
         runs = _probe(console, server, gpu, sim_model, tp, config, out or Path("stack.json"))
-        from_runs, warmup = True, 0.0  # a probe's runs are short and scored whole
+        # a probe's runs are short and scored whole, and they are one workload's
+        from_runs, warmup, one_workload = True, 0.0, True
     if from_runs:
         _from_runs(
             console,
@@ -133,6 +134,7 @@ def calibrate_command(
             evaluations,
             window,
             warmup,
+            one_workload,
         )
     elif from_kernels:
         _from_kernels(console, reference, out, report)
@@ -244,8 +246,14 @@ def _from_runs(
     evaluations: int,
     window: float,
     warmup: float = 20.0,
+    one_workload: bool = False,
 ) -> None:
-    from slotune.calibration.from_runs import fit_from_runs, write_fit
+    from slotune.calibration.from_runs import (
+        ONE_WORKLOAD_PARAMS,
+        PARAMS,
+        fit_from_runs,
+        write_fit,
+    )
     from slotune.engine.sim.hardware import UnknownNameError
     from slotune.engine.sim.profile import load_profile
     from slotune.engine.sim.stack import load_stack
@@ -262,6 +270,7 @@ def _from_runs(
             measured,
             stack=load_stack(stack),
             profile=load_profile(gpu) if gpu else None,
+            params=ONE_WORKLOAD_PARAMS if one_workload else PARAMS,
             window_s=window,
             warmup_s=warmup,
             max_evaluations=evaluations,
