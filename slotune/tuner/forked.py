@@ -7,9 +7,9 @@ does not fork safely (anything but Linux) or one core is all there is, the runs 
 after another in this process: the results are the same either way, as simulated runs
 are deterministic.
 
-One mechanism, ``Server``: a forked child that answers request after request. ``map_forked``
-spreads items over a few of them; ``Background`` runs one call under a key. A child ends
-quietly on Ctrl-C (it reaches the whole process group): the parent handles it.
+One mechanism, ``Server``: a forked child that answers request after request.
+``map_forked`` spreads items over a few of them. A child ends quietly on Ctrl-C (it reaches
+the whole process group): the parent handles it.
 """
 
 from __future__ import annotations
@@ -169,40 +169,3 @@ def map_forked(fn: Callable[[T], R], items: Sequence[T], workers: int | None = N
         for server in servers:
             server.kill()
     return results
-
-
-class Background:
-    """One call at a time run in a forked child while this process goes on (where
-    ``forks()``): ``start`` forks it under a key, ending the call running before; the call
-    yields what it has to say, and ``next`` waits for each in turn."""
-
-    def __init__(self) -> None:
-        self.key: object = None
-        self._server: Server | None = None
-
-    def start(self, key: object, fn: Callable[[], Iterator[Any]]) -> bool:
-        """Run ``fn()`` in a new child under ``key``, each item it yields sent here as it
-        comes; False (nothing started) where this process does not fork."""
-        self.cancel()
-        server = Server(lambda _: fn())
-        if not server.send(None):
-            return False
-        self.key, self._server = key, server
-        return True
-
-    def next(self, key: object) -> tuple[bool, Any]:
-        """``(True, item)``: the next item the call under ``key`` yields, once it has;
-        ``(False, None)``: no call under that key, or it ended, raised or died."""
-        if self._server is None or self.key != key:
-            return False, None
-        said, item = self._server.next()
-        if not said:
-            self.cancel()
-            return False, None
-        return said, item
-
-    def cancel(self) -> None:
-        """End the running call, if any."""
-        if self._server is not None:
-            self._server.kill()
-        self.key = self._server = None

@@ -202,11 +202,9 @@ def write_outputs(
     baseline: dict[str, Any],
     evaluator: Any,
     storage: str,
-    what_ifs: Any | None = None,
 ) -> Outputs:
     """Select the recommendation, rerun it and the baseline once at the report load into
-    ``runs/``, and write ``trials.csv`` and ``best.json``. ``what_ifs``: the what-if reruns
-    measured during the trials (``speculate.WhatIfAhead``)."""
+    ``runs/``, and write ``trials.csv`` and ``best.json``."""
     from slotune._version import __version__
     from slotune.engine.config import EngineConfig
     from slotune.targets import ExportRefused, get_target
@@ -239,8 +237,7 @@ def write_outputs(
     from slotune.tuner.what_if import what_if
 
     best_config = EngineConfig.from_dict(chosen.user_attrs["config"])
-    known = what_ifs.known(best_config, rate) if what_ifs is not None else None
-    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate, known=known)
+    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate)
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])

@@ -26,7 +26,6 @@ from functools import partial
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.evaluate import config_key
 from slotune.tuner.forked import map_forked
 
 ADAPTIVE_CEILING = 8192
@@ -83,35 +82,23 @@ def what_if(
     config: EngineConfig,
     summary: dict[str, Any],
     rate: float | None,
-    known: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """Each policy ``target`` does not run, rerun on ``config`` in the simulator: ``{"base":
     scores of config, "policies": [{"name", "settings", "scores"} or {"name", "skipped"}]}``;
     None when there is nothing to ask (the target runs every policy, or the study runs a
-    real engine, whose runs are not the simulator's). ``known``: reruns already measured at
-    ``rate`` (their scores by the variant's ``config_key``), not run again."""
+    real engine, whose runs are not the simulator's). The reruns go at once, on the
+    machine's cores (``forked.map_forked``)."""
     if evaluator.setup.backend != "sim":
         return None
     base = _scores(summary, evaluator.measurement(summary, rate).score)
     results, pending = _rows(evaluator, target, config, summary, base)
-    known = known or {}
-    todo = [variant for _, variant in pending if config_key(variant) not in known]
-    scores = map_forked(partial(rerun, evaluator, rate=rate), todo)
-    measured = {**known, **dict(zip(map(config_key, todo), scores, strict=True))}
-    for row, variant in pending:
-        row["scores"] = measured[config_key(variant)]
+    variants = [variant for _, variant in pending]
+    scores = map_forked(partial(rerun, evaluator, rate=rate), variants)
+    for (row, _), row_scores in zip(pending, scores, strict=True):
+        row["scores"] = row_scores
     if not results:
         return None
     return {"target": target.name, "rate": rate, "base": base, "policies": results}
-
-
-def reruns(
-    evaluator: Any, target: Any, config: EngineConfig, summary: dict[str, Any]
-) -> list[EngineConfig]:
-    """The variants of ``config`` that ``what_if`` reruns, given its run's ``summary``."""
-    if evaluator.setup.backend != "sim":
-        return []
-    return [variant for _, variant in _rows(evaluator, target, config, summary, {})[1]]
 
 
 def rerun(evaluator: Any, variant: EngineConfig, rate: float | None) -> dict[str, Any]:

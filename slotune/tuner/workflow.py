@@ -41,7 +41,6 @@ from slotune.tuner.storage import StudyError
 
 if TYPE_CHECKING:
     from slotune.tuner.evaluate import Evaluator
-    from slotune.tuner.speculate import WhatIfAhead
     from slotune.tuner.study import Joined
 
 
@@ -185,7 +184,6 @@ class _Run:
         self.place = place
         self.emit = emit
         self.evaluator = self._evaluator(prepared.setup)
-        self.what_ifs: WhatIfAhead | None = None  # the trials' what-if reruns, ahead
 
     def _evaluator(self, setup: TuneSetup) -> Evaluator:
         """The study's evaluator; a weighted study's holds the best run and the baseline's,
@@ -281,21 +279,13 @@ class _Run:
     ) -> None:
         from slotune.tuner import study as studies
         from slotune.tuner.results import finished, select_best
-        from slotune.tuner.speculate import WhatIfAhead
-
-        if WhatIfAhead.applies(setup, self.options.n_jobs):
-            self.what_ifs = WhatIfAhead(self.evaluator, setup, baseline)
-        what_ifs, display = self.what_ifs, self.emit is not _ignore
 
         def on_progress(watched: Any) -> None:
             best = select_best(
                 finished(watched), setup.objective, setup.attainment, baseline["config"]
             )
-            if what_ifs is not None:
-                what_ifs.follow(best)
-            if display:
-                done = studies.count_finished(watched)
-                self.emit(TrialsProgress(done, start, budget, _best_trial(best)))
+            done = studies.count_finished(watched)
+            self.emit(TrialsProgress(done, start, budget, _best_trial(best)))
 
         self.emit(StageStarted(Stage.TRIALS))
         try:
@@ -305,18 +295,14 @@ class _Run:
                 budget,
                 self.options.n_jobs,
                 timeout=self.options.timeout,
-                on_progress=on_progress if display or what_ifs is not None else None,
+                on_progress=on_progress if self.emit is not _ignore else None,
                 evaluator=self.evaluator,
                 seed=seed,
                 alone=True,  # the study this command created or resumes
             )
-        except BaseException as e:
-            if what_ifs is not None:
-                what_ifs.close()
-            if isinstance(e, KeyboardInterrupt):
-                done = studies.count_finished(study)
-                raise TuneInterrupted(self.place.storage, stored=True, finished=done) from None
-            raise
+        except KeyboardInterrupt:
+            done = studies.count_finished(study)
+            raise TuneInterrupted(self.place.storage, stored=True, finished=done) from None
         finally:
             self.emit(StageDone(Stage.TRIALS))
 
@@ -341,13 +327,10 @@ class _Run:
                 baseline=baseline,
                 evaluator=self.evaluator,
                 storage=self.place.storage,
-                what_ifs=self.what_ifs,
             )
         except ValueError as e:
             raise StudyError(str(e)) from None
         finally:
-            if self.what_ifs is not None:
-                self.what_ifs.close()
             self.emit(StageDone(Stage.FINISH))
         verified, stack, best = self._verify(study, setup, baseline, outputs)
         if best is not None:
