@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -189,20 +190,19 @@ def record_workload(
     executor.execute = recording  # type: ignore[method-assign,assignment]
     try:
         engine = Engine(config, executor)
-        waiting = []
+        waiting: deque[tuple[str, list[int], SamplingParams]] = deque()
         for i in range(num_requests):
             prompt = [
                 rng.randrange(3, 250) for _ in range(int(rng.lognormvariate(4.3, 0.8)) % 600 + 4)
             ]
             params = SamplingParams(max_tokens=rng.randint(8, 96), ignore_eos=True)
             waiting.append((f"cal{i}", prompt, params))
-        waiting.reverse()
         measurements: list[Measurement] = []
         host: list[tuple[int, float]] = []
         timer = executor.timer
         while waiting or engine.has_unfinished_requests():
-            while waiting and len(engine.scheduler.requests) < in_flight:
-                engine.add_request(*waiting.pop())
+            while waiting and engine.num_unfinished_requests() < in_flight:
+                engine.add_request(*waiting.popleft())
             t = timer()
             engine.step()
             wall = timer() - t

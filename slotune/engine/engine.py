@@ -304,6 +304,11 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.scheduler.requests)
 
+    def num_unfinished_requests(self) -> int:
+        """Requests added and not finished or aborted yet (vLLM's
+        ``get_num_unfinished_requests``)."""
+        return len(self.scheduler.requests)
+
     def reset_prefix_cache(self) -> bool:
         """Drop the prefix cache, so that the next requests find it cold; False (nothing
         dropped) while requests are unfinished."""

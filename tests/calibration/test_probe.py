@@ -62,10 +62,7 @@ def test_calibrate_server_brings_back_a_host_constant_the_stack_had_wrong(
     from tests.tuner import wrong_stack
 
     experiment = wrong_stack.prepare(tmp_path / "experiment")
-    server = (
-        f"{sys.executable} -m slotune serve --gpu h100 --sim-model {experiment.model} "
-        f"--stack {wrong_stack.TRUE_STACK} --port {{port}}"
-    )
+    server = experiment.server().replace(" {flags}", "")  # the true stack, its defaults
     out = tmp_path / "stack.json"
     args = ["calibrate", "--server", server, "--gpu", "h100", "--sim-model", str(experiment.model)]
     args += ["--stack", str(experiment.wrong_stack), "--out", str(out), "--evaluations", "30"]
