@@ -86,7 +86,7 @@ class Evaluator:
         }
         self.trace = trace if trace is not None else load_setup_trace(setup)
         self.ladder = RateLadder.from_dict(setup.ladder) if setup.ladder else None
-        self.horizon_s = run_horizon_s(setup, self.slo, self.trace)
+        self.horizons = True  # cut simulated runs at ``run_horizon_s``
         self.tier_objective: TierObjective | None = (
             parse_tier_objective(setup.tier_objective) if setup.tier_objective else None
         )
@@ -127,6 +127,7 @@ class Evaluator:
         trace = self.trace if arrivals.num_sessions is None else self._repeated(arrivals)
         self.runs += 1
         simulated = isinstance(backend, SimBackend)
+        horizon = run_horizon_s(self.slo, trace, arrivals) if simulated and self.horizons else None
         return run(
             backend,
             trace,
@@ -134,7 +135,7 @@ class Evaluator:
             config,
             seed=self.setup.seed,
             timeout_s=self.setup.request_timeout_s,
-            horizon_s=self.horizon_s if simulated else None,
+            horizon_s=horizon,
         )
 
     @property
@@ -323,15 +324,26 @@ class Evaluator:
         return GoodputResult(rate, rung, at, probes)
 
 
-def run_horizon_s(setup: TuneSetup, slo: Any, trace: Any) -> float | None:
-    """When a timed run may stop: its arrivals end at ``duration_s``, and a request still
-    in flight ``slo.longest_meeting_s`` after that (for the trace's longest output) can no
-    longer meet the SLO. Stopping there leaves every request's SLO verdict as it is and
-    spares the drain of an overloaded run's queue."""
-    if setup.load.duration_s is None or not len(trace):
+def run_horizon_s(slo: Any, trace: Any, arrivals: Any) -> float | None:
+    """When a simulated run may stop: ``slo.longest_meeting_s`` (for the trace's longest
+    output) after its last request is sent, where that time is known before the run. A
+    request still in flight then can no longer meet the SLO, so stopping there leaves every
+    request's SLO verdict as it is and spares the drain of an overloaded run's queue.
+
+    The last send is known for a timed run (its stages end at their ``duration_s``) and
+    for a replay of the trace's timestamps (its last one, scaled); not where a send waits
+    for a finish: under a concurrency cap, or for a session's later turns."""
+    if not len(trace) or arrivals.concurrency is not None or trace.requests_per_session > 1:
+        return None
+    if arrivals.stages:
+        last_send = arrivals.duration_s
+    elif arrivals.timestamps:
+        times = [r.arrival_time for r in trace.requests]
+        last_send = (max(times) - min(times)) * arrivals.time_scale
+    else:
         return None
     longest = slo.longest_meeting_s(max(r.output_len for r in trace.requests))
-    return None if longest is None else setup.load.duration_s + longest
+    return None if longest is None else last_send + longest
 
 
 def load_setup_trace(setup: TuneSetup) -> Any:

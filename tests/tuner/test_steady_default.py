@@ -10,10 +10,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement
+from slotune.tuner.evaluate import Evaluator, GoodputResult, Measurement, run_horizon_s
 from slotune.tuner.objectives import sustained_share
 from slotune.tuner.prepare import STEADY_DEFAULT, TuneOptions, baseline_config, prepare
-from slotune.workloads import load_trace
+from slotune.workloads import ArrivalSpec, Stage, load_trace
 
 SLO = "ttft=300ms,tpot=50ms"
 
@@ -65,14 +65,76 @@ def test_the_horizon_cuts_an_overloaded_run_without_changing_any_verdict() -> No
     prepared = prepare(TuneOptions(gpu="h100", slo=SLO, duration=12.0))
     evaluator = Evaluator(prepared.setup, prepared.trace)
     longest = max(r.output_len for r in prepared.trace)
-    assert evaluator.horizon_s == pytest.approx(12.0 + 0.3 + 0.05 * (longest - 1))
+    arrivals = prepared.setup.load.arrivals(40.0)
+    horizon = run_horizon_s(evaluator.slo, prepared.trace, arrivals)
+    assert horizon == pytest.approx(12.0 + 0.3 + 0.05 * (longest - 1))
     slow = replace(baseline_config(prepared), max_num_batched_tokens=512, max_num_seqs=8)
     cut = evaluator.summarize(evaluator.run(slow, 40.0))
-    evaluator.horizon_s = None
+    evaluator.horizons = False
     whole = evaluator.summarize(evaluator.run(slow, 40.0))
     assert cut["failed"] > 0 and whole["failed"] == 0  # the stop failed requests...
     assert cut["slo_attainment"] == whole["slo_attainment"]  # ...that had missed already
     assert cut["steady_state"]["steady"] is whole["steady_state"]["steady"] is False
+
+
+def test_a_replay_of_the_trace_timestamps_stops_after_its_last_arrival(tmp_path: Path) -> None:
+    """An overloaded replay of a timestamped trace stops ``longest_meeting_s`` after its last
+    arrival (scaled), failing only requests that had missed the SLO already."""
+    trace = load_trace("sharegpt-like", num_requests=240)
+    timed = [replace(r, arrival_time=100.0 + 0.02 * i) for i, r in enumerate(trace.requests)]
+    replace(trace, requests=tuple(timed)).to_jsonl(tmp_path / "timed.jsonl")
+    prepared = prepare(
+        TuneOptions(gpu="h100", slo=SLO, trace=str(tmp_path / "timed.jsonl"), objective="weighted")
+    )
+    assert prepared.setup.load.timestamps
+    evaluator = Evaluator(prepared.setup, prepared.trace)
+    longest = max(r.output_len for r in prepared.trace)
+    arrivals = prepared.setup.load.arrivals()
+    horizon = run_horizon_s(evaluator.slo, prepared.trace, arrivals)
+    assert horizon == pytest.approx(0.02 * 239 + 0.3 + 0.05 * (longest - 1))
+    scaled = replace(arrivals, time_scale=2.0)
+    assert run_horizon_s(evaluator.slo, prepared.trace, scaled) == pytest.approx(
+        2 * 0.02 * 239 + 0.3 + 0.05 * (longest - 1)
+    )
+    slow = replace(baseline_config(prepared), max_num_batched_tokens=512, max_num_seqs=4)
+    cut = evaluator.run(slow)
+    evaluator.horizons = False
+    whole = evaluator.run(slow)
+    assert cut.duration_s < whole.duration_s
+    cut_summary, whole_summary = evaluator.summarize(cut), evaluator.summarize(whole)
+    assert cut_summary["failed"] > 0 and whole_summary["failed"] == 0
+    assert cut_summary["slo_attainment"] == whole_summary["slo_attainment"]
+
+
+@pytest.mark.parametrize(
+    "arrivals",
+    [
+        ArrivalSpec(stages=(Stage(5.0, 10.0),)),
+        ArrivalSpec(timestamps=True),
+        ArrivalSpec(stages=(Stage(5.0, 10.0),), concurrency=4),
+        ArrivalSpec(timestamps=True, concurrency=4),
+        ArrivalSpec(rate=5.0),
+        ArrivalSpec(),
+    ],
+    ids=["stages", "timestamps", "stages-capped", "timestamps-capped", "rate", "burst"],
+)
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single", "sessions"])
+def test_no_horizon_where_a_send_may_wait_for_a_finish(
+    arrivals: ArrivalSpec, multi_turn: bool
+) -> None:
+    """A capped flow or a session's next turn is sent after a finish, so its last send (and
+    a request still able to meet the SLO) may come after any horizon set before the run."""
+    from slotune.workloads import parse_slo
+
+    trace = load_trace("agent" if multi_turn else "sharegpt-like", num_requests=30)
+    if not trace.has_timestamps:
+        roots = [replace(r, arrival_time=0.5 * i) for i, r in enumerate(trace.requests)]
+        trace = replace(trace, requests=tuple(roots))
+    assert (trace.requests_per_session > 1) is multi_turn
+    horizon = run_horizon_s(parse_slo(SLO), trace, arrivals)
+    send_known = arrivals.timestamps or bool(arrivals.stages)
+    waits = arrivals.concurrency is not None or multi_turn
+    assert (horizon is not None) is (send_known and not waits)
 
 
 def test_a_steady_study_tries_the_defaults_with_each_kv_cache_format(tmp_path: Path) -> None:
