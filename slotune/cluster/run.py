@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from slotune.cluster.router import Decision, Router
 from slotune.cluster.spec import ClusterSpec, InstanceSpec, RouterSpec
-from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.sampling_params import exact_length
 from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher
@@ -427,7 +427,7 @@ class _ClusterRun:
                 req = engine.new_request(
                     item.request_id,
                     item.prompt,
-                    SamplingParams(max_tokens=1 if prefill else item.max_tokens, ignore_eos=True),
+                    exact_length(1 if prefill else item.max_tokens),
                     arrival_time=item.ready,
                 )
             except ValueError as exc:

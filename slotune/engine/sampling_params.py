@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs: the most top alternatives per token
@@ -57,6 +58,13 @@ class SamplingParams:
         """Below ``GREEDY_BELOW``, dividing the logits by the temperature would overflow
         them (to inf and NaN in float32)."""
         return self.temperature < GREEDY_BELOW
+
+
+@cache
+def exact_length(max_tokens: int) -> SamplingParams:
+    """A replayed trace request's sampling: exactly ``max_tokens`` tokens, EOS ignored (as
+    ``vllm bench serve`` sends them); one shared instance per length (they are frozen)."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
 
 def _is_int(value: object) -> bool:

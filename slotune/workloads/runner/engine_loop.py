@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.sampling_params import exact_length
 from slotune.workloads.arrivals import ALL_AT_ONCE, ArrivalSpec
 from slotune.workloads.result import RunResult
 from slotune.workloads.runner.dispatch import Dispatcher
@@ -294,7 +294,7 @@ def drive_engine(
                     engine.new_request(
                         rel.request_id,
                         rel.prompt,
-                        SamplingParams(max_tokens=rel.max_tokens, ignore_eos=True),
+                        exact_length(rel.max_tokens),
                         arrival_time=rel.arrival_time,
                         priority=classes[i][0],
                         tier=classes[i][1],
