@@ -338,8 +338,10 @@ def run_horizon_s(slo: Any, trace: Any, arrivals: Any) -> float | None:
     if arrivals.stages:
         last_send = arrivals.duration_s
     elif arrivals.timestamps:
+        from slotune.workloads.arrivals import arrival_times
+
         times = [r.arrival_time for r in trace.requests]
-        last_send = (max(times) - min(times)) * arrivals.time_scale
+        last_send = max(arrival_times(arrivals, len(times), trace_times=times))
     else:
         return None
     longest = slo.longest_meeting_s(max(r.output_len for r in trace.requests))
