@@ -8,7 +8,8 @@ after another in this process: the results are the same either way, as simulated
 are deterministic.
 
 One mechanism, ``Server``: a forked child that answers request after request.
-``map_forked`` spreads items over a few of them. A child ends quietly on Ctrl-C (it reaches
+``map_forked`` spreads items over a few of them (``ForkedMap``: the same, while this process
+does other work). A child ends quietly on Ctrl-C (it reaches
 the whole process group): the parent handles it.
 """
 
@@ -22,7 +23,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -136,21 +137,46 @@ def map_forked(fn: Callable[[T], R], items: Sequence[T], workers: int | None = N
     one per item), each taking the next item as it finishes one (where ``forks()``; in this
     process otherwise). ``fn`` may be a closure: the children inherit it. What it returns
     must pickle. An exception in a child is raised here."""
-    workers = min(len(items), workers or len(items))
-    if workers < 2 or not forks():
-        return [fn(item) for item in items]
+    with ForkedMap(fn, items, workers) as pending:
+        return pending.results()
 
-    def handle(index: int) -> Iterator[R]:
-        yield fn(items[index])
 
-    results: list[Any] = [None] * len(items)
-    todo = iter(range(len(items)))
-    servers = [Server(handle) for _ in range(workers)]
-    serving: dict[Server, int] = {}
-    try:
-        for server in servers:
-            server.send(index := next(todo))
-            serving[server] = index
+class ForkedMap(Generic[R]):
+    """``map_forked`` under way: the children start on the items at once, while this
+    process does other work; ``results`` waits for them. Used as a context manager, which
+    ends the children however the block ends. Where work does not fork, ``results``
+    computes the items here, one after another."""
+
+    def __init__(
+        self, fn: Callable[[T], R], items: Sequence[T], workers: int | None = None
+    ) -> None:
+        self._fn: Callable[[Any], R] = fn
+        self._items: Sequence[Any] = items
+        workers = min(len(items), workers or len(items))
+        self._servers: list[Server] = []
+        self._serving: dict[Server, int] = {}
+        self._todo = iter(range(len(items)))
+        if workers < 2 or not forks():
+            return
+
+        def handle(index: int) -> Iterator[R]:
+            yield fn(items[index])
+
+        self._servers = [Server(handle) for _ in range(workers)]
+        try:
+            for server in self._servers:
+                server.send(index := next(self._todo))
+                self._serving[server] = index
+        except BaseException:
+            self.close()
+            raise
+
+    def results(self) -> list[R]:
+        """Each item's result, in order; an exception in a child is raised here."""
+        if not self._servers:
+            return [self._fn(item) for item in self._items]
+        results: list[Any] = [None] * len(self._items)
+        serving = self._serving
         while serving:
             ready = wait([s.line for s in serving])
             for server in [s for s in serving if s.line in ready]:
@@ -161,11 +187,20 @@ def map_forked(fn: Callable[[T], R], items: Sequence[T], workers: int | None = N
                 if error is not None:
                     raise error
                 results[serving.pop(server)] = value
-                index = next(todo, -1)
+                index = next(self._todo, -1)
                 if index >= 0:
                     server.send(index)
                     serving[server] = index
-    finally:
-        for server in servers:
+        return results
+
+    def close(self) -> None:
+        """End the children (those still at work stop)."""
+        for server in self._servers:
             server.kill()
-    return results
+        self._serving.clear()
+
+    def __enter__(self) -> ForkedMap[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,7 @@ def write_outputs(
     chosen = _KeptDefaults(baseline) if keep else best
     rate = report_rate(setup, chosen, baseline)
     runs: dict[str, dict[str, Any]] = {}
+    writes = []
     for label, config_dict in (
         ("best", chosen.user_attrs["config"]),
         ("baseline", baseline["config"]),
@@ -232,12 +234,20 @@ def write_outputs(
         if result is None:
             result = evaluator.run(config, rate)
         summary = evaluator.summarize(result, rate)
-        write_run(out_dir / "runs" / label, result, summary, config_dict, rate, label)
+        path = out_dir / "runs" / label
+        writes.append(partial(write_run, path, result, summary, config_dict, rate, label))
         runs[label] = {"summary": summary, "score": evaluator.measurement(summary, rate).score}
     from slotune.tuner.what_if import what_if
 
     best_config = EngineConfig.from_dict(chosen.user_attrs["config"])
-    gains = what_if(evaluator, target, best_config, runs["best"]["summary"], rate)
+    gains = what_if(  # the runs are written while the reruns go
+        evaluator,
+        target,
+        best_config,
+        runs["best"]["summary"],
+        rate,
+        meanwhile=lambda: [write() for write in writes],
+    )
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)
     config = EngineConfig.from_dict(chosen.user_attrs["config"])

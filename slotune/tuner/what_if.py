@@ -15,18 +15,20 @@ an engine that had it would bring. Policy settings (one each, not searched):
 Hybrid preemption and the decode budget act on preempted requests only: when the
 recommended run preempted none, their run is that run (not rerun). The stretch planner
 plans hybrid preemption, adaptive chunking and the decode budget (between preemptions);
-tier quotas rerun one step at a time, a few times a trial's cost. The reruns go at once,
-each in a forked process (``tuner.forked``), where the machine has the cores.
+tier quotas rerun one step at a time, a few times a trial's cost. The reruns go in forked
+processes (``tuner.forked``), as many at once as the machine has cores, while the tune's
+finish writes its runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from slotune.engine.config import EngineConfig
-from slotune.tuner.forked import map_forked
+from slotune.tuner.forked import ForkedMap, cores
 
 ADAPTIVE_CEILING = 8192
 _ON_PREEMPTION = ("hybrid preemption", "decode budget")  # change nothing without preemption
@@ -82,18 +84,25 @@ def what_if(
     config: EngineConfig,
     summary: dict[str, Any],
     rate: float | None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> dict[str, Any] | None:
     """Each policy ``target`` does not run, rerun on ``config`` in the simulator: ``{"base":
     scores of config, "policies": [{"name", "settings", "scores"} or {"name", "skipped"}]}``;
     None when there is nothing to ask (the target runs every policy, or the study runs a
-    real engine, whose runs are not the simulator's). The reruns go at once, on the
-    machine's cores (``forked.map_forked``)."""
+    real engine, whose runs are not the simulator's). The reruns go on the machine's
+    cores, as many at once as it has (``forked.ForkedMap``), while this process calls
+    ``meanwhile`` (the tune's finish writes its runs), which is called in every case."""
     if evaluator.setup.backend != "sim":
+        if meanwhile is not None:
+            meanwhile()
         return None
     base = _scores(summary, evaluator.measurement(summary, rate).score)
     results, pending = _rows(evaluator, target, config, summary, base)
     variants = [variant for _, variant in pending]
-    scores = map_forked(partial(rerun, evaluator, rate=rate), variants)
+    with ForkedMap(partial(rerun, evaluator, rate=rate), variants, cores()) as reruns:
+        if meanwhile is not None:
+            meanwhile()
+        scores = reruns.results()
     for (row, _), row_scores in zip(pending, scores, strict=True):
         row["scores"] = row_scores
     if not results:

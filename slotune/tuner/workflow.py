@@ -17,7 +17,9 @@ be created, joined or finished raises ``StudyError``; Ctrl-C raises ``TuneInterr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -197,6 +199,12 @@ class _Run:
         return evaluator
 
     def run(self, report: ReportBuilder | None) -> TuneResult:
+        # made once, here: every run reads them, and forked children inherit them
+        self.prepared.trace.own_prompt_token_ids()
+        with _kept_from_collections():
+            return self._run(report)
+
+    def _run(self, report: ReportBuilder | None) -> TuneResult:
         from slotune.tuner import study as studies
 
         joined = self._create_or_join()
@@ -391,6 +399,20 @@ class _Run:
         finally:
             self.emit(StageDone(Stage.VERIFY))
         return outcome, stack, best
+
+
+@contextmanager
+def _kept_from_collections() -> Iterator[None]:
+    """What this process holds now lives through the tune (the trace and its prompt
+    tokens: tens of millions of references on an hour's trace). Python's cyclic collector
+    would walk all of it in every full pass, one or two after each run; frozen
+    (``gc.freeze``, as CPython advises before forking), it is left out, also in the forked
+    children. Handed back to the collector at the end."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _best_trial(trial: Any) -> BestTrial | None:

@@ -103,3 +103,44 @@ def test_a_child_ends_with_its_killed_parent() -> None:
     while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{child}")
+
+
+@pytest.mark.skipif(not forks(), reason="runs in this process where it does not fork")
+def test_a_forked_map_works_while_this_process_does_other_work() -> None:
+    """The children start at once: each says so before ``results`` is asked for (run
+    when asked, the waits below would time out)."""
+    import multiprocessing
+
+    from slotune.tuner.forked import ForkedMap
+
+    started = multiprocessing.get_context("fork").Semaphore(0)
+
+    def work(x: int) -> int:
+        started.release()
+        return x * x
+
+    with ForkedMap(work, [1, 2, 3]) as pending:
+        assert all(started.acquire(timeout=60) for _ in range(3))
+        assert pending.results() == [1, 4, 9]
+
+
+@pytest.mark.skipif(not forks(), reason="runs in this process where it does not fork")
+def test_a_forked_map_left_unasked_ends_its_children() -> None:
+    import multiprocessing
+    import time
+
+    from slotune.tuner.forked import ForkedMap
+
+    pids = multiprocessing.get_context("fork").Queue()
+
+    def sleep(_: int) -> int:
+        pids.put(os.getpid())
+        time.sleep(120)
+        return 0
+
+    children: list[int] = []
+    with pytest.raises(RuntimeError, match="left"), ForkedMap(sleep, [0, 1]):
+        children.extend(pids.get(timeout=60) for _ in range(2))
+        raise RuntimeError("left before the results")
+    assert len(children) == 2
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in children)

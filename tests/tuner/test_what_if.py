@@ -32,8 +32,10 @@ def gains() -> tuple[dict[str, Any], Evaluator, dict[str, Any]]:
         target="vllm==0.34",
     )
     summary = evaluator.summarize(evaluator.run(CONFIG, RATE), RATE)
-    data = what_if(evaluator, get_target("vllm==0.34"), CONFIG, summary, RATE)
-    assert data is not None
+    calls: list[str] = []
+    target = get_target("vllm==0.34")
+    data = what_if(evaluator, target, CONFIG, summary, RATE, lambda: calls.append("written"))
+    assert data is not None and calls == ["written"]  # once, while the reruns go
     return data, evaluator, summary
 
 
@@ -62,7 +64,10 @@ def test_each_missing_policy_is_rerun_and_adaptive_chunking_gains(gains: Any) ->
 
 def test_no_what_if_where_the_target_runs_every_policy(gains: Any) -> None:
     _, evaluator, summary = gains
-    assert what_if(evaluator, get_target("slotune"), CONFIG, summary, RATE) is None
+    calls: list[str] = []
+    target = get_target("slotune")
+    assert what_if(evaluator, target, CONFIG, summary, RATE, lambda: calls.append("x")) is None
+    assert calls == ["x"]  # nothing to rerun: still called
 
 
 def test_the_report_section_says_the_gain_with_numbers(gains: Any) -> None:
