@@ -732,3 +732,25 @@ def test_checking_mode_passes_planned_preemptions_with_stop_tokens() -> None:
                 single = result
         assert result == single, seed
     assert planned > 20, planned
+
+
+def test_hybrid_preemptions_below_the_swap_threshold_are_planned(
+    applied_plans: list[StretchPlan],
+) -> None:
+    """Under hybrid preemption a victim below the swap threshold is recomputed, as under
+    recompute: the planner plans that step; one at or above it would be swapped out, which
+    ends the stretch. Stretches still leave what single steps leave, swaps included."""
+    planned = swapped = 0
+    threshold = 24
+    for seed in range(24, 40):
+        w = replace(_preempting_workload(seed), cpu_blocks=40, swap_threshold=threshold)
+        for block_size in (4, 16):
+            cfg = ("chunked", "hybrid", "hash", block_size)
+            single = drive(w, cfg, "single")
+            applied_plans.clear()
+            assert drive(w, cfg, "feed") == single, (seed, block_size)
+            computed = [c for p in applied_plans for s in p.steps for _, _, c in s.preempts or ()]
+            assert all(c < threshold for c in computed), (seed, computed)
+            planned += len(computed)
+            swapped += single[2]["num_swap_outs"]
+    assert planned > 50 and swapped > 10, (planned, swapped)

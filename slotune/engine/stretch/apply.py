@@ -85,6 +85,8 @@ def apply_stretch(
                 req = requests[i]
                 req.num_computed_tokens = computed  # its filled blocks are committed
                 scheduler.preempt_running(req)
+                if req.status is not RequestStatus.PREEMPTED:
+                    raise RuntimeError(f"apply_stretch: {req.request_id!r} was not recomputed")
                 num_running -= 1
             allocs = allocs[done:]
             num_pending = 0

@@ -25,6 +25,7 @@ from slotune.engine.rules import (
     needs_blocks,
     num_samples,
     reaches_length,
+    swaps,
 )
 from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import batch_totals
@@ -45,8 +46,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "block_size": None,
     "max_num_seqs": None,
     "max_model_len": None,
-    # a step that preempts is planned under recompute only; under swap and hybrid it ends
-    # the stretch; their swapped and recompute-preempted heads are planned as above
+    # a step that preempts is planned where every victim is recomputed (under recompute, and
+    # under hybrid below the swap threshold); a swap ends the stretch; swapped and
+    # recompute-preempted heads are planned as above
     "preemption_mode": frozenset({"recompute", "swap", "hybrid"}),
     "swap_space_gb": None,
     "prefix_caching": frozenset({"none", "hash", "radix"}),
@@ -60,7 +62,7 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "speculative_model": None,  # read only with speculation, refused above
     "speculative_acceptance": None,
     "scheduling_policy": frozenset({"fcfs"}),
-    "swap_threshold_tokens": None,  # read only when a step swaps, which no plan does
+    "swap_threshold_tokens": None,  # whether a hybrid victim swaps: a plan's never do
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     # a decode budget: no step that preempts or readmits, the stretch ends where a watched
@@ -498,10 +500,12 @@ class StretchPlanner:
         what the step then serves. What it leaves of ``budget`` (the running pass's);
         raises ``_Unsure`` where that is not exact."""
         s = self.sched
-        if s.prefill_first or s.preemption_mode != "recompute" or not self.free_exact:
+        if s.prefill_first or s.preemption_mode == "swap" or not self.free_exact:
             raise _Unsure  # swaps, or a free count that is only a lower bound
         if s.budget_s is not None:
             raise _Unsure  # a victim joins the decode budget's watch at the step's time
+        hybrid = s.preemption_mode == "hybrid"
+        j = len(self.plan.steps) + 1
         members = self.plan.requests
         others = {o.index: o for o in self.others}
         order = self._aggregate(others)
@@ -528,6 +532,11 @@ class StretchPlanner:
                     raise _Unsure  # alone, it finishes with "length"
                 if members[v].request.sampling_params.n != 1:
                     raise _Unsure  # a fork's seats
+                if hybrid:
+                    o = others.get(v)  # its computed tokens as ``_preempt_victims`` has them
+                    computed = o.computed if o is not None else self.base[v] + j - 1
+                    if swaps(s.preemption_mode, computed, s.swap_threshold):
+                        raise _Unsure  # it would be swapped out
                 freed, alone = self._victim_frees(v, others.get(v))
                 exact = exact and alone
                 victims.append((num_allocs, v, freed, alone, avail))
