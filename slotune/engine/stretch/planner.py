@@ -532,12 +532,12 @@ class StretchPlanner:
                     raise _Unsure  # alone, it finishes with "length"
                 if members[v].request.sampling_params.n != 1:
                     raise _Unsure  # a fork's seats
-                if hybrid:
-                    o = others.get(v)  # its computed tokens as ``_preempt_victims`` has them
+                o = others.get(v)
+                if hybrid:  # its computed tokens as ``_preempt_victims`` counts them
                     computed = o.computed if o is not None else self.base[v] + j - 1
                     if swaps(s.preemption_mode, computed, s.swap_threshold):
                         raise _Unsure  # it would be swapped out
-                freed, alone = self._victim_frees(v, others.get(v))
+                freed, alone = self._victim_frees(v, o)
                 exact = exact and alone
                 victims.append((num_allocs, v, freed, alone, avail))
                 if v == i:
