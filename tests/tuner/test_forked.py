@@ -144,3 +144,20 @@ def test_a_forked_map_left_unasked_ends_its_children() -> None:
         raise RuntimeError("left before the results")
     assert len(children) == 2
     assert not any(os.path.exists(f"/proc/{pid}") for pid in children)
+
+
+def test_a_forked_map_where_nothing_forks_computes_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slotune.tuner import forked
+
+    monkeypatch.setattr(forked, "forks", lambda: False)
+    done: list[int] = []
+
+    def work(x: int) -> tuple[int, int]:
+        done.append(x)
+        return x, os.getpid()
+
+    with forked.ForkedMap(work, [1, 2]) as pending:
+        assert done == []  # nothing runs before it is asked for
+        assert pending.results() == [(1, os.getpid()), (2, os.getpid())]
