@@ -407,12 +407,15 @@ def _kept_from_collections() -> Iterator[None]:
     tokens: tens of millions of references on an hour's trace). Python's cyclic collector
     would walk all of it in every full pass, one or two after each run; frozen
     (``gc.freeze``, as CPython advises before forking), it is left out, also in the forked
-    children. Handed back to the collector at the end."""
+    children. Handed back to the collector at the end, unless the caller had frozen
+    objects of its own (``gc.unfreeze`` hands back all or nothing)."""
+    frozen_before = gc.get_freeze_count()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def _best_trial(trial: Any) -> BestTrial | None:

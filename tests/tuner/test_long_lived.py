@@ -51,3 +51,19 @@ def test_prompts_are_made_once_here_and_every_run_leaves_them_to_the_freeze(
     runs = [(int(pid), int(frozen)) for kind, pid, frozen in lines if kind == "run"]
     assert len(runs) >= 4 and all(frozen > 0 for _, frozen in runs)
     assert gc.get_freeze_count() == 0  # handed back
+
+
+def test_a_caller_s_own_frozen_objects_stay_frozen() -> None:
+    from slotune.tuner.workflow import _kept_from_collections
+
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with _kept_from_collections():
+            pass
+        assert gc.get_freeze_count() >= mine > 0
+    finally:
+        gc.unfreeze()
+    with _kept_from_collections():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
