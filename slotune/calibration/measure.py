@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from slotune.engine.config import EngineConfig
 from slotune.engine.request import Request
-from slotune.engine.sampling_params import SamplingParams
+from slotune.engine.sampling_params import SamplingParams, exact_length
 from slotune.engine.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ def record_workload(
             prompt = [
                 rng.randrange(3, 250) for _ in range(int(rng.lognormvariate(4.3, 0.8)) % 600 + 4)
             ]
-            params = SamplingParams(max_tokens=rng.randint(8, 96), ignore_eos=True)
+            params = exact_length(rng.randint(8, 96))
             waiting.append((f"cal{i}", prompt, params))
         measurements: list[Measurement] = []
         host: list[tuple[int, float]] = []

@@ -62,8 +62,9 @@ class SamplingParams:
 
 @cache
 def exact_length(max_tokens: int) -> SamplingParams:
-    """A replayed trace request's sampling: exactly ``max_tokens`` tokens, EOS ignored (as
-    ``vllm bench serve`` sends them); one shared instance per length (they are frozen)."""
+    """Sampling of exactly ``max_tokens`` tokens, EOS ignored: a replayed or recorded
+    request's (as ``vllm bench serve`` sends them); one shared instance per length (they
+    are frozen)."""
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
 
