@@ -35,8 +35,12 @@ from slotune.workloads.steady import ScoringWindow, steady_state
 _METRIC_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2el_ms"}
 
 
-def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
-    """Per-request arrays in seconds (NaN where undefined) plus ``ok`` and pooled ``itl``."""
+def request_metrics(
+    result: RunResult, token_times: tuple[np.ndarray, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Per-request arrays in seconds (NaN where undefined) plus ``ok`` and pooled ``itl``.
+    ``token_times``: the requests' token times already flat, as ``flat_token_times`` gives
+    them (then the frame's own column is not read)."""
     df = result.requests
     ok = df["error"].isna().to_numpy() & df["finish_time"].notna().to_numpy()
     arrival = df["arrival_time"].to_numpy(dtype=float)
@@ -45,7 +49,7 @@ def request_metrics(result: RunResult) -> dict[str, np.ndarray]:
     out = df["output_tokens"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
-    gaps, gap_counts = token_gaps(df["token_times"])
+    gaps, gap_counts = _gaps(*(token_times or flat_token_times(df["token_times"])))
     max_gap = np.zeros(len(gap_counts))
     has_gaps = gap_counts > 0
     if gaps.size:
@@ -75,7 +79,10 @@ def flat_token_times(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray
 def token_gaps(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     """Every gap between consecutive tokens, request after request, and each request's
     number of gaps (computed on one flat array: a run has millions of tokens)."""
-    flat, counts = flat_token_times(token_times)
+    return _gaps(*flat_token_times(token_times))
+
+
+def _gaps(flat: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first = np.zeros(len(flat), dtype=bool)  # a request's first token: no gap before it
     first[_starts(counts)[counts > 0]] = True
     gaps = np.diff(flat)[~first[1:]]

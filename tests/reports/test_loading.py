@@ -9,12 +9,15 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from slotune.reports.best import slo_targets_ms, slo_text
 from slotune.reports.columns import REQUEST_COLUMNS, STEP_COLUMNS
-from slotune.reports.runs import load_run, parse_token_times, percentile
+from slotune.reports.runs import flat_json_token_times, load_run, parse_token_times, percentile
 from slotune.reports.trials import load_csv_trials, load_study_trials
+from slotune.workloads.result import token_times_json
 
 
 @pytest.mark.parametrize(
@@ -33,6 +36,42 @@ from slotune.reports.trials import load_csv_trials, load_study_trials
 )
 def test_token_times_parse_from_any_serialization(cell: object, expected: list[float]) -> None:
     assert parse_token_times(cell) == pytest.approx(expected)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.lists(st.floats(-1e6, 1e6, allow_nan=False), max_size=6),
+            st.lists(st.integers(-1000, 10**6), max_size=4),
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_token_times_parsed_in_one_pass_as_cell_by_cell(
+    cells: list[list[float] | None], runner_format: bool
+) -> None:
+    """The one-pass parse of a stored column reads what ``parse_token_times`` reads cell
+    by cell, in the runner's format (%.6f) and in plain JSON."""
+    texts = [
+        float("nan") if c is None else token_times_json(c) if runner_format else json.dumps(c)
+        for c in cells
+    ]
+    column = pd.Series(texts, dtype=object)
+    parsed = flat_json_token_times(column)
+    assert parsed is not None
+    flat, counts = parsed
+    expected = [parse_token_times(t) for t in texts]
+    assert counts.tolist() == [len(x) for x in expected]
+    assert flat.tolist() == [x for times in expected for x in times]
+
+
+@pytest.mark.parametrize(
+    "cell", ["(0.1,0.2)", "0.1 0.2", "[0.1, oops]", "[[0.1]]", "[0.1,,0.2]", 0.5]
+)
+def test_token_times_in_another_form_are_left_to_the_cell_by_cell_parse(cell: object) -> None:
+    assert flat_json_token_times(pd.Series(["[0.1]", cell], dtype=object)) is None
 
 
 def _write_requests(run_dir: Path, rows: list[dict[str, object]]) -> None:
