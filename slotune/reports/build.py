@@ -29,7 +29,6 @@ from slotune.reports.sections import (
     trials_table_html,
 )
 from slotune.reports.trials import TrialsData, empty_trials, load_csv_trials, load_study_trials
-from slotune.tuner.forked import ForkedMap
 
 REPORT_NAME = "report.html"
 RECOMMENDED = "recommended"
@@ -141,10 +140,6 @@ def _has_data(run: RunData) -> bool:
     return bool(run.summary) or not run.requests.empty or not run.steps.empty
 
 
-def _load_stored(stored: tuple[Path, str, dict[str, Any] | None]) -> RunData:
-    return load_run(*stored)
-
-
 def _diagnostics_block(runs: list[RunData], trace_stats: dict[str, Any]) -> str:
     if not runs:
         return note("No stored run to diagnose.")
@@ -169,17 +164,17 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
         )
     best = read_json(out_dir / "best.json")
     slo = slo_targets_ms(best)
-    base = section(best, "baseline")
-    stored = [
-        (out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
-        (out_dir / "runs" / "baseline", baseline_label(best), section(base, "config") or None),
-    ]
-    # the two runs are read on the other cores while this process reads the study
-    with ForkedMap(_load_stored, stored) as loading:
-        trials = load_trials(out_dir, best)
-        runs = [r for r in loading.results() if _has_data(r)]
+    trials = load_trials(out_dir, best)
     if isinstance(best.get("trial"), int):
         trials = replace(trials, recommended=best["trial"])
+    base = section(best, "baseline")
+    candidates = [
+        load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
+        load_run(
+            out_dir / "runs" / "baseline", baseline_label(best), section(base, "config") or None
+        ),
+    ]
+    runs = [r for r in candidates if _has_data(r)]
     trace_stats = section(section(best, "trace"), "stats")
     sections = [
         html_section("recommendation", "Recommendation", recommendation_html(best, slo)),

@@ -227,19 +227,3 @@ def test_metrics_table_shows_the_preemption_mix_and_each_tier() -> None:
     assert "ttft=200ms" in html
     plain = metrics_table([("run", {})], {"ttft": 300.0})
     assert "tier 0" not in plain and "by preemption" not in plain
-
-
-def test_report_reads_its_runs_in_forked_children_as_this_process_would(
-    tune_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The two runs are read on other cores while the study is read here: the page is the
-    same byte for byte as one read all in this process."""
-    from slotune.tuner import forked
-
-    if not forked.forks():
-        pytest.skip("this machine does not fork work to other cores")
-    apart = build_report(tune_dir, tmp_path / "forked.html").read_bytes()
-    monkeypatch.setattr(forked, "forks", lambda: False)
-    here = build_report(tune_dir, tmp_path / "here.html").read_bytes()
-    assert apart == here
-    assert b'<section id="behaviour">' in apart
