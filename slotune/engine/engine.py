@@ -413,9 +413,11 @@ class Engine:
             t += d
             if until_time_s is not None and t >= until_time_s:
                 break
-            if watched is not None:
+            if budget_s is not None:
+                if watched is None and step.preempts:
+                    watched = clock  # its victims were preempted at the step's start
                 clock += d
-                if clock - watched > budget_s:
+                if watched is not None and clock - watched > budget_s:
                     break
             if arrivals is not None:
                 cut = t - d if arrivals.at_step_start else t

@@ -158,6 +158,29 @@ def test_the_decode_budget_cases_preempt_and_move_requests_up(name: str) -> None
     assert on.requests["first_token_time"].tolist() != off.requests["first_token_time"].tolist()
 
 
+@pytest.mark.parametrize("name", [n for n in CASES if "decode-budget" in n])
+def test_under_a_decode_budget_stretches_plan_the_steps_that_preempt(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A victim that waits at the queue's front (it sorts before the waiting head) is
+    preempted inside a stretch, its time joining the budget's watch there; the stretch
+    ends where a watched request comes due. Every stretch is replayed step by step and
+    compared (the checking mode above), and the run equals one stepped one by one."""
+    import slotune.engine.engine as engine_module
+
+    planned: list[int] = []
+    apply = engine_module.apply_stretch
+
+    def counting(scheduler, plan, tokens, durations=None):  # type: ignore[no-untyped-def]
+        planned.append(sum(len(s.preempts or ()) for s in plan.steps))
+        return apply(scheduler, plan, tokens, durations)
+
+    monkeypatch.setattr(engine_module, "apply_stretch", counting)
+    on, off = _both(*CASES[name])
+    pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
+    assert sum(planned) > 5, planned
+
+
 TIMEOUT_CASES = {
     # overloaded: requests time out waiting and while decoding; arrivals join stretches
     "hash-few-seats-timeouts": (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from dataclasses import fields
 from typing import NamedTuple
 
@@ -65,8 +66,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "swap_threshold_tokens": None,  # whether a hybrid victim swaps: a plan's never do
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
-    # a decode budget: no step that preempts or readmits, the stretch ends where a watched
-    # request comes due (``Engine.run_stretch``); waiting read in its priority order
+    # a decode budget: a step preempts only victims that wait at the queue's front and
+    # readmits none; the stretch ends where a watched request (one preempted before it or
+    # in it) comes due (``Engine.run_stretch``); waiting read in its priority order
     "decode_budget_ms": None,
     # each planned step takes the budget the scheduler's step_budget gives (a fixed
     # step-time model only: see refusal)
@@ -502,9 +504,10 @@ class StretchPlanner:
         s = self.sched
         if s.prefill_first or s.preemption_mode == "swap" or not self.free_exact:
             raise _Unsure  # swaps, or a free count that is only a lower bound
-        if s.budget_s is not None:
-            raise _Unsure  # a victim joins the decode budget's watch at the step's time
         hybrid = s.preemption_mode == "hybrid"
+        # under a queue order (a decode budget) each victim must wait at the queue's front,
+        # where the plan puts it: it sorts before the head it would go in front of
+        head = self._waiting_head_rank() if s.key is not None else None
         j = len(self.plan.steps) + 1
         members = self.plan.requests
         others = {o.index: o for o in self.others}
@@ -532,6 +535,11 @@ class StretchPlanner:
                     raise _Unsure  # alone, it finishes with "length"
                 if members[v].request.sampling_params.n != 1:
                     raise _Unsure  # a fork's seats
+                if s.key is not None:
+                    rank = _queue_rank(s, members[v].request)
+                    if head is not None and not rank < head:
+                        raise _Unsure  # it waits behind the head: not where the plan puts it
+                    head = rank
                 o = others.get(v)
                 if hybrid:  # its computed tokens as ``_preempt_victims`` counts them
                     computed = o.computed if o is not None else self.base[v] + j - 1
@@ -563,6 +571,15 @@ class StretchPlanner:
         self.step_allocs = kept
         self.step_blocks = sum(n for _, n in kept)
         return budget - self.alive - sum(n for _, n, _ in self.stepped)
+
+    def _waiting_head_rank(self) -> tuple | None:
+        """Where the waiting head sorts in the queue's order (None: nothing waits): the
+        last victim of the stretch, else the first request still waiting."""
+        if self.victims:
+            return _queue_rank(self.sched, self.victims[-1].request)
+        if self.next_waiting < len(self.waiting):
+            return _queue_rank(self.sched, self.waiting[self.next_waiting])
+        return None
 
     def _aggregate(self, others: dict[int, _Other]) -> list[int]:
         """The aggregate decoders of the step being planned and ``others``, in running
@@ -651,6 +668,8 @@ class StretchPlanner:
                     raise _Unsure
             else:
                 decision = self._readmission(victim, avail, num_seated, free_left)
+                if isinstance(decision, Admission) and s.key is not None:
+                    raise _Unsure  # it takes its place in the running order by its key
             if decision is HeadWaits.STAYS:
                 break
             if decision is HeadWaits.UNSURE:
@@ -1054,6 +1073,14 @@ class StretchPlanner:
                 if s:
                     member.scheduled += last + 1 - s + 1
         return plan
+
+
+def _queue_rank(s: Scheduler, req: Request) -> tuple:
+    """Where ``req`` sorts in a priority waiting queue (``queues.PriorityWaiting``: its key,
+    then when it first joined the queue)."""
+    assert s.key is not None
+    # one that has not joined the queue yet (an arrival of the stretch) joins after all
+    return (s.key(req), req.queue_seq if req.queue_seq >= 0 else math.inf)
 
 
 class _Unsure(Exception):
