@@ -14,7 +14,7 @@ an engine that had it would bring. Policy settings (one each, not searched):
 
 Hybrid preemption and the decode budget act on preempted requests only: when the
 recommended run preempted none, their run is that run (not rerun). The stretch planner
-plans hybrid preemption, adaptive chunking and the decode budget (all but its readmissions);
+plans hybrid preemption, adaptive chunking and the decode budget;
 tier quotas rerun one step at a time, a few times a trial's cost. The reruns go in forked
 processes (``tuner.forked``), as many at once as the machine has cores, while the tune's
 finish writes its runs.

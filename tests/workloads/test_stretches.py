@@ -159,26 +159,33 @@ def test_the_decode_budget_cases_preempt_and_move_requests_up(name: str) -> None
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if "decode-budget" in n])
-def test_under_a_decode_budget_stretches_plan_the_steps_that_preempt(
+def test_under_a_decode_budget_stretches_plan_preemptions_and_readmissions(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A victim that waits at the queue's front (it sorts before the waiting head) is
     preempted inside a stretch, its time joining the budget's watch there; the stretch
-    ends where a watched request comes due. Every stretch is replayed step by step and
+    ends where a watched request comes due. A preempted request that sorts behind every
+    running one is readmitted inside a stretch. Every stretch is replayed step by step and
     compared (the checking mode above), and the run equals one stepped one by one."""
     import slotune.engine.engine as engine_module
+    from slotune.engine.request import RequestStatus
 
-    planned: list[int] = []
+    preempts = readmits = 0
     apply = engine_module.apply_stretch
 
     def counting(scheduler, plan, tokens, durations=None):  # type: ignore[no-untyped-def]
-        planned.append(sum(len(s.preempts or ()) for s in plan.steps))
+        nonlocal preempts, readmits
+        preempts += sum(len(s.preempts or ()) for s in plan.steps)
+        status = [m.request.status for m in plan.requests]
+        readmits += sum(
+            status[i] is RequestStatus.PREEMPTED for s in plan.steps for i, _ in s.admits
+        )
         return apply(scheduler, plan, tokens, durations)
 
     monkeypatch.setattr(engine_module, "apply_stretch", counting)
     on, off = _both(*CASES[name])
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
-    assert sum(planned) > 5, planned
+    assert preempts > 5 and readmits > 5, (preempts, readmits)
 
 
 TIMEOUT_CASES = {

@@ -67,8 +67,9 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "top_tier_kv_share": frozenset({0.0}),
     "top_tier_token_share": frozenset({0.0}),
     # a decode budget: a step preempts only victims that wait at the queue's front and
-    # readmits none; the stretch ends where a watched request (one preempted before it or
-    # in it) comes due (``Engine.run_stretch``); waiting read in its priority order
+    # admits only requests that sort behind every running one; the stretch ends where a
+    # watched request (one preempted before it or in it) comes due
+    # (``Engine.run_stretch``); waiting read in its priority order
     "decode_budget_ms": None,
     # each planned step takes the budget the scheduler's step_budget gives (a fixed
     # step-time model only: see refusal)
@@ -668,7 +669,7 @@ class StretchPlanner:
                     raise _Unsure
             else:
                 decision = self._readmission(victim, avail, num_seated, free_left)
-                if isinstance(decision, Admission) and s.key is not None:
+                if isinstance(decision, Admission) and not self._seated_last(head):
                     raise _Unsure  # it takes its place in the running order by its key
             if decision is HeadWaits.STAYS:
                 break
@@ -689,12 +690,12 @@ class StretchPlanner:
     def _seated_last(self, head: Request) -> bool:
         """Whether admitting ``head`` seats it behind every running request, as the plan
         does: always in admission order; under a decode budget (running requests in
-        ``rules.queue_key`` order) for a new request that sorts last so far (not a
-        readmission, which takes its place by arrival)."""
+        ``rules.queue_key`` order) for a request, new or readmitted, that sorts last so
+        far."""
         key = self.sched.key
         if key is None:
             return True
-        if head.status is not RequestStatus.WAITING or self.sched.budget_s is None:
+        if self.sched.budget_s is None:
             return False
         head_key = key(head)
         if self.last_key is not None and head_key < self.last_key:
