@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterator
 
 from slotune.engine.request import Request, RequestStatus
@@ -25,11 +26,16 @@ class PriorityWaiting:
         self._counter = itertools.count()
         self._key = key
 
+    def rank(self, req: Request) -> tuple:
+        """Where ``req`` sorts here: its key, then when it first joined the queue (one that
+        has not joined yet joins behind every request here)."""
+        return (self._key(req), req.queue_seq if req.queue_seq >= 0 else math.inf)
+
     def append(self, req: Request) -> None:
         n = next(self._counter)  # forks share their parent's place: this breaks the tie
         if req.queue_seq < 0:
             req.queue_seq = n
-        heapq.heappush(self._heap, (self._key(req), req.queue_seq, n, req))
+        heapq.heappush(self._heap, (*self.rank(req), n, req))
 
     appendleft = append  # a preempted request waits in its place too
 

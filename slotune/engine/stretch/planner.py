@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 from dataclasses import fields
 from typing import NamedTuple
 
@@ -12,6 +11,7 @@ from slotune.engine.chunking import MeasuredStepTime
 from slotune.engine.config import EngineConfig
 from slotune.engine.kv_cache.hash_cache import HashPrefixCache
 from slotune.engine.kv_cache.radix_cache import RadixPrefixCache
+from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request, RequestStatus
 from slotune.engine.rules import (
     alloc_step,
@@ -537,7 +537,7 @@ class StretchPlanner:
                 if members[v].request.sampling_params.n != 1:
                     raise _Unsure  # a fork's seats
                 if s.key is not None:
-                    rank = _queue_rank(s, members[v].request)
+                    rank = self._rank(members[v].request)
                     if head is not None and not rank < head:
                         raise _Unsure  # it waits behind the head: not where the plan puts it
                     head = rank
@@ -577,10 +577,16 @@ class StretchPlanner:
         """Where the waiting head sorts in the queue's order (None: nothing waits): the
         last victim of the stretch, else the first request still waiting."""
         if self.victims:
-            return _queue_rank(self.sched, self.victims[-1].request)
+            return self._rank(self.victims[-1].request)
         if self.next_waiting < len(self.waiting):
-            return _queue_rank(self.sched, self.waiting[self.next_waiting])
+            return self._rank(self.waiting[self.next_waiting])
         return None
+
+    def _rank(self, req: Request) -> tuple:
+        """Where ``req`` sorts in the decode budget's waiting queue."""
+        waiting = self.sched.waiting
+        assert isinstance(waiting, PriorityWaiting)
+        return waiting.rank(req)
 
     def _aggregate(self, others: dict[int, _Other]) -> list[int]:
         """The aggregate decoders of the step being planned and ``others``, in running
@@ -1074,14 +1080,6 @@ class StretchPlanner:
                 if s:
                     member.scheduled += last + 1 - s + 1
         return plan
-
-
-def _queue_rank(s: Scheduler, req: Request) -> tuple:
-    """Where ``req`` sorts in a priority waiting queue (``queues.PriorityWaiting``: its key,
-    then when it first joined the queue)."""
-    assert s.key is not None
-    # one that has not joined the queue yet (an arrival of the stretch) joins after all
-    return (s.key(req), req.queue_seq if req.queue_seq >= 0 else math.inf)
 
 
 class _Unsure(Exception):
