@@ -63,7 +63,11 @@ class Request:
     def __post_init__(self) -> None:
         if not self.parent_id:
             self.parent_id = self.request_id
-        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        # the prompt list itself until the request is seated (``own_token_ids``): a third
+        # of an overloaded replay's requests never is
+        self.all_token_ids: list[int] = self.prompt_token_ids
+        if self.output_token_ids:
+            self.all_token_ids = [*self.prompt_token_ids, *self.output_token_ids]
         sp = self.sampling_params
         eos = () if sp.ignore_eos or self.eos_token_id is None else (self.eos_token_id,)
         self.stop_ids: frozenset[int] = frozenset((*sp.stop_token_ids, *eos))  # reason "stop"
@@ -92,6 +96,15 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    def own_token_ids(self) -> list[int]:
+        """``all_token_ids`` as a list of the request's own, to append to: until the
+        scheduler seats the request it is the prompt list itself, which the caller keeps (a
+        trace's serves every run of a study). The KV cache knows a request's list by its
+        identity, so it is copied before the request's blocks are committed."""
+        if self.all_token_ids is self.prompt_token_ids:
+            self.all_token_ids = self.prompt_token_ids.copy()
+        return self.all_token_ids
+
     def append_output_token(self, token_id: int) -> None:
+        self.own_token_ids().append(token_id)
         self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)

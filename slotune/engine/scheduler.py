@@ -103,8 +103,9 @@ def take_token(
 ) -> RequestOutput:
     """Append a sampled token to ``req``, note in ``finished`` if it ends the request (a
     stop token, or its length reached), and report it."""
-    req.output_token_ids.append(token)
-    all_ids = req.all_token_ids
+    out_ids = req.output_token_ids
+    all_ids = req.all_token_ids if out_ids else req.own_token_ids()
+    out_ids.append(token)
     all_ids.append(token)
     if token in req.stop_ids:
         finished.append((req, FINISHED_STOPPED))
@@ -501,6 +502,7 @@ class Scheduler:
         """Move the waiting head (admitted, its blocks allocated) to the running requests."""
         req = self.waiting.popleft()
         req.status = RUNNING
+        req.own_token_ids()
         if self.key is None:
             self.running.append(req)
         else:
@@ -722,6 +724,7 @@ class Scheduler:
                 queue_seq=parent.queue_seq,
             )
             child.max_num_tokens = parent.max_num_tokens
+            child.own_token_ids()
             self.kv_cache.fork(parent, child)
             self.requests[child.request_id] = child
             self._seat(child)

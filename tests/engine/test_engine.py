@@ -180,6 +180,24 @@ def test_n_completions_share_the_prompt_and_report_parent_id_and_index() -> None
     assert engine.stats()["num_copy_on_write"] == 2  # 7 tokens: block 1 is partial
 
 
+def test_a_request_and_its_forks_keep_their_own_token_lists() -> None:
+    """A request's token list is its prompt list until it is seated (``new_request`` keeps
+    the caller's list); forks, preemptions and cached prefixes must leave every prompt as
+    given and every token list its own."""
+    engine = make(num_gpu_blocks=12, max_num_seqs=4, prefix_caching="hash")
+    prompts = {rid: [7, 7, 7, 7, *range(2, 2 + n)] for rid, n in (("a", 5), ("b", 9), ("c", 3))}
+    given = {rid: list(p) for rid, p in prompts.items()}
+    engine.add_request("a", prompts["a"], SamplingParams(max_tokens=8, n=2, ignore_eos=True))
+    engine.add_request("b", prompts["b"], SamplingParams(max_tokens=12, ignore_eos=True))
+    engine.add_request("c", prompts["c"], SamplingParams(max_tokens=6, ignore_eos=True))
+    requests = dict(engine.scheduler.requests)
+    outs = drain(engine)
+    assert engine.stats()["num_preemptions"] > 0  # 12 blocks of 4 cannot hold all four
+    assert prompts == given
+    for rid in prompts:
+        assert requests[rid].all_token_ids == given[rid] + tokens(outs[(rid, 0)])
+
+
 def test_request_that_outgrows_the_whole_pool_finishes_with_length() -> None:
     engine = make(num_gpu_blocks=2)  # 8 slots
     engine.add_request("a", [1] * 6, SamplingParams(max_tokens=20, ignore_eos=True))

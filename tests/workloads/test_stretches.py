@@ -108,7 +108,10 @@ def _both(config: EngineConfig, trace: Trace, arrivals: ArrivalSpec) -> tuple:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_stretches_equal_single_steps(name: str) -> None:
+    trace = CASES[name][1]
+    prompts = [list(p) for p in trace.own_prompt_token_ids()]
     on, off = _both(*CASES[name])
+    assert trace.own_prompt_token_ids() == prompts  # the runs keep them without a copy
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
     pd.testing.assert_frame_equal(on.steps, off.steps, check_exact=True)
     assert on.requests["token_times"].tolist() == off.requests["token_times"].tolist()
