@@ -26,11 +26,11 @@ def tune(
 ) -> TuneResult:
     """Run a tuning study (see ``slotune.tuner.workflow.tune``) and, unless ``report`` is
     False, write its ``report.html``."""
-    from slotune.reports import build_report
+    from slotune.reports import TuneReport
     from slotune.tuner import workflow
 
     return workflow.tune(
-        options, on_event=on_event, report=build_report if report else None, **option_fields
+        options, on_event=on_event, report=TuneReport() if report else None, **option_fields
     )
 
 

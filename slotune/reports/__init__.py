@@ -1,5 +1,5 @@
 """HTML reports built from stored results only (``best.json``, the study, stored runs)."""
 
-from slotune.reports.build import build_bench_report, build_report
+from slotune.reports.build import TuneReport, build_bench_report, build_report
 
-__all__ = ["build_bench_report", "build_report"]
+__all__ = ["TuneReport", "build_bench_report", "build_report"]

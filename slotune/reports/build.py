@@ -16,7 +16,7 @@ from slotune.reports.diagnostics import diagnose
 from slotune.reports.hardware import hardware_html
 from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
-from slotune.reports.runs import RunData, load_run, read_json
+from slotune.reports.runs import RunData, load_run, read_ahead, read_json
 from slotune.reports.sections import (
     baseline_label,
     bench_provenance_items,
@@ -153,6 +153,24 @@ def _diagnostics_block(runs: list[RunData], trace_stats: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _run_dirs(out_dir: Path) -> tuple[Path, Path]:
+    """The recommendation's and the baseline's stored runs in a tune's output folder."""
+    return out_dir / "runs" / "best", out_dir / "runs" / "baseline"
+
+
+class TuneReport:
+    """``build_report`` as ``slotune.tune`` calls it: the tune's finish also has it read the
+    stored runs (``read_ahead``) as soon as they are written, while the last what-if reruns
+    end on the other cores, so that the report does not read them after."""
+
+    def __call__(self, out_dir: Path) -> Path:
+        return build_report(out_dir)
+
+    def read_ahead(self, out_dir: Path) -> None:
+        for run_dir in _run_dirs(out_dir):
+            read_ahead(run_dir)
+
+
 def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     """Write ``report.html`` for a ``slotune tune`` output folder and return its path."""
     out_dir = Path(out_dir)
@@ -168,11 +186,10 @@ def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:
     if isinstance(best.get("trial"), int):
         trials = replace(trials, recommended=best["trial"])
     base = section(best, "baseline")
+    best_dir, base_dir = _run_dirs(out_dir)
     candidates = [
-        load_run(out_dir / "runs" / "best", RECOMMENDED, section(best, "config") or None),
-        load_run(
-            out_dir / "runs" / "baseline", baseline_label(best), section(base, "config") or None
-        ),
+        load_run(best_dir, RECOMMENDED, section(best, "config") or None),
+        load_run(base_dir, baseline_label(best), section(base, "config") or None),
     ]
     runs = [r for r in candidates if _has_data(r)]
     trace_stats = section(section(best, "trace"), "stats")

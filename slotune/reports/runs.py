@@ -161,7 +161,48 @@ def _error(cell: Any) -> str | None:
 
 
 def load_run(run_dir: Path, label: str, config: dict[str, Any] | None = None) -> RunData:
-    """Read a run folder; missing files give empty tables, never an exception."""
+    """Read a run folder; missing files give empty tables, never an exception. A folder
+    read ahead (``read_ahead``) and unchanged since is taken from there."""
+    ahead = _AHEAD.pop(run_dir.resolve(), None)
+    tables = ahead[1] if ahead is not None and ahead[0] == _stamp(run_dir) else _tables(run_dir)
+    summary, requests, steps, itl_ms = tables
+    run_config = config if config is not None else summary.get("config")
+    return RunData(
+        label=label,
+        summary=summary,
+        requests=requests,
+        steps=steps,
+        itl_ms=itl_ms,
+        config=run_config if isinstance(run_config, dict) else {},
+    )
+
+
+_Tables = tuple[dict[str, Any], pd.DataFrame, pd.DataFrame, np.ndarray]
+_RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
+_AHEAD: dict[Path, tuple[tuple[tuple[int, int] | None, ...], _Tables]] = {}
+
+
+def read_ahead(run_dir: Path) -> None:
+    """Read a run folder now for the ``load_run`` of it that follows in this process (the
+    tune reads its runs for the report while its last reruns end); that call takes it
+    if the folder's files are unchanged, and frees it."""
+    _AHEAD[run_dir.resolve()] = (_stamp(run_dir), _tables(run_dir))
+
+
+def _stamp(run_dir: Path) -> tuple[tuple[int, int] | None, ...]:
+    """Each run file's modification time and size (None: missing)."""
+    stamps: list[tuple[int, int] | None] = []
+    for name in _RUN_FILES:
+        try:
+            st = (run_dir / name).stat()
+        except OSError:
+            stamps.append(None)
+        else:
+            stamps.append((st.st_mtime_ns, st.st_size))
+    return tuple(stamps)
+
+
+def _tables(run_dir: Path) -> _Tables:
     summary = read_json(run_dir / "summary.json")
     keep = ("request_id", "token_times", "error")
     requests = _canonical(_read_csv(run_dir / "requests.csv"), REQUEST_COLUMNS, keep=keep)
@@ -173,15 +214,7 @@ def load_run(run_dir: Path, label: str, config: dict[str, Any] | None = None) ->
         steps["time"] = steps["step_time"].fillna(0).cumsum()
     if steps["kv_usage"].max(skipna=True) > 1.0:
         steps["kv_usage"] = steps["kv_usage"] / 100.0
-    run_config = config if config is not None else summary.get("config")
-    return RunData(
-        label=label,
-        summary=summary,
-        requests=requests,
-        steps=steps,
-        itl_ms=itl_ms,
-        config=run_config if isinstance(run_config, dict) else {},
-    )
+    return summary, requests, steps, itl_ms
 
 
 def percentile(run: RunData, metric: str, stat: str) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -165,6 +166,15 @@ def write_run(
     (out / "summary.json").write_text(json.dumps(data, indent=2, default=_json_default))
 
 
+def _write_runs(
+    writes: list[Callable[[], None]], out_dir: Path, after: Callable[[Path], object] | None
+) -> None:
+    for write in writes:
+        write()
+    if after is not None:
+        after(out_dir)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
 
@@ -203,9 +213,11 @@ def write_outputs(
     baseline: dict[str, Any],
     evaluator: Any,
     storage: str,
+    after_writes: Callable[[Path], object] | None = None,
 ) -> Outputs:
     """Select the recommendation, rerun it and the baseline once at the report load into
-    ``runs/``, and write ``trials.csv`` and ``best.json``."""
+    ``runs/``, and write ``trials.csv`` and ``best.json``. ``after_writes(out_dir)`` is
+    called once ``runs/`` is written, while the what-if reruns may still go."""
     from slotune._version import __version__
     from slotune.engine.config import EngineConfig
     from slotune.targets import ExportRefused, get_target
@@ -224,7 +236,7 @@ def write_outputs(
     chosen = _KeptDefaults(baseline) if keep else best
     rate = report_rate(setup, chosen, baseline)
     runs: dict[str, dict[str, Any]] = {}
-    writes = []
+    writes: list[Callable[[], None]] = []
     for label, config_dict in (
         ("best", chosen.user_attrs["config"]),
         ("baseline", baseline["config"]),
@@ -246,7 +258,7 @@ def write_outputs(
         best_config,
         runs["best"]["summary"],
         rate,
-        meanwhile=lambda: [write() for write in writes],
+        meanwhile=partial(_write_runs, writes, out_dir, after_writes),
     )
     trials_csv = out_dir / "trials.csv"
     trials_frame(study).to_csv(trials_csv, index=False)

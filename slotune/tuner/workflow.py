@@ -131,7 +131,9 @@ class TuneResult:
 
 
 ReportBuilder = Callable[[Path], Path]
-"""Writes the report of an output folder and returns its path."""
+"""Writes the report of an output folder and returns its path. A builder with a
+``read_ahead(out_dir)`` method (``slotune.reports.TuneReport``) has it called in the finish
+once the runs are written, while the what-if reruns end."""
 
 
 def tune(
@@ -335,6 +337,7 @@ class _Run:
                 baseline=baseline,
                 evaluator=self.evaluator,
                 storage=self.place.storage,
+                after_writes=getattr(report, "read_ahead", None),
             )
         except ValueError as e:
             raise StudyError(str(e)) from None

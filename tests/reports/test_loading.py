@@ -13,9 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
+from slotune.reports import runs
 from slotune.reports.best import slo_targets_ms, slo_text
 from slotune.reports.columns import REQUEST_COLUMNS, STEP_COLUMNS
-from slotune.reports.runs import flat_json_token_times, load_run, parse_token_times, percentile
+from slotune.reports.runs import (
+    flat_json_token_times,
+    load_run,
+    parse_token_times,
+    percentile,
+    read_ahead,
+)
 from slotune.reports.trials import load_csv_trials, load_study_trials
 from slotune.workloads.result import token_times_json
 
@@ -117,6 +124,33 @@ def test_run_latencies_follow_bench_serve_definitions(tmp_path: Path) -> None:
     assert np.isnan(run.requests["ttft_ms"].iloc[2]), "failed requests have no latency"
     assert sorted(run.itl_ms.round(6)) == pytest.approx([100.0, 100.0, 100.0])
     assert percentile(run, "ttft_ms", "p50") == pytest.approx(150.0)
+
+
+def _one_request(run_dir: Path, first_token: float) -> None:
+    row = {"arrival": 1.0, "first_token": first_token, "finish": 2.0, "output_tokens": 2}
+    _write_requests(run_dir, [{**row, "token_times": f"[{first_token}, 2.0]", "error": None}])
+
+
+def test_a_run_read_ahead_is_taken_once_and_only_while_its_files_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _one_request(tmp_path / "a", 1.25)
+    _one_request(tmp_path / "b", 1.25)
+    fresh = load_run(tmp_path / "a", "r")
+    read_ahead(tmp_path / "a")
+    read_ahead(tmp_path / "b")
+    _one_request(tmp_path / "b", 1.5)  # written again after it was read ahead
+    real = runs._tables
+    read: list[Path] = []
+    monkeypatch.setattr(runs, "_tables", lambda d: read.append(d) or real(d))
+    ahead = load_run(tmp_path / "a", "r")
+    pd.testing.assert_frame_equal(ahead.requests, fresh.requests)
+    assert ahead.itl_ms.tolist() == fresh.itl_ms.tolist() and ahead.summary == fresh.summary
+    assert read == []  # taken from the read-ahead
+    assert load_run(tmp_path / "b", "r").requests["ttft_ms"].tolist() == pytest.approx([500.0])
+    assert read == [tmp_path / "b"]  # its files changed: read again
+    load_run(tmp_path / "a", "r")
+    assert read == [tmp_path / "b", tmp_path / "a"] and not runs._AHEAD  # taken once, freed
 
 
 def test_run_prefers_stored_summary_percentiles(tmp_path: Path) -> None:

@@ -144,3 +144,36 @@ def test_a_run_that_never_settled_is_flagged_with_its_note() -> None:
     assert rows["of which timed out"][1:] == ["0", "0"]
     assert f"recommended run not in steady state: {note}" in html
     assert "vLLM defaults run not in steady state" not in html
+
+
+def test_the_tune_reads_its_runs_ahead_and_reports_what_a_rebuild_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tune's finish reads the two stored runs while its what-if reruns end; its report
+    is then the page ``slotune report`` builds from the folder."""
+    from slotune.reports import runs
+    from slotune.tuner.workflow import Stage, StageDone
+
+    real = runs._tables
+    read: list[str] = []
+    monkeypatch.setattr(runs, "_tables", lambda d: read.append(d.name) or real(d))
+
+    def on_event(event: object) -> None:
+        if event == StageDone(Stage.FINISH):
+            read.append("finish done")
+
+    out = tmp_path / "out"
+    result = slotune.tune(
+        gpu="h100",
+        slo="ttft=300ms,tpot=50ms",
+        rate=6.0,
+        num_requests=60,
+        trials=3,
+        out=str(out),
+        on_event=on_event,
+    )
+    assert result.report is not None
+    assert read == ["best", "baseline", "finish done"]  # once each, in the finish
+    assert not runs._AHEAD
+    rebuilt = build_report(out, tmp_path / "again.html")
+    assert result.report.read_text() == rebuilt.read_text()
