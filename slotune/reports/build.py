@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from slotune.reports.diagnostics import diagnose
 from slotune.reports.hardware import hardware_html
 from slotune.reports.html import definition_list, e, figure_block, note, page
 from slotune.reports.html import section as html_section
-from slotune.reports.runs import RunData, load_run, read_ahead, read_json
+from slotune.reports.runs import RunData, forget_ahead, load_run, read_ahead, read_json
 from slotune.reports.sections import (
     baseline_label,
     bench_provenance_items,
@@ -164,11 +165,18 @@ class TuneReport:
     end on the other cores, so that the report does not read them after."""
 
     def __call__(self, out_dir: Path) -> Path:
-        return build_report(out_dir)
+        try:
+            return build_report(out_dir)
+        finally:
+            for run_dir in _run_dirs(out_dir):
+                forget_ahead(run_dir)  # not taken: the build failed before it
 
     def read_ahead(self, out_dir: Path) -> None:
-        for run_dir in _run_dirs(out_dir):
-            read_ahead(run_dir)
+        # only a head start: the report reads the runs itself and says what it cannot, and
+        # the tune's results must not be lost to it
+        with contextlib.suppress(Exception):
+            for run_dir in _run_dirs(out_dir):
+                read_ahead(run_dir)
 
 
 def build_report(out_dir: Path | str, output: Path | str | None = None) -> Path:

@@ -189,6 +189,11 @@ def read_ahead(run_dir: Path) -> None:
     _AHEAD[run_dir.resolve()] = (_stamp(run_dir), _tables(run_dir))
 
 
+def forget_ahead(run_dir: Path) -> None:
+    """Drop a read-ahead of ``run_dir`` that no ``load_run`` took."""
+    _AHEAD.pop(run_dir.resolve(), None)
+
+
 def _stamp(run_dir: Path) -> tuple[tuple[int, int] | None, ...]:
     """Each run file's modification time and size (None: missing)."""
     stamps: list[tuple[int, int] | None] = []

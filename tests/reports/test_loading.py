@@ -233,3 +233,26 @@ def test_csv_fallback_reads_optuna_trials_dataframe(tune_dir: Path) -> None:
     assert "value_0" in trials.frame and "ttft_ms_p99" in trials.frame
     assert trials.frame["feasible"].dtype == bool
     assert trials.importances == {} and "no study.db" in (trials.importance_note or "")
+
+
+def test_the_tunes_read_ahead_never_fails_it_and_is_dropped_with_a_failed_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slotune.reports import TuneReport
+
+    _one_request(tmp_path / "runs" / "best", 1.25)
+    report = TuneReport()
+    real = runs._tables
+
+    def broken(run_dir: Path) -> object:
+        raise MemoryError(run_dir)
+
+    monkeypatch.setattr(runs, "_tables", broken)
+    report.read_ahead(tmp_path)  # says nothing: the report reads for itself
+    assert not runs._AHEAD
+    monkeypatch.setattr(runs, "_tables", real)
+    report.read_ahead(tmp_path)
+    assert len(runs._AHEAD) == 2
+    with pytest.raises(FileNotFoundError, match=r"best\.json"):
+        report(tmp_path)  # not a tune folder: the build fails before reading the runs
+    assert not runs._AHEAD
