@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import filecmp
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_speed import ROOT, base_tree, write_azure_csv
+from sim_speed import ROOT, base_tree, json_in_tree, write_azure_csv
 
 REQUESTS = 19500
 SAME = ("trials.csv", "runs/best/requests.csv", "runs/best/steps.csv", "runs/baseline/steps.csv")
@@ -53,15 +51,7 @@ KEYS = ("wall_s", "cpu_s", "trials_done_s", "finish_s", "report_s")
 
 def tune(tree: Path, trace: Path, out: Path) -> dict[str, float]:
     """One whole tune by the code in ``tree``, in a process of its own."""
-    done = subprocess.run(
-        [sys.executable, "-c", _TUNE, str(trace), str(out), str(REQUESTS)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-        cwd=tempfile.gettempdir(),
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json_in_tree(tree, _TUNE, str(trace), str(out), str(REQUESTS))
 
 
 def main() -> None:

@@ -13,9 +13,7 @@ and the pages must be the same byte for byte.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim_speed import ROOT, base_tree
+from sim_speed import ROOT, base_tree, json_in_tree
 
 from tests.reports.synthetic import write_out_dir
 
@@ -38,15 +36,7 @@ print(json.dumps({"s": time.perf_counter() - start, "size": path.stat().st_size}
 
 def build(tree: Path, folder: Path, output: Path) -> dict[str, float]:
     """One build of ``folder``'s report by the code in ``tree``, in a process of its own."""
-    out = subprocess.run(
-        [sys.executable, "-c", _BUILD, str(folder), str(output)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
-        cwd=tempfile.gettempdir(),
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json_in_tree(tree, _BUILD, str(folder), str(output))
 
 
 def main() -> None:

@@ -217,6 +217,20 @@ def base_tree(rev: str) -> Path:
     return tree
 
 
+def json_in_tree(tree: Path, code: str, *args: str) -> dict:
+    """Run ``code`` (``python -c``) with ``args`` on the code in ``tree``, in a process of
+    its own, and read the JSON object its last line prints."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        cwd=tempfile.gettempdir(),
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def summarize(runs: list[dict], key: str) -> tuple[float, float]:
     values = [r[key] for r in runs]
     return min(values), statistics.median(values)
