@@ -11,13 +11,15 @@ ttft=2s,tpot=100ms --num-requests 19500`` runs, without the CLI's start-up), on 
 (the process and its forked children), when the trials ended, and how long the finish
 (reruns, what-ifs, writes) and the report took. With ``--base REV`` the same tune runs on
 a checkout of another commit (``sim_speed.base_tree``), the trees interleaved, and each
-pair's ``trials.csv`` and stored runs must be the same byte for byte.
+pair's ``trials.csv`` and stored runs must be the same byte for byte, and its what-if
+scores equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -54,6 +56,10 @@ def tune(tree: Path, trace: Path, out: Path) -> dict[str, float]:
     return json_in_tree(tree, _TUNE, str(trace), str(out), str(REQUESTS))
 
 
+def what_if(out: Path) -> object:
+    return json.loads((out / "best.json").read_text()).get("what_if")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
@@ -70,6 +76,8 @@ def main() -> None:
             print(name, " ".join(f"{k} {row[k]:.2f}" for k in KEYS), flush=True)
         if args.base:
             differ = [f for f in SAME if not filecmp.cmp(outs["this"] / f, outs["base"] / f, False)]
+            if what_if(outs["this"]) != what_if(outs["base"]):
+                differ.append("best.json's what-if scores")
             print("outputs:", f"differ in {differ}" if differ else "the same", flush=True)
 
 

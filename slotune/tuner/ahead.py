@@ -83,12 +83,21 @@ class NextTrialAhead:
     The study's trials and path are those it has without this.
     """
 
-    def __init__(self, evaluator: Any, space: Any) -> None:
+    def __init__(
+        self,
+        evaluator: Any,
+        space: Any,
+        budget: int | None = None,
+        baseline: dict[str, Any] | None = None,
+    ) -> None:
         from slotune.tuner.forked import Server
 
         self.evaluator = evaluator
         self.space = space
-        self.server = Server(self._guess)  # one child for the study: forked once
+        self.budget = budget  # the finished trials the study ends with (None: not known)
+        self.baseline = baseline or {}
+        self.server = Server(self._handle)  # one child for the study: forked once
+        self.rerun: tuple[str, float | None] | None = None  # the what-if rerun sent
 
     @staticmethod
     def applies(setup: TuneSetup, n_jobs: int) -> bool:
@@ -101,6 +110,9 @@ class NextTrialAhead:
         right; else, as this process measures it now, guess the next trial meanwhile."""
         from slotune.tuner.evaluate import config_key
 
+        if self.rerun is not None:  # the last trial was not the last after all
+            self.server.kill()
+            self.rerun = None
         if self.server.busy:
             said, guess = self.server.next()
             if said and guess == config_key(config):
@@ -111,10 +123,52 @@ class NextTrialAhead:
             else:
                 self.server.kill()  # it would measure for nothing
         if not self.evaluator.measured(config):
-            self._guess_after(trial)
+            if self._last(trial):
+                self._rerun_ahead(trial)
+            else:
+                self._guess_after(trial)
 
     def close(self) -> None:
-        self.server.kill()
+        """End the child, or, where it reruns a what-if, leave it to the finish
+        (``Evaluator.rerun_ahead``, taken by ``what_if.what_if``)."""
+        from slotune.tuner.what_if import RerunAhead
+
+        if self.rerun is not None and self.server.busy:
+            self.evaluator.rerun_ahead = RerunAhead(*self.rerun, self.server)
+        else:
+            self.server.kill()
+        self.rerun = None
+
+    def _last(self, trial: Any) -> bool:
+        """Whether ``trial`` is the study's last: no trial is asked after it."""
+        from slotune.tuner.results import finished
+
+        return self.budget is not None and len(finished(trial.study)) + 1 >= self.budget
+
+    def _rerun_ahead(self, trial: Any) -> None:
+        """While this process measures the last trial, start the finish's first what-if
+        rerun of the best trial so far in the child, whose core would guess a trial that
+        is never asked. The finish takes it where it reruns the same variant at the same
+        load (the last trial is rarely the best), and ends it otherwise."""
+        from slotune.engine.config import EngineConfig
+        from slotune.targets import get_target
+        from slotune.tuner.evaluate import config_key
+        from slotune.tuner.results import finished, select_best
+        from slotune.tuner.what_if import rerun_variants
+
+        setup = self.evaluator.setup
+        best = select_best(
+            finished(trial.study), setup.objective, setup.attainment, self.baseline.get("config")
+        )
+        if best is None:
+            return
+        config = EngineConfig.from_dict(best.user_attrs["config"])
+        if not self.evaluator.measured(config):
+            return
+        summary = self.evaluator.measure(config).summary
+        variants = rerun_variants(self.evaluator, get_target(setup.target), config, summary)
+        if variants and self.server.send(_Rerun(variants[0], setup.load.rate)):
+            self.rerun = (config_key(variants[0]), setup.load.rate)
 
     def _guess_after(self, trial: Any) -> None:
         import optuna
@@ -139,6 +193,15 @@ class NextTrialAhead:
                 self.evaluator.best_rank,
             )
         )
+
+    def _handle(self, request: _Guess | _Rerun) -> Iterator[Any]:
+        """In the child: a guess of the next trial, or a what-if rerun."""
+        if isinstance(request, _Rerun):
+            from slotune.tuner.what_if import rerun
+
+            yield rerun(self.evaluator, request.variant, request.rate)
+        else:
+            yield from self._guess(request)
 
     def _guess(self, request: _Guess) -> Iterator[Any]:
         """In the child: draw the next trial in a shadow study, say it, measure it."""
@@ -170,6 +233,14 @@ class _Guess:
     trials: list[Any]
     measured: frozenset[str]  # configurations measured here (by config_key)
     best: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class _Rerun:
+    """A what-if rerun for the child: the variant and the load."""
+
+    variant: EngineConfig
+    rate: float | None
 
 
 _GUESS = "next trial"

@@ -97,6 +97,9 @@ class Evaluator:
         self._pinned: set[str] = set()
         self._held: dict[tuple[str, float | None], Any] = {}
         self._best_held: tuple[tuple[float, ...], tuple[str, float | None]] | None = None
+        # a what-if rerun the last trial started on its spare core (``ahead.NextTrialAhead``),
+        # for the finish's ``what_if`` to take
+        self.rerun_ahead: Any = None
 
     @property
     def percentiles(self) -> tuple[float, ...]:

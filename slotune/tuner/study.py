@@ -373,7 +373,11 @@ def run_worker(
     if evaluator is None or evaluator.setup != setup:
         evaluator = Evaluator(setup)
     space = SearchSpace.from_dict(setup.space)
-    ahead = NextTrialAhead(evaluator, space) if alone and NextTrialAhead.applies(setup, 1) else None
+    ahead = (
+        NextTrialAhead(evaluator, space, budget, baseline)
+        if alone and NextTrialAhead.applies(setup, 1)
+        else None
+    )
     objective = TrialObjective(
         setup,
         evaluator,

@@ -17,7 +17,8 @@ recommended run preempted none, their run is that run (not rerun). The stretch p
 plans hybrid preemption, adaptive chunking and the decode budget;
 tier quotas rerun one step at a time, a few times a trial's cost. The reruns go in forked
 processes (``tuner.forked``), as many at once as the machine has cores, while the tune's
-finish writes its runs.
+finish writes its runs; the first may have started during the last trial
+(``RerunAhead``, ``ahead.NextTrialAhead``).
 """
 
 from __future__ import annotations
@@ -93,21 +94,69 @@ def what_if(
     cores, as many at once as it has (``forked.ForkedMap``), while this process calls
     ``meanwhile`` (the tune's finish writes its runs), which is called in every case."""
     if evaluator.setup.backend != "sim":
+        _take_ahead(evaluator, [], rate)
         if meanwhile is not None:
             meanwhile()
         return None
     base = _scores(summary, evaluator.measurement(summary, rate).score)
     results, pending = _rows(evaluator, target, config, summary, base)
     variants = [variant for _, variant in pending]
-    with ForkedMap(partial(rerun, evaluator, rate=rate), variants, cores()) as reruns:
+    ahead = _take_ahead(evaluator, variants, rate)
+    rest = [v for i, v in enumerate(variants) if ahead is None or i != ahead[0]]
+    with ForkedMap(partial(rerun, evaluator, rate=rate), rest, cores()) as reruns:
         if meanwhile is not None:
             meanwhile()
         scores = reruns.results()
+    if ahead is not None:
+        i, started = ahead
+        scores.insert(i, started.scores() or rerun(evaluator, variants[i], rate))
     for (row, _), row_scores in zip(pending, scores, strict=True):
         row["scores"] = row_scores
     if not results:
         return None
     return {"target": target.name, "rate": rate, "base": base, "policies": results}
+
+
+@dataclass(frozen=True)
+class RerunAhead:
+    """A rerun started before the finish: the variant's ``config_key``, the load, and the
+    forked child (``forked.Server``) that says its scores."""
+
+    key: str
+    rate: float | None
+    server: Any
+
+    def scores(self) -> dict[str, Any] | None:
+        """Its scores, waited for (None: the child failed); the child ends then."""
+        said, scores = self.server.next()
+        if said:
+            self.server.next()  # the end of its answer
+        self.server.kill()
+        return scores if said else None
+
+
+def rerun_variants(
+    evaluator: Any, target: Any, config: EngineConfig, summary: dict[str, Any]
+) -> list[EngineConfig]:
+    """The variants of ``config`` that ``what_if`` reruns, given its run's ``summary``."""
+    return [variant for _, variant in _rows(evaluator, target, config, summary, {})[1]]
+
+
+def _take_ahead(
+    evaluator: Any, variants: list[EngineConfig], rate: float | None
+) -> tuple[int, RerunAhead] | None:
+    """The rerun started ahead, if it is one of ``variants`` at ``rate``: its index there,
+    and it (one that is not is ended)."""
+    from slotune.tuner.evaluate import config_key
+
+    started, evaluator.rerun_ahead = evaluator.rerun_ahead, None
+    if started is None:
+        return None
+    for i, variant in enumerate(variants):
+        if started.rate == rate and config_key(variant) == started.key:
+            return i, started
+    started.server.kill()
+    return None
 
 
 def rerun(evaluator: Any, variant: EngineConfig, rate: float | None) -> dict[str, Any]:

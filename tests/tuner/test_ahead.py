@@ -106,3 +106,33 @@ def test_the_next_trial_guessed_ahead_is_taken_and_the_study_is_the_same(
     before = pd.read_csv(alone.out_dir / "trials.csv").drop(columns="duration_s")
     after = pd.read_csv(guessed.out_dir / "trials.csv").drop(columns="duration_s")
     pd.testing.assert_frame_equal(before, after)
+
+
+def test_the_last_trial_s_spare_core_starts_a_what_if_rerun_the_finish_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last trial's child reruns the best trial's first what-if instead of guessing a
+    trial no one asks for; the finish takes its scores, which are those it computes
+    itself without it."""
+    from slotune.tuner import what_if
+
+    # 25: the study measures the last trial itself (the guessing child measured the one
+    # before), as the hour tune's 50 do
+    options = {"num_requests": 120, "rate": None, "concurrency": 12, "trials": 25}
+    started: list[Any] = []
+    take_ahead = what_if._take_ahead
+
+    def recorded(evaluator: Evaluator, variants: list[EngineConfig], rate: Any) -> Any:
+        found = take_ahead(evaluator, variants, rate)
+        started.append(found)
+        return found
+
+    with monkeypatch.context() as m:
+        m.setattr(what_if, "_take_ahead", recorded)
+        ahead_run = _tune(tmp_path / "ahead", **options)
+    with monkeypatch.context() as m:
+        m.setattr(ahead.NextTrialAhead, "_last", lambda *_: False)
+        plain = _tune(tmp_path / "plain", **options)
+    assert len(started) == 1 and started[0] is not None and started[0][0] == 0
+    assert ahead_run.best["what_if"] == plain.best["what_if"]
+    assert ahead_run.best["what_if"]["policies"]  # there was something to rerun
