@@ -80,7 +80,9 @@ class NextTrialAhead:
     draws the next trial there, says what it drew, and measures it. When the study then
     asks for that configuration its measurement comes from the child
     (``Evaluator.take``); a wrong guess is dropped as soon as the study draws otherwise.
-    The study's trials and path are those it has without this.
+    The study's trials and path are those it has without this. At the study's last trial
+    no trial follows: the child reruns the best trial's first what-if for the finish
+    instead (``_rerun_ahead``).
     """
 
     def __init__(
