@@ -66,8 +66,6 @@ class Request:
         # the prompt list itself until the request is seated (``own_token_ids``): a third
         # of an overloaded replay's requests never is
         self.all_token_ids: list[int] = self.prompt_token_ids
-        if self.output_token_ids:
-            self.all_token_ids = [*self.prompt_token_ids, *self.output_token_ids]
         sp = self.sampling_params
         eos = () if sp.ignore_eos or self.eos_token_id is None else (self.eos_token_id,)
         self.stop_ids: frozenset[int] = frozenset((*sp.stop_token_ids, *eos))  # reason "stop"

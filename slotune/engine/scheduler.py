@@ -103,9 +103,8 @@ def take_token(
 ) -> RequestOutput:
     """Append a sampled token to ``req``, note in ``finished`` if it ends the request (a
     stop token, or its length reached), and report it."""
-    out_ids = req.output_token_ids
-    all_ids = req.all_token_ids if out_ids else req.own_token_ids()
-    out_ids.append(token)
+    req.output_token_ids.append(token)
+    all_ids = req.all_token_ids  # its own since it was seated
     all_ids.append(token)
     if token in req.stop_ids:
         finished.append((req, FINISHED_STOPPED))

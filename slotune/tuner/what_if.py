@@ -94,7 +94,6 @@ def what_if(
     cores, as many at once as it has (``forked.ForkedMap``), while this process calls
     ``meanwhile`` (the tune's finish writes its runs), which is called in every case."""
     if evaluator.setup.backend != "sim":
-        _take_ahead(evaluator, [], rate)
         if meanwhile is not None:
             meanwhile()
         return None

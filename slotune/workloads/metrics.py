@@ -49,7 +49,7 @@ def request_metrics(
     out = df["output_tokens"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
-    gaps, gap_counts = _gaps(*(token_times or flat_token_times(df["token_times"])))
+    gaps, gap_counts = token_gaps(*(token_times or flat_token_times(df["token_times"])))
     max_gap = np.zeros(len(gap_counts))
     has_gaps = gap_counts > 0
     if gaps.size:
@@ -76,13 +76,9 @@ def flat_token_times(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray
     return flat, counts
 
 
-def token_gaps(token_times: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+def token_gaps(flat: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every gap between consecutive tokens, request after request, and each request's
-    number of gaps (computed on one flat array: a run has millions of tokens)."""
-    return _gaps(*flat_token_times(token_times))
-
-
-def _gaps(flat: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    number of gaps, from the flat token times (``flat_token_times``: a run has millions)."""
     first = np.zeros(len(flat), dtype=bool)  # a request's first token: no gap before it
     first[_starts(counts)[counts > 0]] = True
     gaps = np.diff(flat)[~first[1:]]

@@ -143,8 +143,8 @@ def _take_run(
     """Append a stretch's sampled ``tokens`` to ``req`` and report them."""
     if len(tokens) > 1:
         head = tokens[:-1]
-        req.own_token_ids().extend(head)
         req.output_token_ids.extend(head)
+        req.all_token_ids.extend(head)
     output = take_token(req, tokens[-1], ending)
     output.new_token_ids = tokens
     return output
