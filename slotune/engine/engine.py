@@ -21,7 +21,7 @@ from slotune.engine.scheduler import Scheduler
 from slotune.engine.sim.batch import prefill_context_sum
 from slotune.engine.stretch import StretchPlan, StretchPlanner, apply_stretch
 from slotune.engine.stretch.check import StretchChecker, enabled_by_env
-from slotune.engine.stretch.plan import sampled_runs
+from slotune.engine.stretch.plan import DueWatch, sampled_runs
 
 _NO_OUTPUT = ExecutorOutput(sampled_token_ids={}, duration_s=0.0)
 
@@ -397,7 +397,11 @@ class Engine:
         # a decode budget: the step whose end brings a watched request due ends the stretch
         # (the scheduler's clock summed as single steps sum it)
         budget_s = scheduler.budget_s
-        watched = scheduler.budget_watch.first_preempted_at() if budget_s is not None else None
+        watch = (
+            DueWatch(scheduler.budget_watch.first_preempted_at(), planner.plan)
+            if budget_s is not None
+            else None
+        )
         clock = scheduler.clock
         while True:
             step = plan.steps[-1]
@@ -413,10 +417,11 @@ class Engine:
             t += d
             if until_time_s is not None and t >= until_time_s:
                 break
-            if budget_s is not None:
-                if watched is None and step.preempts:
-                    watched = clock  # its victims were preempted at the step's start
+            if watch is not None:
+                if step.preempts:
+                    watch.note(step, clock)  # its victims were preempted at its start
                 clock += d
+                watched = watch.first()
                 if watched is not None and clock - watched > budget_s:
                     break
             if arrivals is not None:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from slotune.engine.request import Request, RequestStatus
-from slotune.engine.rules import earns_priority
+from slotune.engine.rules import earns_priority, may_earn_priority
 
 
 class PriorityWaiting:
@@ -116,7 +116,9 @@ class BudgetWatch:
         heap = self._heap
         while heap:
             at, _, req = heap[0]
-            live = req.status in _WAITS and not req.boosted and req.output_token_ids
+            live = req.status in _WAITS and may_earn_priority(
+                req.boosted, bool(req.output_token_ids)
+            )
             if live and req.preempted_at == at:
                 return at
             heapq.heappop(heap)

@@ -112,7 +112,15 @@ def _arrival(req: Request) -> tuple[float]:
 def earns_priority(req: Request, now: float, budget_s: float) -> bool:
     """Decode budget: whether a waiting request, preempted once it had output, has waited
     past ``budget_s`` (its TPOT target) and goes first from now on."""
-    return not req.boosted and bool(req.output_token_ids) and now - req.preempted_at > budget_s
+    return may_earn_priority(req.boosted, bool(req.output_token_ids)) and (
+        now - req.preempted_at > budget_s
+    )
+
+
+def may_earn_priority(boosted: bool, has_output: bool) -> bool:
+    """Decode budget: whether a request preempted now may earn priority by waiting (it
+    has output, and it never went first before)."""
+    return has_output and not boosted
 
 
 def swaps(mode: str, num_computed: int, swap_threshold: int) -> bool:

@@ -3,6 +3,7 @@ engine counter equal those of stepping one by one, to the bit."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pandas as pd
@@ -168,27 +169,40 @@ def test_under_a_decode_budget_stretches_plan_preemptions_and_readmissions(
     """A victim that waits at the queue's front (it sorts before the waiting head) is
     preempted inside a stretch, its time joining the budget's watch there; the stretch
     ends where a watched request comes due. A preempted request that sorts behind every
-    running one is readmitted inside a stretch. Every stretch is replayed step by step and
-    compared (the checking mode above), and the run equals one stepped one by one."""
+    running one is readmitted inside a stretch, one preempted before it and one the stretch
+    preempted itself; a victim readmitted before it comes due is no longer watched, so the
+    stretch runs on past that time. Every stretch is replayed step by step and compared
+    (the checking mode above), and the run equals one stepped one by one."""
     import slotune.engine.engine as engine_module
     from slotune.engine.request import RequestStatus
 
-    preempts = readmits = 0
+    config = CASES[name][0]
+    budget_s = config.decode_budget_ms / 1000
+    preempts = readmits = again = outlived = 0
     apply = engine_module.apply_stretch
 
     def counting(scheduler, plan, tokens, durations=None):  # type: ignore[no-untyped-def]
-        nonlocal preempts, readmits
+        nonlocal preempts, readmits, again, outlived
         preempts += sum(len(s.preempts or ()) for s in plan.steps)
         status = [m.request.status for m in plan.requests]
         readmits += sum(
             status[i] is RequestStatus.PREEMPTED for s in plan.steps for i, _ in s.admits
         )
+        starts = list(itertools.accumulate(durations, initial=0.0))
+        for m in plan.requests:
+            if m.next_stay >= 0:
+                again += 1
+                # it would have come due before the stretch's last step, had it waited
+                earns = m.preempted_with_output and not m.request.boosted
+                outlived += earns and starts[-2] - starts[m.preempted] > (budget_s * 1.01)
         return apply(scheduler, plan, tokens, durations)
 
     monkeypatch.setattr(engine_module, "apply_stretch", counting)
     on, off = _both(*CASES[name])
     pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
-    assert preempts > 5 and readmits > 5, (preempts, readmits)
+    assert preempts > 5 and readmits > 2 and again > 2, (preempts, readmits, again)
+    if budget_s > 0.02:  # (a 5 ms budget has passed before a victim's next step)
+        assert outlived > 0
 
 
 TIMEOUT_CASES = {

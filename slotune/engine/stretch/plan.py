@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from slotune.engine.queues import PriorityWaiting
 from slotune.engine.request import Request
+from slotune.engine.rules import may_earn_priority
 
 Chunk = tuple[int, int]  # (tokens, prior context) of a request taking more than one token
 Alloc = tuple[int, int]  # (request index, blocks) allocated in a step, in allocation order
@@ -67,6 +68,7 @@ class PlannedRequest:
     progress: list[tuple[int, int]] | None = None
     preempted: int = -1
     next_stay: int = -1
+    preempted_with_output: bool = False  # when preempted (a decode budget may move it up)
 
     @property
     def num_sampled(self) -> int:
@@ -151,6 +153,42 @@ def sampled_runs(
             out[i] = run[start:end]
             start = end
     return out
+
+
+class DueWatch:
+    """Decode budget over a stretch: when the earliest waiting request that may still earn
+    priority was preempted (``first``), so that the stretch ends with the step whose end
+    brings it due (``Scheduler.advance`` moves it up there). Those are the scheduler's
+    watched requests at the start (``BudgetWatch.first_preempted_at``) and the stretch's
+    own victims while they wait: a victim the stretch admits again before it comes due
+    (``PlannedRequest.next_stay``) never does, nor does one without output or boosted
+    before (``rules.may_earn_priority``)."""
+
+    __slots__ = ("_members", "_start", "_victims")
+
+    def __init__(self, start: float | None, plan: StretchPlan) -> None:
+        self._start = start
+        self._members = plan.requests
+        self._victims: deque[tuple[float, int]] = deque()  # (preempted at, plan index)
+
+    def note(self, step: PlannedStep, clock: float) -> None:
+        """``step`` was planned to start at ``clock``: its victims wait from then on."""
+        members = self._members
+        for _, i, _ in step.preempts or ():
+            member = members[i]
+            if may_earn_priority(member.request.boosted, member.preempted_with_output):
+                self._victims.append((clock, i))
+
+    def first(self) -> float | None:
+        """The earliest preemption among the requests still waiting after the last noted
+        step (and its admissions) that may earn priority; None: none."""
+        victims, members = self._victims, self._members
+        while victims and members[victims[0][1]].next_stay >= 0:
+            victims.popleft()
+        if not victims:
+            return self._start
+        at = victims[0][0]
+        return at if self._start is None or at < self._start else self._start
 
 
 class WaitingView:

@@ -68,8 +68,8 @@ _TESTED_CONFIG: dict[str, frozenset[object] | None] = {
     "top_tier_token_share": frozenset({0.0}),
     # a decode budget: a step preempts only victims that wait at the queue's front and
     # admits only requests that sort behind every running one; the stretch ends where a
-    # watched request (one preempted before it or in it) comes due
-    # (``Engine.run_stretch``); waiting read in its priority order
+    # watched request (one preempted before it, or in it and waiting still) comes due
+    # (``Engine.run_stretch``, ``DueWatch``); waiting read in its priority order
     "decode_budget_ms": None,
     # each planned step takes the budget the scheduler's step_budget gives (a fixed
     # step-time model only: see refusal)
@@ -631,6 +631,7 @@ class StretchPlanner:
             else:
                 computed, total, has_output = o.computed, o.total, o.has_output
             member.preempted = j - 1
+            member.preempted_with_output = has_output
             member.last_sample = j - 2
             if member.first_sample < 0 or member.first_sample > j - 2:
                 member.first_sample = member.last_sample = -1
