@@ -30,22 +30,42 @@ def adaptive_budget(
     context_sum: int,
     ceiling: int,
     prior: int = 0,
+    near: int | None = None,
 ) -> int:
     """The step's token budget: ``ceiling`` when nothing decodes, else ``num_decodes`` plus
     the largest prefill share whose step ``step_time`` prices within ``target_s`` (never
-    below ``num_decodes``, so every decode keeps its token; never above ``ceiling``)."""
+    below ``num_decodes``, so every decode keeps its token; never above ``ceiling``).
+
+    ``step_time`` grows with the prefill tokens, so the share is found by steps doubling
+    away from a first guess, then halving: from ``near`` (a budget: the last step's, as a
+    rule close to this one's), else from a single token. The answer is the same from
+    anywhere; a close guess only asks ``step_time`` less often."""
     if num_decodes == 0:
         return ceiling
     floor = min(num_decodes, ceiling)
-    lo, hi = 0, ceiling - floor  # prefill tokens: lo fits (or nothing does), hi + 1 does not
-    if hi == 0 or step_time(num_decodes, context_sum, 1, prior) > target_s:
-        return floor
-    if step_time(num_decodes, context_sum, hi, prior) <= target_s:
-        return ceiling
-    lo = 1
-    while hi - lo > 1:  # step_time grows with the prefill tokens
+    top = ceiling - floor  # the largest prefill share
+
+    def fits(share: int) -> bool:  # a share of 0 always does
+        return share == 0 or step_time(num_decodes, context_sum, share, prior) <= target_s
+
+    start = min(1 if near is None else max(near - floor, 0), top)
+    step = 1
+    if fits(start):  # lo fits; hi does not (top + 1: nothing above top was tried)
+        lo, hi = start, top + 1
+        while lo < top:
+            probe = min(lo + step, top)
+            if not fits(probe):
+                hi = probe
+                break
+            lo, step = probe, 2 * step
+    else:
+        lo, hi = 0, start
+        while hi - step > 0 and not fits(hi - step):
+            hi, step = hi - step, 2 * step
+        lo = max(hi - step, 0)
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        if step_time(num_decodes, context_sum, mid, prior) <= target_s:
+        if fits(mid):
             lo = mid
         else:
             hi = mid

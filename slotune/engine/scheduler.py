@@ -144,6 +144,7 @@ class Scheduler:
         if self.chunk_target_s is not None and step_time is None:
             raise ValueError("adaptive_chunk_ms needs a step-time model (step_time)")
         self.step_time = step_time
+        self._last_budget: int | None = None  # adaptive chunking's last (its next search's start)
         self.kv_cache = kv_cache
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
@@ -246,14 +247,16 @@ class Scheduler:
         ``num_decodes`` decodes reading ``context_sum`` tokens and a first prefilling one
         ``prior`` tokens in (the stretch planner asks it of each planned step)."""
         assert self.chunk_target_s is not None and self.step_time is not None
-        return adaptive_budget(
+        budget = self._last_budget = adaptive_budget(
             self.chunk_target_s,
             self.step_time,
             num_decodes,
             context_sum,
             self.config.max_num_batched_tokens,
             prior,
+            near=self._last_budget,
         )
+        return budget
 
     def run_passes(self, passes: Passes, budget: int) -> int:
         """Run a step's passes in the policy's order with ``budget`` tokens; what they

@@ -33,16 +33,52 @@ def _scan(target: float, step_time, d: int, ctx: int, ceiling: int) -> int:  # t
     return best
 
 
-def test_adaptive_budget_matches_a_linear_scan() -> None:
+def _padded(fixed: float, per_tile: float, tile: int):  # type: ignore[no-untyped-def]
+    """Flat between multiples of ``tile`` tokens: budgets that tie."""
+
+    def step_time(d: int, ctx: int, p: int, prior: int = 0) -> float:
+        return fixed + per_tile * -(-(d + p) // tile)
+
+    return step_time
+
+
+def test_adaptive_budget_matches_a_linear_scan_from_wherever_it_starts() -> None:
+    """The search from a nearby budget (the last step's) finds what a scan finds, from
+    any start, on steps priced linearly and in flat tiles."""
     rng = random.Random(3)
-    for _ in range(300):
-        step_time = _linear(rng.uniform(0, 0.02), rng.uniform(1e-6, 1e-4), rng.uniform(0, 1e-7))
+    for k in range(600):
+        if k % 2:
+            step_time = _linear(rng.uniform(0, 0.02), rng.uniform(1e-6, 1e-4), rng.uniform(0, 1e-7))
+        else:
+            step_time = _padded(rng.uniform(0, 0.02), rng.uniform(1e-5, 1e-3), rng.choice([8, 64]))
         d, ctx = rng.randint(0, 40), rng.randint(0, 50_000)
         ceiling = rng.randint(1, 600)
         target = rng.uniform(0.001, 0.05)
-        assert adaptive_budget(target, step_time, d, ctx, ceiling) == _scan(
-            target, step_time, d, ctx, ceiling
-        )
+        want = _scan(target, step_time, d, ctx, ceiling)
+        assert adaptive_budget(target, step_time, d, ctx, ceiling) == want
+        for near in (want, want + 1, want - 1, rng.randint(-5, ceiling + 5)):
+            assert adaptive_budget(target, step_time, d, ctx, ceiling, near=near) == want
+
+
+def test_the_simulators_step_grows_with_its_prefill_tokens() -> None:
+    """The budget search assumes it (``adaptive_budget``): the cost model's step of the
+    same decodes never gets cheaper with more prefill tokens, over graph sizes, the switch
+    to eager steps and prior context, on a few shipped GPUs and models; and the search
+    from any start agrees with the one from none."""
+    from slotune.engine.sim.executor import SimExecutor
+
+    rng = random.Random(7)
+    for gpu, model, tp in (("a100-80g", "llama-2-7b", 1), ("h100", "mixtral-8x7b", 2)):
+        step_time = SimExecutor(gpu, model, tp).step_time
+        for _ in range(6):
+            d = rng.choice([1, 7, 64, 221])
+            ctx, prior = d * rng.randint(50, 4000), rng.choice([0, 500, 3000])
+            prices = [step_time(d, ctx, p, prior) for p in range(1, 4097)]
+            assert all(a <= b for a, b in zip(prices, prices[1:], strict=False))
+            target = rng.choice(prices)
+            want = adaptive_budget(target, step_time, d, ctx, 4096, prior)
+            for near in (want - 3, want + 40, rng.randint(1, 4096)):
+                assert adaptive_budget(target, step_time, d, ctx, 4096, prior, near) == want
 
 
 def test_measured_step_time_recovers_a_linear_model() -> None:
