@@ -3,6 +3,7 @@ model, and the budget the scheduler uses step by step (real-engine and simulator
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -74,7 +75,7 @@ def test_the_simulators_step_grows_with_its_prefill_tokens() -> None:
             d = rng.choice([1, 7, 64, 221])
             ctx, prior = d * rng.randint(50, 4000), rng.choice([0, 500, 3000])
             prices = [step_time(d, ctx, p, prior) for p in range(1, 4097)]
-            assert all(a <= b for a, b in zip(prices, prices[1:], strict=False))
+            assert all(a <= b for a, b in itertools.pairwise(prices))
             target = rng.choice(prices)
             want = adaptive_budget(target, step_time, d, ctx, 4096, prior)
             for near in (want - 3, want + 40, rng.randint(1, 4096)):
