@@ -247,7 +247,7 @@ class Scheduler:
         ``num_decodes`` decodes reading ``context_sum`` tokens and a first prefilling one
         ``prior`` tokens in (the stretch planner asks it of each planned step)."""
         assert self.chunk_target_s is not None and self.step_time is not None
-        budget = self._last_budget = adaptive_budget(
+        self._last_budget = adaptive_budget(
             self.chunk_target_s,
             self.step_time,
             num_decodes,
@@ -256,7 +256,7 @@ class Scheduler:
             prior,
             near=self._last_budget,
         )
-        return budget
+        return self._last_budget
 
     def run_passes(self, passes: Passes, budget: int) -> int:
         """Run a step's passes in the policy's order with ``budget`` tokens; what they

@@ -245,9 +245,6 @@ class _Rerun:
     rate: float | None
 
 
-_GUESS = "next trial"
-
-
 def _adopt(sampler: Any, shadow: Any) -> None:
     """Let ``sampler`` (a copy, in a child) draw for ``shadow``: TPE's grouped search space
     remembers the one study it serves (Optuna 4-5: ``_group_decomposed_search_space``)."""
