@@ -372,11 +372,14 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     served = request.app[SERVED]
     engine = request.app[ASYNC_ENGINE]
+    loop = asyncio.get_running_loop()
+    # a simulated stack's per-request latency (HTTP, tokenizer) covers this handler's own
+    entered = loop.time() + served.request_delay_s
     _check_queue(request, 0)
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
-    if served.request_delay_s > 0:  # a simulated stack's cost before the engine sees it
-        await asyncio.sleep(served.request_delay_s)
+    if entered > loop.time():
+        await asyncio.sleep(entered - loop.time())
     if gen.priority and engine.engine.config.scheduling_policy != "priority":
         raise InvalidRequest(  # as vLLM answers under fcfs
             f"Got priority {gen.priority} but priority scheduling is not enabled "
@@ -393,7 +396,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     outputs: asyncio.Queue[Any] = asyncio.Queue()
     # every prompt handed in at once, with no await since the queue check
     admissions = [
-        engine.submit(rid, ids, gen.params, outputs, gen.priority)
+        engine.submit(rid, ids, gen.params, outputs, gen.priority, entered_at=entered)
         for rid, ids in zip(completion.request_ids, gen.prompts, strict=True)
     ]
     try:

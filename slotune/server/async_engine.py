@@ -5,8 +5,9 @@ resets through an inbox; it applies them between steps, runs each ``step()`` in 
 daemon thread (the event loop keeps serving meanwhile, and a step that never returns cannot
 keep the process from exiting) and puts every ``RequestOutput`` on its request's queue. With
 ``pace`` (a simulated engine) it releases a step's tokens only once the step's virtual
-duration has passed since the previous step ended (see ``_paced_release``), so that
-clients observe the simulated latencies. A failing step fails the requests it held, not the loop.
+duration has passed since the previous step ended, or since its requests entered (see
+``_paced_release``), so that clients observe the simulated latencies. A failing step
+fails the requests it held, not the loop.
 With ``metrics`` it reports every admission, step, output and abort, timed by ``now()``: the
 loop's clock, or the virtual clock when pacing.
 """
@@ -43,6 +44,7 @@ class _Pending:
     admitted: asyncio.Future[None]
     outputs: asyncio.Queue[RequestOutput | EngineError] = field(default_factory=asyncio.Queue)
     priority: int = 0
+    entered_at: float = 0.0  # loop time
 
 
 @dataclass
@@ -179,14 +181,21 @@ class AsyncEngine:
         params: SamplingParams,
         outputs: asyncio.Queue[RequestOutput | EngineError],
         priority: int = 0,
+        entered_at: float | None = None,
     ) -> asyncio.Future[None]:
         """Queue a request now (it counts in ``num_waiting`` at once); the future is done
         when the engine accepted it, or holds the engine's ``ValueError``. ``priority``
-        goes to the scheduler (lower first under priority scheduling)."""
+        goes to the scheduler (lower first under priority scheduling). ``entered_at``: the
+        loop time the request counts as handed in when pacing (by default now; earlier for
+        a handler whose own work the simulated stack's per-request latency covers)."""
         if not self.running:
             raise EngineError("the engine loop is not running")
-        admitted = asyncio.get_running_loop().create_future()
-        pending = _Pending(request_id, prompt_token_ids, params, admitted, outputs, priority)
+        loop = asyncio.get_running_loop()
+        admitted = loop.create_future()
+        entered = loop.time() if entered_at is None else entered_at
+        pending = _Pending(
+            request_id, prompt_token_ids, params, admitted, outputs, priority, entered
+        )
         self._inbox.append(pending)
         self._wake.set()
         return admitted
@@ -212,7 +221,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         release = 0.0
         while True:
-            admitted = self._drain()
+            entered = self._drain()
             self._report_state()
             if not self.engine.has_unfinished_requests():
                 self._wake.clear()
@@ -236,7 +245,7 @@ class AsyncEngine:
             if step is not None:
                 self.virtual_time_s += step.duration_s
                 if self.pace:
-                    release = self._paced_release(release, start, admitted, step.duration_s)
+                    release = self._paced_release(release, entered, step.duration_s)
                     delay = release - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
@@ -251,15 +260,17 @@ class AsyncEngine:
         return sum(1 for item in self._inbox if isinstance(item, _Pending))
 
     @staticmethod
-    def _paced_release(previous: float, start: float, admitted: bool, duration_s: float) -> float:
-        """When a step's tokens are due. A step begins where the previous one ended, or when
-        it begins for real if it takes in new requests (they cannot be served before they
-        came); so the server's own overhead between busy steps does not add up as latency."""
-        return (max(previous, start) if admitted else previous) + duration_s
+    def _paced_release(previous: float, entered: float | None, duration_s: float) -> float:
+        """When a step's tokens are due. A step begins where the previous one ended, or, if
+        it takes in new requests, once the last of them entered (they cannot be served
+        before they came); so the server's own overhead (between busy steps, and from a
+        request's arrival to its first step) does not add up as latency."""
+        return (previous if entered is None else max(previous, entered)) + duration_s
 
-    def _drain(self) -> bool:
-        """Add and abort what handlers sent; whether a request was added."""
-        admitted = False
+    def _drain(self) -> float | None:
+        """Add and abort what handlers sent; when the last request added entered (None:
+        none was)."""
+        entered: float | None = None
         while self._inbox:
             item = self._inbox.popleft()
             if isinstance(item, tuple):
@@ -267,9 +278,9 @@ class AsyncEngine:
             elif isinstance(item, _Reset):
                 if not item.done.done():
                     item.done.set_result(self.engine.reset_prefix_cache())
-            else:
-                admitted = self._admit(item) or admitted
-        return admitted
+            elif self._admit(item):
+                entered = item.entered_at if entered is None else max(entered, item.entered_at)
+        return entered
 
     def _admit(self, p: _Pending) -> bool:
         if p.admitted.done():  # its handler is gone (the client left before admission)

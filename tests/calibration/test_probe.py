@@ -44,8 +44,9 @@ def test_the_probe_measures_the_server_and_the_fit_replays_it(tmp_path: Path) ->
     with (dirs[1] / "requests.csv").open() as f:
         assert not any(int(row["cached_tokens"]) for row in csv.DictReader(f))
     assert all(r.settings.gpu == "h100" and r.settings.model == "llama-3-8b" for r in runs)
-    fit = fit_from_runs(runs, warmup_s=0.0, window_s=60.0, max_evaluations=8)
-    # the server is the same cost model behind HTTP: the replays come close to it
+    fit = fit_from_runs(runs, warmup_s=0.0, window_s=60.0, max_evaluations=40)
+    # the server is the same cost model behind HTTP: fitted (its own HTTP work goes into
+    # the per-request latency), the replays come close to it
     assert fit.cost < 0.05
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import replace
+from typing import Any
 
 import openai
+import pytest
 
-from slotune.engine import Engine, SamplingParams
+from slotune.engine import Engine, EngineConfig, SamplingParams
+from slotune.server import app as server_app
+from slotune.server import simulated_model
+from slotune.server.async_engine import AsyncEngine
 from slotune.workloads.tokenizer import family_tokenizer
 from tests.server.conftest import SIM_CONFIG, ServerThread
 from tests.server.helpers import call
@@ -50,6 +57,73 @@ def test_responses_are_paced_by_the_simulated_step_durations(sim_server: ServerT
     assert arrivals[0] >= _simulated_seconds(ids, 1)  # prefill
     assert arrivals[-1] >= expected
     assert elapsed >= expected
+
+
+def _first_token_s(server: ServerThread, prompt: str) -> float:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    start = time.perf_counter()
+    body = {"ignore_eos": True}
+    stream = client.completions.create(
+        model="llama-3-8b", prompt=prompt, max_tokens=2, stream=True, extra_body=body
+    )
+    first = None
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - start
+    assert first is not None
+    return first
+
+
+def test_the_stacks_request_latency_covers_the_servers_own_handling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulated stack's per-request latency (HTTP, tokenizer) counts from the request's
+    arrival, and the first step is paced from where it ends: this server's own parsing
+    (made 0.3 s slow here) runs inside that latency (0.4 s), instead of adding to it."""
+    parse = server_app.parse_request
+
+    def slow_parse(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(server_app, "parse_request", slow_parse)
+    engine, served = simulated_model(SIM_CONFIG, gpu="h100", model="llama-3-8b")
+    prompt = "hello " * 20
+    prefill = _simulated_seconds(family_tokenizer("llama-3-8b").encode(prompt), 1)
+    with ServerThread(engine, replace(served, request_delay_s=0.4)) as server:
+        first = _first_token_s(server, prompt)
+    # added up, the two would take 0.7 s and the prefill
+    assert 0.4 + prefill <= first < 0.6 + prefill
+
+
+def test_a_paced_step_begins_when_its_requests_entered() -> None:
+    """A request handed in with an earlier ``entered_at`` (its handler's arrival plus the
+    stack's latency) has its first step paced from then: the server's own delay between
+    the two is not added to the step's duration (a 0.28 s prefill here)."""
+    config = EngineConfig(max_num_batched_tokens=8192, max_model_len=8192)
+    prompt, params = [5] * 8000, SamplingParams(max_tokens=1, ignore_eos=True)
+    reference = Engine.simulated(config, gpu="h100", model="llama-3-8b")
+    reference.add_request("a", prompt, params)
+    reference.step()
+    assert reference.last_step is not None
+    prefill = reference.last_step.duration_s
+
+    async def first_output_s(entered_before_s: float | None) -> float:
+        engine = AsyncEngine(Engine.simulated(config, gpu="h100", model="llama-3-8b"), pace=True)
+        engine.start()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        entered = None if entered_before_s is None else start - entered_before_s
+        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        await engine.submit("a", prompt, params, outputs, entered_at=entered)
+        await outputs.get()
+        elapsed = loop.time() - start
+        await engine.stop()
+        return elapsed
+
+    assert prefill > 0.2
+    assert asyncio.run(first_output_s(None)) >= prefill
+    assert asyncio.run(first_output_s(prefill)) < prefill / 2
 
 
 def test_simulated_server_counts_virtual_time(sim_server: ServerThread) -> None:
