@@ -378,8 +378,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     _check_queue(request, 0)
     body, size = await _json(request)
     gen = await _off_loop(size, parse_request, body, served, chat=chat)
-    if entered > loop.time():
-        await asyncio.sleep(entered - loop.time())
+    if (left := entered - loop.time()) > 0:
+        await asyncio.sleep(left)
     if gen.priority and engine.engine.config.scheduling_policy != "priority":
         raise InvalidRequest(  # as vLLM answers under fcfs
             f"Got priority {gen.priority} but priority scheduling is not enabled "

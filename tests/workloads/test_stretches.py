@@ -175,6 +175,7 @@ def test_under_a_decode_budget_stretches_plan_preemptions_and_readmissions(
     (the checking mode above), and the run equals one stepped one by one."""
     import slotune.engine.engine as engine_module
     from slotune.engine.request import RequestStatus
+    from slotune.engine.rules import may_earn_priority
 
     config = CASES[name][0]
     budget_s = config.decode_budget_ms / 1000
@@ -193,7 +194,7 @@ def test_under_a_decode_budget_stretches_plan_preemptions_and_readmissions(
             if m.next_stay >= 0:
                 again += 1
                 # it would have come due before the stretch's last step, had it waited
-                earns = m.preempted_with_output and not m.request.boosted
+                earns = may_earn_priority(m.request.boosted, m.preempted_with_output)
                 outlived += earns and starts[-2] - starts[m.preempted] > (budget_s * 1.01)
         return apply(scheduler, plan, tokens, durations)
 

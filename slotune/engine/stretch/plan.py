@@ -188,7 +188,7 @@ class DueWatch:
         if not victims:
             return self._start
         at = victims[0][0]
-        return at if self._start is None or at < self._start else self._start
+        return at if self._start is None else min(at, self._start)
 
 
 class WaitingView:
