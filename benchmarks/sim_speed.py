@@ -23,6 +23,11 @@ Cases (llama-2-7b on a100-80g unless named, 512-token budget; each run in a fres
   --rate 5 --json`` process on that file (imports, reading, drawing tokens, replay,
   summary), on llama-2-7b and on the overloaded llama-2-70b TP2.
 - ``help`` / ``bench-help``: start-up of ``slotune --help`` and ``slotune bench --help``.
+- ``vidur-azure`` / ``vidur-overload``: Vidur's whole process on the cases of
+  ``whole-azure`` and ``whole-overload`` (``benchmarks/vidur_side.py``: prepared from its
+  public snapshot in a virtualenv of its own; skipped, saying why, where none is prepared).
+  They run once per repeat whatever ``--base`` is, and the table gives each whole-process
+  case's ratio to Vidur's (Vidur's CPU seconds over slotune's).
 
 Replay cases time ``run_simulated`` on the loaded trace with the prompt tokens drawn
 inside it; process cases time the child process. The table compares CPU seconds
@@ -60,7 +65,8 @@ REPLAYS = {
     "azure-overload": 5.0,
 }
 PROCESSES = ("whole-azure", "whole-overload", "help", "bench-help")
-CASES = (*REPLAYS, *PROCESSES)
+VIDUR = {"vidur-azure": "whole-azure", "vidur-overload": "whole-overload"}  # and its twin
+CASES = (*REPLAYS, *PROCESSES, *VIDUR)
 WHOLE_RATE = 5.0
 # the overloaded cases: the large model on two GPUs, far over its capacity at 5 req/s
 OVERLOAD_MODEL, OVERLOAD_TP = "llama-2-70b", 2
@@ -174,12 +180,17 @@ def run_case(
 ) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100"}
     replay = case in REPLAYS
-    if replay:
+    if case in VIDUR:
+        import vidur_side
+
+        cmd, tree = vidur_side.process(case, csv, num_requests)
+        env.pop("PYTHONPATH")
+    elif replay:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case]
         cmd += ["--requests", str(num_requests), "--csv", str(csv), "--stretches", stretches]
     else:
         cmd = process_command(case, num_requests, csv)
-    if instructions:  # the same run under callgrind: a count that load does not move
+    if instructions and case not in VIDUR:  # under callgrind: a count that load does not move
         env["PYTHONHASHSEED"] = "0"
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -192,7 +203,7 @@ def run_case(
         run = json.loads(out.stdout.strip().splitlines()[-1])
     else:
         run = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
-    if instructions:
+    if instructions and case not in VIDUR:
         collected = re.search(r"Collected : (\d+)", out.stderr)
         if collected is None:
             raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
@@ -267,6 +278,13 @@ def main() -> None:
     trees = {"this": ROOT}
     if args.base:
         trees["base"] = base_tree(args.base)
+    if any(case in VIDUR for case in args.cases):
+        import vidur_side
+
+        state, why = vidur_side.prepared()
+        if state is None:
+            print(f"skipped {', '.join(c for c in args.cases if c in VIDUR)}: {why}")
+            args.cases = [c for c in args.cases if c not in VIDUR]
     for tree in trees.values():  # a fresh tree would count compiling its bytecode once
         subprocess.run([sys.executable, "-m", "compileall", "-q", "slotune"], cwd=tree, check=True)
     print(
@@ -277,6 +295,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for case in args.cases:
             for name, tree in trees.items():
+                if case in VIDUR and name != "this":
+                    continue  # Vidur is the same whichever tree is measured
                 run = run_case(tree, case, args.requests, csv, args.stretches, args.instructions)
                 runs.setdefault((case, name), []).append(run)
                 print(json.dumps({"case": case, "tree": name, **run}), flush=True)
@@ -284,19 +304,29 @@ def main() -> None:
     print("| case | time | this: min / median | base: min / median | ratio min | ratio median |")
     print("|---|---|---:|---:|---:|---:|")
     for case in args.cases:
-        keys = ["cpu_s"] + (["instructions"] if args.instructions else [])
-        same = not args.base or _same(runs[case, "this"], runs[case, "base"])
+        counted = args.instructions and case not in VIDUR
+        keys = ["cpu_s"] + (["instructions"] if counted else [])
+        same = not args.base or case in VIDUR or _same(runs[case, "this"], runs[case, "base"])
         for key in keys:
             unit = 1e9 if key == "instructions" else 1.0  # instructions in billions
             lo, med = (v / unit for v in summarize(runs[case, "this"], key))
             row = f"| {case} | {key} | {lo:.3f} / {med:.3f} |"
-            if args.base:
+            if args.base and case not in VIDUR:
                 blo, bmed = (v / unit for v in summarize(runs[case, "base"], key))
                 row += f" {blo:.3f} / {bmed:.3f} | {lo / blo:.3f} | {med / bmed:.3f} |"
                 row += "" if same else " results differ!"
             else:
                 row += " | | |"
             print(row)
+    for vidur, whole in VIDUR.items():
+        if vidur in args.cases and whole in args.cases:
+            v = summarize(runs[vidur, "this"], "cpu_s")
+            for name in trees:
+                w = summarize(runs[whole, name], "cpu_s")
+                print(
+                    f"{name}: {vidur} / {whole}, CPU seconds (min, median): "
+                    f"{v[0] / w[0]:.1f}x, {v[1] / w[1]:.1f}x"
+                )
     if "whole-azure" in args.cases and "azure-above" in args.cases:
         for name in trees:
             whole = summarize(runs["whole-azure", name], "cpu_s")
