@@ -42,7 +42,8 @@ CASES = {  # sim_speed case: (Vidur model name, tensor-parallel size)
     "vidur-azure": ("meta-llama/Llama-2-7b-hf", 1),
     "vidur-overload": ("meta-llama/Llama-2-70b-hf", 2),
 }
-DEVICE, NETWORK = "a100", "a100_pair_nvlink"
+DEVICE, NETWORK = "a100", "a100_pairwise_nvlink"  # Vidur's own default network for an A100
+PREDICTOR = "random_forrest_execution_time_predictor_config"  # Vidur's default, as it spells it
 PREPARED = "prepared.json"
 
 
@@ -58,8 +59,8 @@ def command(case: str, lengths: Path, num_requests: int, output_dir: Path) -> li
         "replica_config_network_device": NETWORK,
         "replica_config_model_name": model,
         "replica_config_tensor_parallel_size": tp,
-        "replica_config_pipeline_parallel_size": 1,
-        "replica_config_gpu_memory_utilization": MEMORY,
+        "replica_config_num_pipeline_stages": 1,
+        "replica_config_memory_margin_fraction": round(1 - MEMORY, 6),
         "cluster_config_num_replicas": 1,
         "request_generator_config_type": "synthetic",
         "synthetic_request_generator_config_num_requests": num_requests,
@@ -71,27 +72,26 @@ def command(case: str, lengths: Path, num_requests: int, output_dir: Path) -> li
         "replica_scheduler_config_type": "sarathi",
         "sarathi_scheduler_config_chunk_size": BUDGET,
         "sarathi_scheduler_config_batch_size_cap": MAX_SEQS,
-        "sarathi_scheduler_config_max_num_seqs": MAX_SEQS,
         "sarathi_scheduler_config_block_size": BLOCK,
-        "random_forrest_execution_time_predictor_config_prediction_max_prefill_chunk_size": (
-            MAX_TOKENS
-        ),
-        "random_forrest_execution_time_predictor_config_prediction_max_tokens_per_request": (
-            MAX_TOKENS
-        ),
-        "output_dir": output_dir,
+        f"{PREDICTOR}_prediction_max_prefill_chunk_size": MAX_TOKENS,
+        f"{PREDICTOR}_prediction_max_batch_size": MAX_SEQS,
+        f"{PREDICTOR}_prediction_max_tokens_per_request": MAX_TOKENS,
+        "metrics_config_output_dir": output_dir,
     }
     return [part for name, value in flags.items() for part in (f"--{name}", str(value))]
 
 
 def profiling_files(case: str) -> list[str]:
     """The snapshot's profiling files a case reads (Vidur's default paths)."""
-    model, tp = CASES[case]
+    model, _ = CASES[case]
     compute = f"data/profiling/compute/{DEVICE}/{model}"
-    files = [f"{compute}/mlp.csv", f"{compute}/attention.csv"]
-    if tp > 1:
-        files.append(f"data/profiling/network/{NETWORK}/all_reduce.csv")
-    return files
+    network = f"data/profiling/network/{NETWORK}"
+    return [
+        f"{compute}/mlp.csv",
+        f"{compute}/attention.csv",
+        f"{network}/all_reduce.csv",
+        f"{network}/send_recv.csv",
+    ]
 
 
 def write_lengths(azure_csv: Path, num_requests: int, out: Path) -> Path:
@@ -144,7 +144,8 @@ def prepare(snapshot: Path, where: Path, python: str | None, azure_csv: Path) ->
     for need in ("vidur/main.py", "requirements.txt"):
         if not (snapshot / need).exists():
             sys.exit(f"{snapshot}: no {need}; give a checkout of github.com/microsoft/vidur")
-    missing = [f for case in CASES for f in profiling_files(case) if not (snapshot / f).exists()]
+    files = dict.fromkeys(f for case in CASES for f in profiling_files(case))
+    missing = [f for f in files if not (snapshot / f).exists()]
     if missing:
         sys.exit(f"{snapshot}: the snapshot lacks profiling data: {', '.join(missing)}")
     where.mkdir(parents=True, exist_ok=True)

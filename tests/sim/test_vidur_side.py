@@ -15,16 +15,17 @@ import pytest
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
-# Vidur's flags (``vidur/config/config.py``, flattened by ``flat_dataclass.py``: a nested
-# config's fields as ``<snake class name>_<field>``, a polymorphic one's kind as
-# ``<field>_type``) that the stand-in accepts; every other flag is an error, as in Vidur
+# Vidur's flags (``vidur/config/config.py`` of the version its README runs, flattened by
+# ``flat_dataclass.py``: a nested config's fields as ``<snake class name>_<field>``, a
+# polymorphic one's kind as ``<field>_type``) that the stand-in accepts; any other flag is
+# an error, as in Vidur
 VIDUR_FLAGS = [
     "replica_config_device",
     "replica_config_network_device",
     "replica_config_model_name",
     "replica_config_tensor_parallel_size",
-    "replica_config_pipeline_parallel_size",
-    "replica_config_gpu_memory_utilization",
+    "replica_config_num_pipeline_stages",
+    "replica_config_memory_margin_fraction",
     "cluster_config_num_replicas",
     "request_generator_config_type",
     "synthetic_request_generator_config_num_requests",
@@ -36,11 +37,11 @@ VIDUR_FLAGS = [
     "replica_scheduler_config_type",
     "sarathi_scheduler_config_chunk_size",
     "sarathi_scheduler_config_batch_size_cap",
-    "sarathi_scheduler_config_max_num_seqs",
     "sarathi_scheduler_config_block_size",
     "random_forrest_execution_time_predictor_config_prediction_max_prefill_chunk_size",
+    "random_forrest_execution_time_predictor_config_prediction_max_batch_size",
     "random_forrest_execution_time_predictor_config_prediction_max_tokens_per_request",
-    "output_dir",
+    "metrics_config_output_dir",
 ]
 
 STAND_IN = """
