@@ -129,6 +129,10 @@ def process(
     state, why = prepared(where)
     if state is None:
         raise RuntimeError(why)
+    return _process(state, case, azure_csv, num_requests)
+
+
+def _process(state: dict, case: str, azure_csv: Path, num_requests: int) -> tuple[list[str], Path]:
     work = Path(state["home"])
     lengths = write_lengths(azure_csv, num_requests, work / f"lengths-{num_requests}.csv")
     args = command(case, lengths, num_requests, work / "output")
@@ -154,20 +158,21 @@ def prepare(snapshot: Path, where: Path, python: str | None, azure_csv: Path) ->
     py = str(venv / "bin" / "python")
     pip = [py, "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "-r", str(snapshot / "requirements.txt")], check=True)
-    state = {"home": str(where), "python": py, "snapshot": str(snapshot)}
-    (where / PREPARED).write_text(json.dumps(state, indent=1))
-    usage = subprocess.run(
+    helped = subprocess.run(
         [py, "-m", "vidur.main", "--help"], cwd=snapshot, capture_output=True, text=True
-    ).stdout
-    known = {word.strip("[]") for word in usage.split()}
+    )
+    if helped.returncode:
+        sys.exit(f"{snapshot}: python -m vidur.main --help failed:\n{helped.stderr[-2000:]}")
+    known = {word.strip("[]") for word in helped.stdout.split()}
     flags = [a for case in CASES for a in command(case, Path("x"), 1, where) if a[:2] == "--"]
     unknown = sorted(set(flags) - known)
     if unknown:
-        (where / PREPARED).unlink()
         sys.exit(f"this Vidur's command line lacks {', '.join(unknown)}: another version?")
+    state = {"home": str(where), "python": py, "snapshot": str(snapshot)}
     for case in CASES:  # trains and caches the predictors before anything is timed
-        cmd, cwd = process(case, azure_csv, 200, where)
+        cmd, cwd = _process(state, case, azure_csv, 200)
         subprocess.run(cmd, cwd=cwd, check=True)
+    (where / PREPARED).write_text(json.dumps(state, indent=1))  # only once all of it ran
     print(f"Vidur prepared in {where}")
 
 

@@ -145,3 +145,13 @@ def test_sim_speed_skips_vidur_where_none_is_prepared_and_runs_it_where_it_is(si
     last = json.loads((snap / "runs.jsonl").read_text().splitlines()[-1])
     assert last["synthetic_request_generator_config_num_requests"] == "30"
     assert len(last["rows"]) == 30
+
+
+def test_a_warm_up_that_fails_leaves_nothing_marked_prepared(side, tmp_path):
+    snap = snapshot(tmp_path / "vidur", VIDUR_FLAGS, all_profiles(side))
+    main = snap / "vidur" / "main.py"
+    main.write_text(main.read_text() + "sys.exit('no attention profile for this shape')\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        side.prepare(snap, tmp_path / "home", sys.executable, azure(tmp_path / "a.csv", [(9, 9)]))
+    assert (snap / "runs.jsonl").exists()  # it did run
+    assert not (tmp_path / "home" / "prepared.json").exists()
