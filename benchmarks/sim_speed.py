@@ -190,7 +190,8 @@ def run_case(
         cmd += ["--requests", str(num_requests), "--csv", str(csv), "--stretches", stretches]
     else:
         cmd = process_command(case, num_requests, csv)
-    if instructions and case not in VIDUR:  # under callgrind: a count that load does not move
+    counted = instructions and case not in VIDUR
+    if counted:  # the same run under callgrind: a count that load does not move
         env["PYTHONHASHSEED"] = "0"
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -203,7 +204,7 @@ def run_case(
         run = json.loads(out.stdout.strip().splitlines()[-1])
     else:
         run = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
-    if instructions and case not in VIDUR:
+    if counted:
         collected = re.search(r"Collected : (\d+)", out.stderr)
         if collected is None:
             raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")

@@ -36,12 +36,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-RATE, BUDGET, MAX_SEQS, BLOCK, MEMORY = 5.0, 512, 256, 16, 0.9
+from sim_speed import BUDGET, VIDUR, WHOLE_RATE, model_of
+
+from slotune.engine.config import EngineConfig
+from slotune.tuner.export import hf_model_name
+
+DEFAULTS = EngineConfig()  # what the slotune cases run, the budget aside
 MAX_TOKENS = 16384  # above the Azure-like file's longest request (14,000 + 2,000 tokens)
-CASES = {  # sim_speed case: (Vidur model name, tensor-parallel size)
-    "vidur-azure": ("meta-llama/Llama-2-7b-hf", 1),
-    "vidur-overload": ("meta-llama/Llama-2-70b-hf", 2),
-}
 DEVICE, NETWORK = "a100", "a100_pairwise_nvlink"  # Vidur's own default network for an A100
 PREDICTOR = "random_forrest_execution_time_predictor_config"  # Vidur's default, as it spells it
 PREPARED = "prepared.json"
@@ -52,15 +53,16 @@ def home() -> Path:
 
 
 def command(case: str, lengths: Path, num_requests: int, output_dir: Path) -> list[str]:
-    """Vidur's arguments (after ``python -m vidur.main``) for one of ``CASES``."""
-    model, tp = CASES[case]
+    """Vidur's arguments (after ``python -m vidur.main``) for one of ``sim_speed.VIDUR``,
+    on the model and tensor parallelism of its slotune twin."""
+    model, tp = model_of(VIDUR[case])
     flags = {
         "replica_config_device": DEVICE,
         "replica_config_network_device": NETWORK,
-        "replica_config_model_name": model,
+        "replica_config_model_name": hf_model_name(model),
         "replica_config_tensor_parallel_size": tp,
         "replica_config_num_pipeline_stages": 1,
-        "replica_config_memory_margin_fraction": round(1 - MEMORY, 6),
+        "replica_config_memory_margin_fraction": round(1 - DEFAULTS.gpu_memory_utilization, 6),
         "cluster_config_num_replicas": 1,
         "request_generator_config_type": "synthetic",
         "synthetic_request_generator_config_num_requests": num_requests,
@@ -68,13 +70,13 @@ def command(case: str, lengths: Path, num_requests: int, output_dir: Path) -> li
         "trace_request_length_generator_config_trace_file": lengths,
         "trace_request_length_generator_config_max_tokens": MAX_TOKENS,
         "interval_generator_config_type": "poisson",
-        "poisson_request_interval_generator_config_qps": RATE,
+        "poisson_request_interval_generator_config_qps": WHOLE_RATE,
         "replica_scheduler_config_type": "sarathi",
         "sarathi_scheduler_config_chunk_size": BUDGET,
-        "sarathi_scheduler_config_batch_size_cap": MAX_SEQS,
-        "sarathi_scheduler_config_block_size": BLOCK,
+        "sarathi_scheduler_config_batch_size_cap": DEFAULTS.max_num_seqs,
+        "sarathi_scheduler_config_block_size": DEFAULTS.block_size,
         f"{PREDICTOR}_prediction_max_prefill_chunk_size": MAX_TOKENS,
-        f"{PREDICTOR}_prediction_max_batch_size": MAX_SEQS,
+        f"{PREDICTOR}_prediction_max_batch_size": DEFAULTS.max_num_seqs,
         f"{PREDICTOR}_prediction_max_tokens_per_request": MAX_TOKENS,
         "metrics_config_output_dir": output_dir,
     }
@@ -83,8 +85,8 @@ def command(case: str, lengths: Path, num_requests: int, output_dir: Path) -> li
 
 def profiling_files(case: str) -> list[str]:
     """The snapshot's profiling files a case reads (Vidur's default paths)."""
-    model, _ = CASES[case]
-    compute = f"data/profiling/compute/{DEVICE}/{model}"
+    model, _ = model_of(VIDUR[case])
+    compute = f"data/profiling/compute/{DEVICE}/{hf_model_name(model)}"
     network = f"data/profiling/network/{NETWORK}"
     return [
         f"{compute}/mlp.csv",
@@ -148,7 +150,7 @@ def prepare(snapshot: Path, where: Path, python: str | None, azure_csv: Path) ->
     for need in ("vidur/main.py", "requirements.txt"):
         if not (snapshot / need).exists():
             sys.exit(f"{snapshot}: no {need}; give a checkout of github.com/microsoft/vidur")
-    files = dict.fromkeys(f for case in CASES for f in profiling_files(case))
+    files = dict.fromkeys(f for case in VIDUR for f in profiling_files(case))
     missing = [f for f in files if not (snapshot / f).exists()]
     if missing:
         sys.exit(f"{snapshot}: the snapshot lacks profiling data: {', '.join(missing)}")
@@ -164,12 +166,12 @@ def prepare(snapshot: Path, where: Path, python: str | None, azure_csv: Path) ->
     if helped.returncode:
         sys.exit(f"{snapshot}: python -m vidur.main --help failed:\n{helped.stderr[-2000:]}")
     known = {word.strip("[]") for word in helped.stdout.split()}
-    flags = [a for case in CASES for a in command(case, Path("x"), 1, where) if a[:2] == "--"]
+    flags = [a for case in VIDUR for a in command(case, Path("x"), 1, where) if a[:2] == "--"]
     unknown = sorted(set(flags) - known)
     if unknown:
         sys.exit(f"this Vidur's command line lacks {', '.join(unknown)}: another version?")
     state = {"home": str(where), "python": py, "snapshot": str(snapshot)}
-    for case in CASES:  # trains and caches the predictors before anything is timed
+    for case in VIDUR:  # trains and caches the predictors before anything is timed
         cmd, cwd = _process(state, case, azure_csv, 200)
         subprocess.run(cmd, cwd=cwd, check=True)
     (where / PREPARED).write_text(json.dumps(state, indent=1))  # only once all of it ran
@@ -184,7 +186,6 @@ def main() -> None:
     p.add_argument("--home", type=Path, default=None, help="where to keep it (SLOTUNE_VIDUR)")
     p.add_argument("--python", help="the interpreter for its virtualenv (default python3.10)")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from sim_speed import write_azure_csv
 
     azure = write_azure_csv(Path(tempfile.gettempdir()) / "slotune-azure-like-200.csv", 200)

@@ -86,7 +86,7 @@ def azure(path: Path, rows: list[tuple[int, int]]) -> Path:
 
 
 def all_profiles(side) -> list[str]:
-    return [f for case in side.CASES for f in side.profiling_files(case)]
+    return [f for case in side.VIDUR for f in side.profiling_files(case)]
 
 
 def test_prepare_installs_checks_and_warms_both_cases(side, tmp_path):
